@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The project's test command: set up (idempotent), then lint, type-check, test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --dev
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+.venv/bin/pytest "$@"

@@ -1,0 +1,226 @@
+"""The engine protocol both tiers share.
+
+An engine streams one completion per request as :data:`GenerationEvent`s:
+zero or more :class:`TextDelta` followed by exactly one :class:`Finish`.
+Errors are raised as :class:`servekit.errors.ServeError`; an error raised
+before the first event (bad prompt, context overflow, upstream refusal) is
+one the caller may still turn into a plain HTTP error or a failover.
+
+Nothing outside ``servekit.engine`` knows which implementation it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import IntEnum
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from servekit.wire import ChatCompletionRequest, CompletionRequest, FinishReason
+
+__all__ = [
+    "Engine",
+    "Finish",
+    "GenerationEvent",
+    "GenerationRequest",
+    "LoadReport",
+    "Message",
+    "Priority",
+    "SamplingParams",
+    "TextDelta",
+]
+
+
+class Priority(IntEnum):
+    """Lower value is served first."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+    @classmethod
+    def parse(cls, value: str | None) -> Priority:
+        return cls.BATCH if (value or "").lower() == "batch" else cls.INTERACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_p <= 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One generation, independent of wire format and engine.
+
+    Exactly one of ``messages`` (chat: the engine applies the model's chat
+    template) or ``prompt`` (raw completion) is set. ``extra`` carries unknown
+    client fields that an HTTP engine forwards verbatim.
+    ``continue_final_message`` renders a trailing assistant message as an
+    unfinished turn to be continued (vLLM's parameter of the same name); the
+    router uses it to resume a stream on another instance.
+    """
+
+    request_id: str
+    sampling: SamplingParams
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = None
+    model: str | None = None
+    priority: Priority = Priority.INTERACTIVE
+    continue_final_message: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> Literal["chat", "completion"]:
+        return "chat" if self.messages is not None else "completion"
+
+    @classmethod
+    def from_chat(
+        cls,
+        body: ChatCompletionRequest,
+        request_id: str,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> GenerationRequest:
+        extra = dict(body.model_extra or {})
+        cont = bool(extra.pop("continue_final_message", False))
+        return cls(
+            request_id=request_id,
+            sampling=_sampling(body, body.token_limit()),
+            messages=tuple(Message(m.role, m.text()) for m in body.messages),
+            model=body.model,
+            priority=priority,
+            continue_final_message=cont,
+            extra=extra,
+        )
+
+    @classmethod
+    def from_completion(
+        cls,
+        body: CompletionRequest,
+        request_id: str,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> GenerationRequest:
+        return cls(
+            request_id=request_id,
+            sampling=_sampling(body, body.token_limit()),
+            prompt=body.prompt_text(),
+            model=body.model,
+            priority=priority,
+            extra=dict(body.model_extra or {}),
+        )
+
+
+def _sampling(body: ChatCompletionRequest | CompletionRequest, limit: int | None) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=limit,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        stop=tuple(body.stop_list()),
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    """Newly generated text and how many tokens produced it (may be 0 while a
+    multi-byte character or a possible stop sequence is held back)."""
+
+    text: str
+    tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+
+
+GenerationEvent = TextDelta | Finish
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """What an instance tells the fleet about its load; carried by heartbeats.
+
+    ``capacity`` is the number of sequences it runs at once; ``waiting`` are
+    admitted requests not yet running. Rates are recent moving figures and
+    ``None`` until measured.
+    """
+
+    ready: bool = False
+    draining: bool = False
+    waiting: int = 0
+    running: int = 0
+    capacity: int = 1
+    queue_limit: int = 0
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    decode_tokens_per_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    model: str = ""
+    version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LoadReport:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def saturated(self) -> bool:
+        return self.running >= self.capacity and self.waiting > 0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A model behind an async streaming interface."""
+
+    @property
+    def model_name(self) -> str:
+        """The name clients use to address the model."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """How many generations it runs at once; the admission queue's width."""
+        ...
+
+    async def start(self) -> None:
+        """Load and warm the model. Idempotent; ``ready()`` is true afterwards."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Stream one generation. Closing the iterator cancels the work."""
+        ...
+
+    def load(self) -> LoadReport:
+        """The engine's own load: running sequences and recent speeds."""
+        ...
+
+    async def ready(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+def join_text(events: Sequence[GenerationEvent]) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))

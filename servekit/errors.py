@@ -1,0 +1,190 @@
+"""The project's error tree, and its one rendering in the OpenAI error shape.
+
+Every service raises these; one handler per app turns them into
+``{"error": {"message", "type", "param", "code"}}`` with the right status.
+Foreign exceptions (httpx, llama.cpp, Consul) are translated into this tree
+at exactly one boundary per foreign library.
+
+    ServeError                      500 internal_error
+    ├── InvalidRequest              400 invalid_request_error
+    │   └── ContextLengthExceeded   400 code=context_length_exceeded
+    ├── AuthenticationFailed        401 authentication_error
+    ├── ModelNotFound               404 code=model_not_found
+    ├── PayloadTooLarge             413
+    ├── RateLimited                 429 (Retry-After)
+    │   └── QueueFull               429 (Retry-After)
+    ├── NotReady                    503 (Retry-After)
+    ├── UpstreamError               502 (the upstream failed: 5xx, bad body)
+    │   ├── UpstreamUnavailable     503 (connect refused, reset before a byte)
+    │   └── UpstreamTimeout         504
+    └── EngineFailure               500 (the local engine crashed)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AuthenticationFailed",
+    "ContextLengthExceeded",
+    "EngineFailure",
+    "InvalidRequest",
+    "ModelNotFound",
+    "NotReady",
+    "PayloadTooLarge",
+    "QueueFull",
+    "RateLimited",
+    "ServeError",
+    "UpstreamError",
+    "UpstreamTimeout",
+    "UpstreamUnavailable",
+    "error_body",
+    "error_from_body",
+]
+
+
+class ServeError(Exception):
+    """Base of every error a service reports to a client."""
+
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "internal_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        """Whether another instance could answer the same request."""
+        return self.status >= 500 or self.status == 429
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after)))}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, status={self.status})"
+
+
+class InvalidRequest(ServeError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class AuthenticationFailed(ServeError):
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class ModelNotFound(ServeError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class PayloadTooLarge(ServeError):
+    status = 413
+    type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class RateLimited(ServeError):
+    status = 429
+    type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+
+class QueueFull(RateLimited):
+    default_code = "queue_full"
+
+
+class NotReady(ServeError):
+    status = 503
+    type = "service_unavailable"
+    default_code = "not_ready"
+
+
+class UpstreamError(ServeError):
+    status = 502
+    type = "upstream_error"
+
+
+class UpstreamUnavailable(UpstreamError):
+    status = 503
+    type = "service_unavailable"
+    default_code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    type = "timeout"
+    default_code = "upstream_timeout"
+
+
+class EngineFailure(ServeError):
+    status = 500
+    type = "internal_error"
+    default_code = "engine_failure"
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+_BY_STATUS: dict[int, type[ServeError]] = {
+    400: InvalidRequest,
+    401: AuthenticationFailed,
+    404: ModelNotFound,
+    413: PayloadTooLarge,
+    429: RateLimited,
+    503: UpstreamUnavailable,
+    504: UpstreamTimeout,
+}
+
+
+def error_from_body(status: int, body: Any, *, retry_after: float | None = None) -> ServeError:
+    """Rebuild a project error from an upstream's OpenAI-shaped error response.
+
+    Client errors keep their status (the request itself is at fault and no
+    other instance would accept it); anything 5xx becomes an upstream error.
+    """
+    message = f"upstream returned HTTP {status}"
+    param: str | None = None
+    code: str | None = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+        message = str(err.get("message") or message)
+        param = err.get("param") if isinstance(err.get("param"), str) else None
+        code = err.get("code") if isinstance(err.get("code"), str) else None
+    elif isinstance(body, dict) and isinstance(body.get("detail"), str):
+        message = body["detail"]
+    if code == "context_length_exceeded":
+        return ContextLengthExceeded(message, param=param)
+    if code == "queue_full":
+        return QueueFull(message, retry_after=retry_after)
+    cls = _BY_STATUS.get(status)
+    if cls is None:
+        cls = InvalidRequest if 400 <= status < 500 else UpstreamError
+    return cls(message, param=param, code=code, retry_after=retry_after)

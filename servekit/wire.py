@@ -1,0 +1,284 @@
+"""OpenAI wire types: requests and responses for chat completions and completions.
+
+Requests tolerate unknown fields the way OpenAI-compatible servers do (they are
+kept, so a proxy forwards them) and reject invalid values of known fields.
+Types are strict: ``"5"`` is not an integer. :func:`parse_request` turns
+pydantic's errors into one :class:`~servekit.errors.InvalidRequest` that names
+the offending parameter.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from servekit.errors import InvalidRequest
+
+__all__ = [
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "ChunkChoice",
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionRequest",
+    "Delta",
+    "FinishReason",
+    "ModelCard",
+    "ModelList",
+    "ResponseMessage",
+    "StreamOptions",
+    "TextPart",
+    "Usage",
+    "invalid_from_validation",
+    "new_id",
+    "now",
+    "param_path",
+    "parse_request",
+]
+
+FinishReason = Literal["stop", "length"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+StopField = Annotated[
+    str | Annotated[list[str], Field(max_length=4)] | None,
+    Field(description="Up to 4 sequences where generation stops; not included in the output."),
+]
+
+
+class _SamplingFields(_Strict):
+    model: str = Field(min_length=1, description="Model name, or a routing alias such as 'auto'.")
+    max_tokens: int | None = Field(None, ge=1, description="Upper bound on generated tokens.")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
+    stop: StopField = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [s for s in stops if s]
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def token_limit(self) -> int | None:
+        # max_completion_tokens supersedes the deprecated max_tokens.
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+        description="The prompt; a list must hold exactly one string."
+    )
+    echo: bool = False
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported")
+        return value
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# ---------------------------------------------------------------- responses
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Usage(_Out):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ResponseMessage(_Out):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(_Out):
+    index: int = 0
+    message: ResponseMessage
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class ChatCompletion(_Out):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class Delta(_Out):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(_Out):
+    index: int = 0
+    delta: Delta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(_Out):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(_Out):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class Completion(_Out):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunk(Completion):
+    """Streamed completions reuse the ``text_completion`` object, as OpenAI does."""
+
+
+class ModelCard(_Out):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "hybrid-llm"
+
+
+class ModelList(_Out):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def param_path(loc: tuple[int | str, ...]) -> str:
+    """Render a pydantic error location the way OpenAI names parameters.
+
+    ``("messages", 0, "content")`` becomes ``messages[0].content``; pydantic's
+    union-branch labels (``str``, ``list[str]``, ...) are dropped.
+    """
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _is_branch_label(part) or (part == "body" and not out):
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _is_branch_label(part: str) -> bool:
+    return "[" in part or "-" in part or part in ("str", "int", "float", "bool", "none")
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def parse_request(model: type[_M], raw: bytes | str | dict[str, Any]) -> _M:
+    """Validate a request body; raise :class:`InvalidRequest` naming the parameter."""
+    try:
+        if isinstance(raw, dict):
+            return model.model_validate(raw)
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise invalid_from_validation(exc) from None
+
+
+def invalid_from_validation(exc: ValidationError) -> InvalidRequest:
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return InvalidRequest("invalid request body")
+    first = errors[0]
+    if first["type"] in ("json_invalid", "json_type"):
+        return InvalidRequest(
+            f"request body is not valid JSON: {first['msg']}", code="invalid_json"
+        )
+    # With unions pydantic reports one error per branch; prefer the most
+    # specific location so the message names the real culprit.
+    first = max(errors, key=lambda e: len(e["loc"]))
+    param = param_path(tuple(first["loc"])) or None
+    if first["type"] == "model_type" and not first["loc"]:
+        return InvalidRequest("request body must be a JSON object")
+    where = f"'{param}'" if param else "request body"
+    code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
+    return InvalidRequest(f"invalid {where}: {first['msg']}", param=param, code=code)
+
+
+def now() -> int:
+    return int(time.time())
