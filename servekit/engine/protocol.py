@@ -177,6 +177,9 @@ class LoadReport:
     prefill_tokens_per_s: float | None = None
     model: str = ""
     version: str = ""
+    # Cumulative request outcomes since start, for rollout gates (error rate).
+    requests_ok: int = 0
+    requests_failed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

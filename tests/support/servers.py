@@ -76,7 +76,11 @@ def wait_ready(url: str, timeout: float = 180.0, path: str = "/ready") -> None:
 
 @contextlib.contextmanager
 def service_process(
-    args: Sequence[str], url: str, *, ready_timeout: float = 180.0, env: dict[str, str] | None = None
+    args: Sequence[str],
+    url: str,
+    *,
+    ready_timeout: float = 180.0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``python -m <args>`` from the repo root and wait for ``url/ready``."""
     full_env = dict(os.environ)
