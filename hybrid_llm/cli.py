@@ -68,7 +68,13 @@ def _advance(progress: Progress, task: TaskID, done: int, total: int) -> None:
     progress.update(task, completed=done, total=total)
 
 
-SUBCOMMANDS: list[Register] = [_register_fetch]
+def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from hybrid_llm.bench.cli import register
+
+    register(sub)
+
+
+SUBCOMMANDS: list[Register] = [_register_fetch, _register_bench]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,135 @@
+"""One streamed request, timed the way users feel it.
+
+TTFT is from just before the request is sent to the first event carrying
+generated text; each later text event is one inter-token gap (servers that
+stream one token per event, as vLLM, llama.cpp and this project's services do,
+make that a true ITL). TPOT is ``(E2E - TTFT) / (tokens - 1)``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from servekit.sse import DONE, SSEDecoder
+
+__all__ = ["RequestRecord", "send_streaming"]
+
+ROUTE_HEADERS = {"tier": "x-route-tier", "region": "x-route-region", "reason": "x-route-reason"}
+
+
+@dataclass
+class RequestRecord:
+    """What one request measured. Times are seconds; ``start`` is on the run's clock."""
+
+    start: float
+    bucket: str
+    ok: bool = False
+    status: int = 0
+    error: str | None = None
+    ttft: float | None = None
+    e2e: float | None = None
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    tier: str = "-"
+    region: str = "-"
+    reason: str = "-"
+
+    @property
+    def tpot(self) -> float | None:
+        if self.ttft is None or self.e2e is None or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tpot"] = self.tpot
+        return data
+
+
+def _text_of(event: dict[str, Any]) -> str:
+    choices = event.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return str(delta.get("content") or "")
+    return str(choice.get("text") or "")
+
+
+async def send_streaming(
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict[str, Any],
+    *,
+    bucket: str,
+    run_start: float,
+    headers: dict[str, str] | None = None,
+) -> RequestRecord:
+    """POST ``body`` with ``stream: true`` and time every text event."""
+    t0 = time.perf_counter()
+    record = RequestRecord(start=t0 - run_start, bucket=bucket)
+    text_events = 0
+    usage_tokens: int | None = None
+    last = t0
+    try:
+        async with client.stream("POST", path, json=body, headers=headers) as response:
+            record.status = response.status_code
+            for key, header in ROUTE_HEADERS.items():
+                value = response.headers.get(header)
+                if value:
+                    setattr(record, key, value)
+            if response.status_code != 200:
+                raw = await response.aread()
+                record.error = _error_message(response.status_code, raw)
+                return record
+            decoder = SSEDecoder()
+            done = False
+            async for chunk in response.aiter_bytes():
+                now = time.perf_counter()
+                for data in decoder.feed(chunk):
+                    if data == DONE:
+                        done = True
+                        continue
+                    event = json.loads(data)
+                    if "error" in event:
+                        record.error = f"stream error: {event['error'].get('message', event)}"
+                        continue
+                    usage = event.get("usage")
+                    if isinstance(usage, dict):
+                        usage_tokens = int(usage.get("completion_tokens") or 0)
+                        record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    if not _text_of(event):
+                        continue
+                    text_events += 1
+                    if record.ttft is None:
+                        record.ttft = now - t0
+                    else:
+                        record.itl.append(now - last)
+                    last = now
+            record.e2e = time.perf_counter() - t0
+            if not done and record.error is None:
+                record.error = "stream ended without [DONE]"
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    except (ValueError, KeyError) as exc:
+        record.error = f"bad stream event: {exc}"
+    record.output_tokens = usage_tokens if usage_tokens else text_events
+    record.ok = record.error is None and record.ttft is not None
+    if record.ok is False and record.error is None:
+        record.error = "no tokens streamed"
+    return record
+
+
+def _error_message(status: int, raw: bytes) -> str:
+    try:
+        message = json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = raw[:200].decode("utf-8", errors="replace")
+    return f"HTTP {status}: {message}"

@@ -1,0 +1,156 @@
+"""Load schedules: stepped concurrency (closed loop) or a Poisson request rate
+(open loop), each step run for a bounded time and request count, once per
+variant (a named set of extra headers, e.g. to pin a tier) so variants are
+compared at the same offered load in one run."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+
+from hybrid_llm.bench.client import RequestRecord, send_streaming
+from hybrid_llm.bench.workload import Workload
+
+__all__ = ["LoadStep", "RunPlan", "StepRun", "Variant", "run_plan"]
+
+Mode = Literal["concurrency", "rate"]
+
+
+@dataclass(frozen=True)
+class LoadStep:
+    mode: Mode
+    value: float
+
+    @property
+    def label(self) -> str:
+        return f"c={self.value:g}" if self.mode == "concurrency" else f"rate={self.value:g}/s"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StepRun:
+    step: LoadStep
+    variant: str
+    wall: float
+    records: list[RequestRecord]
+
+
+@dataclass
+class RunPlan:
+    url: str
+    workload: Workload
+    steps: list[LoadStep]
+    variants: list[Variant]
+    duration: float = 10.0
+    max_requests: int = 200
+    warmup: int = 0
+    api_key: str | None = None
+    timeout: float = 120.0
+    max_in_flight: int = 1024
+    seed: int = 0
+
+
+async def _closed_loop(
+    client: httpx.AsyncClient, plan: RunPlan, variant: Variant, concurrency: int, t0: float
+) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    deadline = time.perf_counter() + plan.duration
+    issued = 0
+
+    async def worker() -> None:
+        nonlocal issued
+        while time.perf_counter() < deadline and issued < plan.max_requests:
+            issued += 1
+            bucket, body = plan.workload.draw()
+            records.append(
+                await send_streaming(
+                    client,
+                    plan.workload.path,
+                    body,
+                    bucket=bucket.label,
+                    run_start=t0,
+                    headers=variant.headers,
+                )
+            )
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(concurrency):
+            tg.create_task(worker())
+    return records
+
+
+async def _open_loop(
+    client: httpx.AsyncClient,
+    plan: RunPlan,
+    variant: Variant,
+    rate: float,
+    t0: float,
+    rng: random.Random,
+) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
+    gate = asyncio.Semaphore(plan.max_in_flight)
+    deadline = time.perf_counter() + plan.duration
+
+    async def one() -> None:
+        try:
+            bucket, body = plan.workload.draw()
+            records.append(
+                await send_streaming(
+                    client,
+                    plan.workload.path,
+                    body,
+                    bucket=bucket.label,
+                    run_start=t0,
+                    headers=variant.headers,
+                )
+            )
+        finally:
+            gate.release()
+
+    async with asyncio.TaskGroup() as tg:
+        next_at = time.perf_counter()
+        for _ in range(plan.max_requests):
+            next_at += rng.expovariate(rate)
+            if next_at >= deadline:
+                break
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+            await gate.acquire()
+            tg.create_task(one())
+    return records
+
+
+async def run_plan(plan: RunPlan, progress: object = None) -> list[StepRun]:
+    """Run every step for every variant; return what each measured."""
+    headers = {"Authorization": f"Bearer {plan.api_key}"} if plan.api_key else {}
+    limits = httpx.Limits(max_connections=plan.max_in_flight, max_keepalive_connections=256)
+    rng = random.Random(plan.seed)
+    runs: list[StepRun] = []
+    async with httpx.AsyncClient(
+        base_url=plan.url, headers=headers, timeout=plan.timeout, limits=limits
+    ) as client:
+        t0 = time.perf_counter()
+        if plan.warmup:
+            warm = RunPlan(**{**plan.__dict__, "max_requests": plan.warmup, "duration": 1e9})
+            await _closed_loop(client, warm, plan.variants[0], 1, t0)
+        for step in plan.steps:
+            for variant in plan.variants:
+                started = time.perf_counter()
+                if step.mode == "concurrency":
+                    records = await _closed_loop(client, plan, variant, int(step.value), t0)
+                else:
+                    records = await _open_loop(client, plan, variant, step.value, t0, rng)
+                wall = time.perf_counter() - started
+                runs.append(StepRun(step, variant.name, wall, records))
+                if callable(progress):
+                    progress(runs[-1])
+    return runs

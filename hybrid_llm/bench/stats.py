@@ -1,0 +1,95 @@
+"""Percentiles, per-step summaries and the knee of the latency–load curve."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from hybrid_llm.bench.client import RequestRecord
+
+__all__ = ["find_knee", "percentile", "summarize"]
+
+QUANTILES = (50, 95, 99)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default method); ``None`` if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _dist_ms(values: Iterable[float | None]) -> dict[str, float | None]:
+    vals = [v * 1000.0 for v in values if v is not None]
+    out: dict[str, float | None] = {f"p{q}": percentile(vals, q) for q in QUANTILES}
+    out["mean"] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def _summary(records: Sequence[RequestRecord], wall: float) -> dict[str, Any]:
+    ok = [r for r in records if r.ok]
+    tokens = sum(r.output_tokens for r in ok)
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r.ok:
+            key = r.error.split(":")[0] if r.error else "unknown"
+            errors[key] = errors.get(key, 0) + 1
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "error_rate": (len(records) - len(ok)) / len(records) if records else 0.0,
+        "errors": errors,
+        "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
+        "output_tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "output_tokens": tokens,
+        "ttft_ms": _dist_ms(r.ttft for r in ok),
+        "tpot_ms": _dist_ms(r.tpot for r in ok),
+        "itl_ms": _dist_ms(gap for r in ok for gap in r.itl),
+        "e2e_ms": _dist_ms(r.e2e for r in ok),
+    }
+
+
+def summarize(records: Sequence[RequestRecord], wall: float) -> dict[str, Any]:
+    """The step's totals, plus the same per route (``tier/region``) and per bucket."""
+    out = _summary(records, wall)
+    routes: dict[str, list[RequestRecord]] = {}
+    buckets: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        routes.setdefault(f"{r.tier}/{r.region}", []).append(r)
+        buckets.setdefault(r.bucket, []).append(r)
+    out["by_route"] = {k: _summary(v, wall) for k, v in sorted(routes.items())}
+    out["by_bucket"] = {k: _summary(v, wall) for k, v in sorted(buckets.items())}
+    reasons: dict[str, int] = {}
+    for r in records:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    out["route_reasons"] = reasons
+    return out
+
+
+def find_knee(load: Sequence[float], latency: Sequence[float]) -> int | None:
+    """Index of the knee of an increasing, convex latency–load curve (Kneedle).
+
+    Both axes are scaled to [0, 1]; the knee is where the curve falls furthest
+    below the chord from first to last point, i.e. the last load before latency
+    starts climbing faster than load. ``None`` with fewer than three points or
+    a curve that never bends upward.
+    """
+    index = [i for i, y in enumerate(latency) if not math.isnan(y)]
+    if len(index) < 3:
+        return None
+    xs, ys = [load[i] for i in index], [latency[i] for i in index]
+    x_span, y_span = max(xs) - min(xs), max(ys) - min(ys)
+    if x_span <= 0 or y_span <= 0:
+        return None
+    xn = [(x - xs[0]) / x_span for x in xs]
+    yn = [(y - min(ys)) / y_span for y in ys]
+    diff = [x - y for x, y in zip(xn, yn, strict=True)]
+    best = max(range(len(diff)), key=diff.__getitem__)
+    if diff[best] <= 0.05 or best in (0, len(diff) - 1):
+        return None
+    return index[best]

@@ -1,0 +1,90 @@
+"""A real HTTP double of an OpenAI-compatible streaming server with known timing.
+
+Each request sleeps ``ttft`` before the first token and ``itl`` between the
+following ones, streams ``max_tokens`` one-word tokens and answers with the
+router's ``X-Route-*`` headers (the tier echoed from the request's
+``X-Want-Tier``, so tests can pin routes). ``fail_every`` makes every n-th
+request a 429 in the OpenAI error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class Timing:
+    ttft: float = 0.05
+    itl: float = 0.01
+    fail_every: int = 0
+    region: str = "region-a"
+
+
+def create_app(timing: Timing) -> Starlette:
+    served = 0
+
+    async def complete(request: Request) -> Response:
+        nonlocal served
+        served += 1
+        if timing.fail_every and served % timing.fail_every == 0:
+            return JSONResponse(
+                {"error": {"message": "queue full", "type": "rate_limit", "code": None}},
+                status_code=429,
+                headers={"Retry-After": "1"},
+            )
+        body = json.loads(await request.body())
+        n = int(body.get("max_tokens") or 16)
+        chat = request.url.path.endswith("/chat/completions")
+        tier = request.headers.get("x-want-tier", "edge")
+        words = len(str(body.get("prompt") or body.get("messages"))) // 5
+
+        def frame(text: str | None, usage: bool = False) -> bytes:
+            event: dict[str, object]
+            if usage:
+                event = {
+                    "choices": [],
+                    "usage": {"prompt_tokens": words, "completion_tokens": n},
+                }
+            elif chat:
+                event = {"choices": [{"index": 0, "delta": {"content": text}}]}
+            else:
+                event = {"choices": [{"index": 0, "text": text}]}
+            return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+        async def stream() -> AsyncIterator[bytes]:
+            if chat:
+                yield frame("")  # the role-only first event carries no text
+            await asyncio.sleep(timing.ttft)
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(timing.itl)
+                yield frame(f" w{i}")
+            yield frame(None, usage=True)
+            yield b"data: [DONE]\n\n"
+
+        headers = {
+            "X-Route-Tier": tier,
+            "X-Route-Region": timing.region,
+            "X-Route-Reason": "simple" if tier == "edge" else "pinned",
+        }
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    async def ready(_: Request) -> Response:
+        return JSONResponse({"ready": True})
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", complete, methods=["POST"]),
+            Route("/v1/completions", complete, methods=["POST"]),
+            Route("/ready", ready),
+            Route("/health", ready),
+        ]
+    )

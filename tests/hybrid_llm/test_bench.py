@@ -1,0 +1,168 @@
+"""The load generator against a real local server with known delays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybrid_llm.bench import (
+    LoadStep,
+    RunPlan,
+    Variant,
+    Workload,
+    build_report,
+    compare,
+    find_knee,
+    parse_bucket,
+    percentile,
+    run_plan,
+)
+from hybrid_llm.cli import main
+from tests.hybrid_llm.fake_openai import Timing, create_app
+from tests.support.servers import UvicornThread
+
+TTFT, ITL, TOKENS = 0.08, 0.02, 8
+# Scheduling on a loaded 2-core box adds a little; it never removes time.
+SLACK_MS = 30.0
+
+
+@pytest.fixture(scope="module")
+def server() -> object:
+    with UvicornThread(create_app(Timing(ttft=TTFT, itl=ITL))) as srv:
+        yield srv
+
+
+def _plan(url: str, **kw: object) -> RunPlan:
+    defaults: dict[str, object] = {
+        "url": url,
+        "workload": Workload("m", [parse_bucket(f"32:{TOKENS}")]),
+        "steps": [LoadStep("concurrency", 2)],
+        "variants": [Variant("default")],
+        "duration": 1.0,
+        "max_requests": 8,
+    }
+    defaults.update(kw)
+    return RunPlan(**defaults)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_measured_timing_matches_known_server_delays(server: UvicornThread) -> None:
+    runs = await run_plan(_plan(server.url))
+    records = runs[0].records
+    assert len(records) == 8
+    assert all(r.ok for r in records), [r.error for r in records]
+    ttft = [r.ttft * 1000 for r in records if r.ttft is not None]
+    itl = [g * 1000 for r in records for g in r.itl]
+    assert TTFT * 1000 <= percentile(ttft, 50) <= TTFT * 1000 + SLACK_MS  # type: ignore[operator]
+    assert ITL * 1000 - 5 <= percentile(itl, 50) <= ITL * 1000 + SLACK_MS / 3  # type: ignore[operator]
+    for r in records:
+        assert r.output_tokens == TOKENS
+        assert len(r.itl) == TOKENS - 1
+        expected_e2e = TTFT + (TOKENS - 1) * ITL
+        assert r.e2e is not None
+        assert expected_e2e <= r.e2e <= expected_e2e + 0.1
+        assert r.tpot is not None
+        assert abs(r.tpot - ITL) < 0.008
+
+
+@pytest.mark.anyio
+async def test_routes_grouped_from_router_headers(server: UvicornThread) -> None:
+    plan = _plan(
+        server.url,
+        variants=[Variant("hybrid"), Variant("center", {"X-Want-Tier": "center"})],
+        max_requests=4,
+    )
+    report = build_report(plan, await run_plan(plan), "ttft_ms.p99")
+    by_variant = {s["variant"]: s["summary"] for s in report["steps"]}
+    assert list(by_variant["hybrid"]["by_route"]) == ["edge/region-a"]
+    assert list(by_variant["center"]["by_route"]) == ["center/region-a"]
+    assert by_variant["center"]["route_reasons"] == {"pinned": 4}
+
+
+@pytest.mark.anyio
+async def test_errors_counted_and_completions_api() -> None:
+    with UvicornThread(create_app(Timing(ttft=0.0, itl=0.0, fail_every=3))) as srv:
+        workload = Workload("m", [parse_bucket("8:4")], api="completions")
+        plan = _plan(srv.url, workload=workload, max_requests=9, steps=[LoadStep("concurrency", 1)])
+        report = build_report(plan, await run_plan(plan), "ttft_ms.p99")
+    summary = report["steps"][0]["summary"]
+    assert summary["requests"] == 9
+    assert summary["ok"] == 6
+    assert summary["error_rate"] == pytest.approx(3 / 9)
+    assert summary["errors"] == {"HTTP 429": 3}
+    assert summary["output_tokens"] == 6 * 4
+
+
+@pytest.mark.anyio
+async def test_poisson_rate_offers_about_the_rate(server: UvicornThread) -> None:
+    plan = _plan(server.url, steps=[LoadStep("rate", 40)], duration=1.0, max_requests=500)
+    runs = await run_plan(plan)
+    # 40/s for 1 s: Poisson, so allow a wide band; bounded by the duration.
+    assert 20 <= len(runs[0].records) <= 65
+    assert all(r.ok for r in runs[0].records)
+
+
+def test_percentile_and_knee() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([], 50) is None
+    load = [1, 2, 4, 8, 16, 32]
+    flat_then_steep = [100, 101, 103, 110, 300, 900]
+    # Kneedle on the linear load axis: the furthest point below the chord.
+    assert find_knee(load, flat_then_steep) == 4
+    assert find_knee(load, [100, 101, 103, 110, 700, 900]) == 3
+    assert find_knee(load, [100, 200, 300, 400, 500, 600]) is None
+    assert find_knee([1, 2], [1, 2]) is None
+
+
+def test_bucket_parsing() -> None:
+    assert parse_bucket("1024:128:0.2").weight == 0.2
+    with pytest.raises(ValueError, match="PROMPT:OUTPUT"):
+        parse_bucket("12")
+    with pytest.raises(ValueError, match="positive"):
+        parse_bucket("0:5")
+
+
+def test_compare_flags_only_real_regressions() -> None:
+    def rep(ttft: float, rps: float, err: float) -> dict[str, object]:
+        summary = {
+            "ttft_ms": {"p50": ttft, "p95": ttft, "p99": ttft},
+            "requests_per_s": rps,
+            "error_rate": err,
+        }
+        return {"steps": [{"variant": "v", "step": "c=1", "summary": summary}]}
+
+    assert compare(rep(100, 10, 0), rep(100, 10, 0)) == []
+    assert compare(rep(105, 10, 0), rep(100, 10, 0)) == []
+    assert compare(rep(100.5, 10, 0), rep(1.0, 10, 0), min_delta_ms=200) == []
+    found = {r.metric for r in compare(rep(150, 8, 0.05), rep(100, 10, 0))}
+    assert found == {"ttft_ms.p50", "ttft_ms.p95", "ttft_ms.p99", "requests_per_s", "error_rate"}
+
+
+def test_cli_writes_report_and_plot_and_flags_regression(tmp_path: Path) -> None:
+    args = ["--concurrency", "1,2", "--duration", "0.5", "--requests", "4", "--bucket", "16:4"]
+    with UvicornThread(create_app(Timing(ttft=0.01, itl=0.005))) as fast:
+        base = tmp_path / "base.json"
+        assert main(["bench", "--url", fast.url, *args, "--out", str(base)]) == 0
+    report = json.loads(base.read_text())
+    assert [s["step"] for s in report["steps"]] == ["c=1", "c=2"]
+    assert base.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with UvicornThread(create_app(Timing(ttft=0.1, itl=0.005))) as slow:
+        out = tmp_path / "slow.json"
+        code = main(
+            [
+                "bench",
+                "--url",
+                slow.url,
+                *args,
+                "--out",
+                str(out),
+                "--no-plot",
+                "--baseline",
+                str(base),
+            ]
+        )
+    assert code == 3
+    assert any("ttft_ms.p50" in r for r in json.loads(out.read_text())["regressions"])
