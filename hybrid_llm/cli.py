@@ -74,7 +74,13 @@ def _register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     register(sub)
 
 
-SUBCOMMANDS: list[Register] = [_register_fetch, _register_bench]
+def _register_netem(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from hybrid_llm.netem import register
+
+    register(sub)
+
+
+SUBCOMMANDS: list[Register] = [_register_fetch, _register_bench, _register_netem]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
