@@ -80,7 +80,18 @@ def _register_netem(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     register(sub)
 
 
-SUBCOMMANDS: list[Register] = [_register_fetch, _register_bench, _register_netem]
+def _register_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from hybrid_llm.sim.cli import register
+
+    register(sub)
+
+
+SUBCOMMANDS: list[Register] = [
+    _register_fetch,
+    _register_bench,
+    _register_netem,
+    _register_simulate,
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     report = build_report(plan, runs, args.knee_metric)
     out: Path = args.out or Path("bench-results") / time.strftime("bench-%Y%m%d-%H%M%S.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    print_report(report, Console())
+    print_report(report, Console(width=max(Console().width, 160)))
     code = 0
     if args.baseline:
         baseline = json.loads(args.baseline.read_text(encoding="utf-8"))

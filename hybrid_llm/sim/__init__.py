@@ -1,0 +1,53 @@
+"""``hybrid-llm simulate``: a discrete-event simulator of the edge-plus-center fleet.
+
+Pure Python on a heap of events: users in regions, an RTT table, edge and
+center instances with engine profiles (prefill rate, batch-dependent decode
+step), and a routing policy behind a small seam (:class:`Policy`, with the
+candidate :data:`Scorer` pluggable) so the router's own scoring drives it.
+"""
+
+from hybrid_llm.sim.config import (
+    CenterSpec,
+    LengthDist,
+    PolicySpec,
+    RegionSpec,
+    SimConfig,
+    WorkloadSpec,
+)
+from hybrid_llm.sim.instance import Instance, LoadView
+from hybrid_llm.sim.policy import (
+    AllToCenter,
+    CenterPool,
+    Fleet,
+    Hybrid,
+    Policy,
+    Scorer,
+    predict_ttft_s,
+)
+from hybrid_llm.sim.profiles import PRESETS, EngineProfile
+from hybrid_llm.sim.report import size_edges, summarize_result
+from hybrid_llm.sim.simulation import SimResult, Simulation
+
+__all__ = [
+    "PRESETS",
+    "AllToCenter",
+    "CenterPool",
+    "CenterSpec",
+    "EngineProfile",
+    "Fleet",
+    "Hybrid",
+    "Instance",
+    "LengthDist",
+    "LoadView",
+    "Policy",
+    "PolicySpec",
+    "RegionSpec",
+    "Scorer",
+    "SimConfig",
+    "SimResult",
+    "Simulation",
+    "WorkloadSpec",
+    "predict_ttft_s",
+    "size_edges",
+    "summarize_result",
+]
