@@ -86,7 +86,14 @@ def _register_simulate(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     register(sub)
 
 
+def _register_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from hybrid_llm.up import register
+
+    register(sub)
+
+
 SUBCOMMANDS: list[Register] = [
+    _register_up,
     _register_fetch,
     _register_bench,
     _register_netem,

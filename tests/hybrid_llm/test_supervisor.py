@@ -1,0 +1,111 @@
+"""The supervisor with real subprocesses: readiness, restart with backoff, clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hybrid_llm.supervisor import ProcessSpec, StartupError, Supervisor
+from tests.support.servers import REPO, free_port
+
+
+def _tiny(name: str, *extra: str) -> tuple[ProcessSpec, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    spec = ProcessSpec(
+        name=name,
+        argv=[sys.executable, "-m", "tests.hybrid_llm.tiny_server", "--port", str(port), *extra],
+        env={"PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        ready_url=url + "/ready",
+        ready_timeout=20,
+    )
+    return spec, url
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    return False
+
+
+@contextlib.asynccontextmanager
+async def _running(sup: Supervisor) -> AsyncIterator[asyncio.Task[None]]:
+    await sup.start()
+    watcher = asyncio.create_task(sup.watch())
+    try:
+        yield watcher
+    finally:
+        await sup.stop()
+        await asyncio.wait_for(watcher, 10)
+
+
+@pytest.mark.anyio
+async def test_starts_in_order_waits_ready_and_stops_cleanly(tmp_path: Path) -> None:
+    a, a_url = _tiny("a", "--ready-after", "0.5")
+    b, b_url = _tiny("b")
+    events: list[str] = []
+    sup = Supervisor([a, b], tmp_path, on_event=events.append)
+    async with _running(sup), httpx.AsyncClient() as client:
+        assert (await client.get(a_url + "/ready")).status_code == 200
+        pids = [int((await client.get(u + "/pid")).text) for u in (a_url, b_url)]
+        assert pids == [c.pid for c in sup.children]
+    assert events[:2] == [f"a ready (pid {pids[0]})", f"b ready (pid {pids[1]})"]
+    assert events[-2:] == ["b stopped", "a stopped"]  # reverse order
+    assert not any(_alive(p) for p in pids)
+    assert "tiny_server on" in (tmp_path / "a.log").read_text()
+
+
+@pytest.mark.anyio
+async def test_crashed_child_is_restarted_with_backoff(tmp_path: Path) -> None:
+    a, url = _tiny("a")
+    events: list[str] = []
+    sup = Supervisor([a], tmp_path, backoff_initial=0.2, on_event=events.append)
+    async with _running(sup), httpx.AsyncClient() as client:
+        first = int((await client.get(url + "/pid")).text)
+        with contextlib.suppress(httpx.HTTPError):
+            await client.get(url + "/crash")
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if sup.children[0].ready and sup.children[0].pid != first:
+                break
+        second = int((await client.get(url + "/pid")).text)
+        assert second != first
+        assert sup.children[0].restarts == 1
+    assert any("a exited with 3; restarting in 0.2s" in e for e in events)
+
+
+@pytest.mark.anyio
+async def test_startup_failure_names_the_child_and_stops_the_rest(tmp_path: Path) -> None:
+    good, _ = _tiny("good")
+    bad, _ = _tiny("bad", "--fail-start")
+    sup = Supervisor([good, bad], tmp_path)
+    with pytest.raises(StartupError, match=r"bad exited with 4 while starting(.|\n)*refusing"):
+        await sup.start()
+    pid = sup.children[0].pid
+    assert pid is not None
+    assert not _alive(pid)
+
+
+@pytest.mark.anyio
+async def test_child_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+    stubborn, _ = _tiny("stubborn", "--ignore-term")
+    events: list[str] = []
+    sup = Supervisor([stubborn], tmp_path, stop_timeout=0.5, on_event=events.append)
+    async with _running(sup):
+        pid = sup.children[0].pid
+    assert "stubborn ignored SIGTERM; killing" in events
+    assert pid is not None
+    assert not _alive(pid)

@@ -1,0 +1,150 @@
+"""The topology config and `hybrid-llm up`/`status`/`down` with real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from hybrid_llm.topology import TopologySettings, build_specs
+from servekit.config import load_settings
+from tests.support.servers import REPO, free_port
+
+
+def _topology(tmp_path: Path, netem: bool) -> tuple[Path, dict[str, int]]:
+    ports = {"edge-a": free_port(), "edge-b": free_port(), "router": free_port()}
+    base = tmp_path / "base.yaml"
+    base.write_text("greeting: hello\nnested: {keep: 1, change: 1}\n")
+
+    def tiny(name: str, kind: str, region: str) -> dict[str, object]:
+        return {
+            "name": name,
+            "kind": kind,
+            "region": region,
+            "port": ports[name],
+            "module": "tests.hybrid_llm.tiny_server",
+            "args": ["--port", "{port}"],
+            "config": str(base),
+            "settings": {"nested": {"change": "{port}"}, "peer": "{advertise_of[edge-b]}"},
+        }
+
+    topo = {
+        "state_dir": str(tmp_path / "var"),
+        "registry": str(tmp_path / "var" / "registry.db"),
+        "models": [],
+        "router_region": "a",
+        "rtt": {"same_region_ms": 2, "rtt_ms": {"a": {"b": 80}}},
+        "netem": {"enabled": netem, "port_offset": 1},
+        "services": [
+            tiny("edge-a", "edge", "a"),
+            tiny("edge-b", "edge", "b"),
+            tiny("router", "router", "a"),
+        ],
+    }
+    path = tmp_path / "topo.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    return path, ports
+
+
+def test_specs_render_settings_and_delay_proxies(tmp_path: Path) -> None:
+    path, ports = _topology(tmp_path, netem=True)
+    topo = load_settings(TopologySettings, path)
+    specs = build_specs(topo, REPO)
+    assert [s.name for s in specs] == ["netem", "edge-a", "edge-b", "router"]
+    routes = [a for a in specs[0].argv if "=" in a]
+    assert routes == [
+        f"{ports['edge-a'] + 1}=127.0.0.1:{ports['edge-a']}@2",
+        f"{ports['edge-b'] + 1}=127.0.0.1:{ports['edge-b']}@80",
+    ]
+    rendered = yaml.safe_load((tmp_path / "var" / "topology" / "edge-a.yaml").read_text())
+    # The base file survives the merge; a whole-placeholder port stays an integer.
+    assert rendered == {
+        "greeting": "hello",
+        "nested": {"keep": 1, "change": ports["edge-a"]},
+        "peer": f"http://127.0.0.1:{ports['edge-b'] + 1}",
+    }
+    assert specs[1].ready_url == f"http://127.0.0.1:{ports['edge-a']}/ready"
+    assert specs[2].labels["rtt_ms"] == "80"
+
+
+def test_local_topology_config_is_valid_and_renders_edge_settings() -> None:
+    topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir="/tmp/x")
+    names = [s.name for s in topo.enabled()]
+    assert {"edge-a", "edge-b", "center", "router"} <= set(names)
+    router = topo.router()
+    assert router is not None
+    assert topo.url(router) == "http://127.0.0.1:8080"
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "hybrid_llm", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def test_up_detach_status_and_down(tmp_path: Path) -> None:
+    path, ports = _topology(tmp_path, netem=True)
+    up = _run(["up", "--config", str(path), "--detach"], tmp_path, timeout=120)
+    pid_file = tmp_path / "var" / "hybrid-llm.json"
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "edge-b" in up.stdout
+        assert "curl -N http://127.0.0.1:" in up.stdout
+        state = json.loads(pid_file.read_text())
+        assert state["ready"] is True
+        pids = {c["name"]: c["pid"] for c in state["children"]}
+        assert set(pids) == {"netem", "edge-a", "edge-b", "router"}
+        # Through edge-b's delay proxy a request pays the 80 ms RTT (plus a handshake).
+        t0 = time.perf_counter()
+        r = httpx.get(f"http://127.0.0.1:{ports['edge-b'] + 1}/ready", timeout=5)
+        assert r.status_code == 200
+        assert time.perf_counter() - t0 >= 0.16
+        status = _run(["status", "--config", str(path)], tmp_path)
+        assert status.returncode == 0
+        rows = [line for line in status.stdout.splitlines() if "│" in line]
+        assert sum(line.rstrip(" │").endswith("true") for line in rows) == 3
+        # A crashed child comes back.
+        os.killpg(pids["edge-a"], signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            new = {c["name"]: c for c in json.loads(pid_file.read_text())["children"]}
+            if new["edge-a"]["pid"] != pids["edge-a"] and new["edge-a"]["restarts"] == 1:
+                break
+        else:
+            pytest.fail("edge-a was not restarted")
+        assert httpx.get(f"http://127.0.0.1:{ports['edge-a']}/ready").status_code == 200
+        supervisor = state["pid"]
+        children = [c["pid"] for c in json.loads(pid_file.read_text())["children"]]
+    finally:
+        down = _run(["down", "--config", str(path)], tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert not pid_file.exists()
+    assert not _alive(supervisor)
+    assert not any(_alive(p) for p in children)
+    again = _run(["down", "--config", str(path)], tmp_path)
+    assert "nothing is running" in again.stderr

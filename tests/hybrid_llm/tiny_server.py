@@ -1,0 +1,64 @@
+"""A tiny HTTP service for supervisor tests, run as ``python -m tests.hybrid_llm.tiny_server``.
+
+``/ready`` is 503 until ``--ready-after`` seconds passed, then 200; ``/pid``
+answers the process id; ``/crash`` exits with status 3. ``--ignore-term``
+makes it shrug off SIGTERM (so the supervisor has to SIGKILL it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ready-after", type=float, default=0.0)
+    parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--fail-start", action="store_true")
+    args = parser.parse_args()
+    if args.fail_start:
+        print("tiny_server: refusing to start (--fail-start)", flush=True)
+        raise SystemExit(4)
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    started = time.monotonic()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/crash":
+                os._exit(3)
+            if self.path == "/pid":
+                self._send(200, str(os.getpid()))
+            elif self.path == "/ready":
+                ok = time.monotonic() - started >= args.ready_after
+                self._send(200 if ok else 503, "ready" if ok else "starting")
+            else:
+                self._send(404, "no")
+
+        def _send(self, status: int, text: str) -> None:
+            body = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    print(f"tiny_server on {args.port}", flush=True)
+    if not args.ignore_term:
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+
+
+if __name__ == "__main__":
+    main()
