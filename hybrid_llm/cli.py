@@ -92,12 +92,19 @@ def _register_up(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     register(sub)
 
 
+def _register_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from hybrid_llm.profile import register
+
+    register(sub)
+
+
 SUBCOMMANDS: list[Register] = [
     _register_up,
     _register_fetch,
     _register_bench,
     _register_netem,
     _register_simulate,
+    _register_profile,
 ]
 
 

@@ -1,10 +1,10 @@
 """A real HTTP double of an OpenAI-compatible streaming server with known timing.
 
-Each request sleeps ``ttft`` before the first token and ``itl`` between the
-following ones, streams ``max_tokens`` one-word tokens and answers with the
-router's ``X-Route-*`` headers (the tier echoed from the request's
-``X-Want-Tier``, so tests can pin routes). ``fail_every`` makes every n-th
-request a 429 in the OpenAI error shape.
+Each request sleeps ``ttft`` (plus ``prefill_s_per_token`` per prompt word)
+before the first token and ``itl`` between the following ones, streams
+``max_tokens`` one-word tokens and answers with the router's ``X-Route-*``
+headers (the tier echoed from the request's ``X-Want-Tier``, so tests can pin
+routes). ``fail_every`` makes every n-th request a 429 in the OpenAI error shape.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from starlette.routing import Route
 class Timing:
     ttft: float = 0.05
     itl: float = 0.01
+    prefill_s_per_token: float = 0.0  # added to ttft per prompt word
     fail_every: int = 0
     region: str = "region-a"
 
@@ -44,7 +45,11 @@ def create_app(timing: Timing) -> Starlette:
         n = int(body.get("max_tokens") or 16)
         chat = request.url.path.endswith("/chat/completions")
         tier = request.headers.get("x-want-tier", "edge")
-        words = len(str(body.get("prompt") or body.get("messages"))) // 5
+        if chat:
+            text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        else:
+            text = str(body.get("prompt", ""))
+        words = len(text.split())
 
         def frame(text: str | None, usage: bool = False) -> bytes:
             event: dict[str, object]
@@ -62,7 +67,7 @@ def create_app(timing: Timing) -> Starlette:
         async def stream() -> AsyncIterator[bytes]:
             if chat:
                 yield frame("")  # the role-only first event carries no text
-            await asyncio.sleep(timing.ttft)
+            await asyncio.sleep(timing.ttft + words * timing.prefill_s_per_token)
             for i in range(n):
                 if i:
                     await asyncio.sleep(timing.itl)
@@ -80,11 +85,15 @@ def create_app(timing: Timing) -> Starlette:
     async def ready(_: Request) -> Response:
         return JSONResponse({"ready": True})
 
+    async def load(_: Request) -> Response:
+        return JSONResponse({"ready": True, "capacity": 4, "model": "fake"})
+
     return Starlette(
         routes=[
             Route("/v1/chat/completions", complete, methods=["POST"]),
             Route("/v1/completions", complete, methods=["POST"]),
             Route("/ready", ready),
+            Route("/load", load),
             Route("/health", ready),
         ]
     )

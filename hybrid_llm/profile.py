@@ -1,0 +1,151 @@
+"""``hybrid-llm profile``: measure an engine profile from a running server.
+
+Prefill rate: single requests of growing prompt length asking for one token;
+TTFT against prompt tokens is fitted with a line, whose slope is the prefill
+cost per token and whose intercept is the fixed overhead. Decode step time by
+batch size: ``b`` concurrent streams, the median gap between tokens while all
+``b`` run. The result is an :class:`~hybrid_llm.sim.profiles.EngineProfile`
+for ``hybrid-llm simulate`` (printed as YAML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import yaml
+
+from hybrid_llm.bench.client import RequestRecord, send_streaming
+from hybrid_llm.bench.workload import Bucket, Workload
+from hybrid_llm.sim.profiles import EngineProfile
+
+__all__ = ["fit_line", "measure_profile", "register"]
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x``; returns ``(a, b)``."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return my, 0.0
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - b * mx, b
+
+
+async def _one(
+    client: httpx.AsyncClient, workload: Workload, prompt: int, output: int
+) -> RequestRecord:
+    bucket = Bucket(prompt, output)
+    body = workload.body(bucket)
+    body["ignore_eos"] = True  # servers that honour it keep decoding to max_tokens
+    return await send_streaming(
+        client, workload.path, body, bucket=bucket.label, run_start=time.perf_counter()
+    )
+
+
+async def measure_profile(
+    url: str,
+    *,
+    model: str | None = None,
+    prompt_lengths: Sequence[int] = (16, 64, 256, 512),
+    repeats: int = 3,
+    batches: Sequence[int] | None = None,
+    decode_tokens: int = 32,
+    api_key: str | None = None,
+) -> dict[str, Any]:
+    """Measure prefill and decode figures of the server at ``url``."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300) as client:
+        slots = 1
+        try:
+            load = (await client.get("/load")).json()
+            slots = int(load.get("capacity") or 1)
+            model = model or load.get("model")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+        workload = Workload(model or "auto", [Bucket(16, 1)])
+        await _one(client, workload, 16, 2)  # warm-up
+        xs: list[float] = []
+        ys: list[float] = []
+        for length in prompt_lengths:
+            for _ in range(repeats):
+                rec = await _one(client, workload, length, 1)
+                if rec.ok and rec.ttft is not None:
+                    xs.append(rec.prompt_tokens or length)
+                    ys.append(rec.ttft)
+        if len(set(xs)) < 2:
+            raise RuntimeError(
+                f"prefill measurement failed at {url}: too few successful requests "
+                f"(last error: {rec.error})"
+            )
+        intercept, slope = fit_line(xs, ys)
+        steps: dict[int, float] = {}
+        for b in batches or sorted({1, 2, 4, 8, slots} & set(range(1, slots + 1))):
+            records = await asyncio.gather(
+                *(_one(client, workload, 16, decode_tokens) for _ in range(b))
+            )
+            gaps = [g for r in records if r.ok for g in r.itl]
+            if gaps:
+                steps[b] = statistics.median(gaps)
+    base_s, per_seq_s = fit_line([b - 1 for b in steps], list(steps.values()))
+    profile = EngineProfile(
+        name=f"measured {url}",
+        prefill_tokens_per_s=1.0 / slope if slope > 0 else 1e9,
+        decode_base_ms=max(0.01, (steps.get(1) or base_s) * 1000),
+        decode_per_seq_ms=max(0.0, per_seq_s * 1000) if len(steps) > 1 else 0.0,
+        slots=slots,
+        overhead_ms=max(0.0, intercept * 1000),
+    )
+    return {
+        "profile": profile,
+        "ttft_points": list(zip(xs, ys, strict=True)),
+        "step_s_by_batch": steps,
+    }
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "profile", help="measure prefill rate and decode step time of a running engine"
+    )
+    p.add_argument("--url", required=True, help="edge agent (or any OpenAI server) base URL")
+    p.add_argument("--model", help="default: the model the server's /load reports")
+    p.add_argument("--prompt-lengths", default="16,64,256,512")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--api-key")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    lengths = [int(v) for v in args.prompt_lengths.split(",") if v.strip()]
+    try:
+        out = asyncio.run(
+            measure_profile(
+                args.url.rstrip("/"),
+                model=args.model,
+                prompt_lengths=lengths,
+                repeats=args.repeats,
+                decode_tokens=args.decode_tokens,
+                api_key=args.api_key,
+            )
+        )
+    except RuntimeError as exc:
+        print(f"profile: {exc}")
+        return 1
+    profile: EngineProfile = out["profile"]
+    print(
+        "# TTFT by prompt tokens:",
+        ", ".join(f"{x:.0f}:{y * 1000:.1f}ms" for x, y in out["ttft_points"]),
+    )
+    print(
+        "# decode step by batch:",
+        ", ".join(f"{b}:{s * 1000:.2f}ms" for b, s in out["step_s_by_batch"].items()),
+    )
+    print(yaml.safe_dump({"edge_profile": profile.model_dump()}, sort_keys=False), end="")
+    return 0
