@@ -1,0 +1,97 @@
+"""The deploy/ examples refer to things that exist: metric names the services
+export, console scripts the package installs, and well-formed files."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from servekit.engine.protocol import LoadReport
+from servekit.metrics import ServingMetrics
+from tests.support.servers import REPO
+
+DEPLOY = REPO / "deploy"
+NAME = re.compile(r"\b((?:vllm:|router_|hybrid_)[a-z0-9_:]+)")
+
+
+def _exported_serving_names() -> set[str]:
+    registry = CollectorRegistry()
+    metrics = ServingMetrics(
+        registry, model="m", version="v", region="r", tier="edge", load=lambda: LoadReport()
+    )
+    metrics.finished("stop")
+    metrics.outcome("ok")
+    text = generate_latest(registry).decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+
+
+def _queries() -> list[str]:
+    dash = json.loads((DEPLOY / "grafana" / "hybrid-llm-fleet.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "hybrid-llm.rules.yml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    return exprs
+
+
+def _referenced(prefixes: tuple[str, ...]) -> set[str]:
+    names = {n for e in _queries() for n in NAME.findall(e)}
+    return {n for n in names if n.startswith(prefixes) and ":" not in n.removeprefix("vllm:")}
+
+
+def test_dashboard_and_rules_use_metrics_the_engines_export() -> None:
+    used = _referenced(("vllm:", "hybrid_"))
+    assert "vllm:time_to_first_token_seconds_bucket" in used
+    missing = used - _exported_serving_names()
+    assert not missing, f"dashboard/rules name metrics nobody exports: {sorted(missing)}"
+
+
+def test_dashboard_and_rules_use_metrics_the_router_exports() -> None:
+    metrics = pytest.importorskip("geo_router.metrics")
+    text = metrics.RouterMetrics().render().decode()
+    # Labelled series have no samples until first use; their `# TYPE` line counts.
+    families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    suffixes = ("_bucket", "_sum", "_count", "_total")
+    used = _referenced(("router_",))
+    missing = {
+        n
+        for n in used
+        if n not in families and not any(n.removesuffix(x) in families for x in suffixes)
+    }
+    assert not missing, sorted(missing)
+
+
+def test_dashboard_shape() -> None:
+    dash = json.loads((DEPLOY / "grafana" / "hybrid-llm-fleet.json").read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    titles = " ".join(p["title"] for p in dash["panels"])
+    for needed in ("TTFT", "ITL", "E2E", "Route decisions", "Fallbacks", "version"):
+        assert needed in titles
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "tier", "region"}
+
+
+def test_systemd_units_run_installed_commands_with_limits() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    units = sorted((DEPLOY / "systemd").glob("*.service"))
+    assert len(units) == 4
+    for unit in units:
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.read_string(unit.read_text())
+        service = parser["Service"]
+        for key in ("Restart", "MemoryMax", "CPUQuota", "LimitNOFILE", "TimeoutStopSec"):
+            assert service.get(key), f"{unit.name} lacks {key}"
+        command = Path(service["ExecStart"].split()[0]).name
+        assert command in scripts, f"{unit.name} runs {command}, not a console script"
+
+
+def test_prometheus_config_parses_and_scrapes_every_service() -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    jobs = {j["job_name"] for j in config["scrape_configs"]}
+    assert {"hybrid-llm-serving", "geo-router", "model-sync-controller"} <= jobs
