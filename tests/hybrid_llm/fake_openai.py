@@ -42,7 +42,7 @@ def create_app(timing: Timing) -> Starlette:
                 headers={"Retry-After": "1"},
             )
         body = json.loads(await request.body())
-        n = int(body.get("max_tokens") or 16)
+        n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         chat = request.url.path.endswith("/chat/completions")
         tier = request.headers.get("x-want-tier", "edge")
         if chat:
@@ -52,16 +52,23 @@ def create_app(timing: Timing) -> Starlette:
         words = len(text.split())
 
         def frame(text: str | None, usage: bool = False) -> bytes:
-            event: dict[str, object]
+            event: dict[str, object] = {
+                "id": "cmpl-fake",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": 0,
+                "model": str(body.get("model", "fake")),
+            }
             if usage:
-                event = {
-                    "choices": [],
-                    "usage": {"prompt_tokens": words, "completion_tokens": n},
+                event["choices"] = []
+                event["usage"] = {
+                    "prompt_tokens": words,
+                    "completion_tokens": n,
+                    "total_tokens": words + n,
                 }
             elif chat:
-                event = {"choices": [{"index": 0, "delta": {"content": text}}]}
+                event["choices"] = [{"index": 0, "delta": {"content": text}, "finish_reason": None}]
             else:
-                event = {"choices": [{"index": 0, "text": text}]}
+                event["choices"] = [{"index": 0, "text": text, "finish_reason": None}]
             return b"data: " + json.dumps(event).encode() + b"\n\n"
 
         async def stream() -> AsyncIterator[bytes]:
