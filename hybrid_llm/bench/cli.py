@@ -40,17 +40,23 @@ def _header(text: str) -> tuple[str, str]:
 
 
 def parse_variant(text: str) -> Variant:
-    """``NAME`` or ``NAME:Header=value,Other=value``."""
+    """``NAME`` or ``NAME:key=value,...``: ``model=X`` sets the body's model (the
+    router pins a tier by the model aliases ``edge``/``center``); any other key is
+    a request header."""
     name, _, rest = text.partition(":")
     headers: dict[str, str] = {}
+    model: str | None = None
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
-            raise argparse.ArgumentTypeError(f"variant {text!r}: expected Header=value")
-        headers[key.strip()] = value.strip()
+            raise argparse.ArgumentTypeError(f"variant {text!r}: expected key=value")
+        if key.strip() == "model":
+            model = value.strip()
+        else:
+            headers[key.strip()] = value.strip()
     if not name:
         raise argparse.ArgumentTypeError(f"variant {text!r}: needs a name")
-    return Variant(name, headers)
+    return Variant(name, headers, model)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,7 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--variant",
         type=parse_variant,
         action="append",
-        help="NAME[:Header=value,...]: run every step once per variant (repeatable)",
+        help="NAME[:model=M,Header=value,...]: run every step once per variant (repeatable)",
     )
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=0)
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         steps = [LoadStep("concurrency", max(1, round(v))) for v in args.concurrency or [1.0]]
     common = dict(args.header)
     variants = args.variant or [Variant("default")]
-    variants = [Variant(v.name, {**common, **v.headers}) for v in variants]
+    variants = [Variant(v.name, {**common, **v.headers}, v.model) for v in variants]
     workload = Workload(
         model=args.model,
         buckets=args.bucket or [parse_bucket("128:64")],

@@ -62,7 +62,7 @@ def build_report(plan: RunPlan, runs: list[StepRun], knee_metric: str) -> dict[s
             "buckets": [b.label for b in plan.workload.buckets],
             "duration_s": plan.duration,
             "max_requests": plan.max_requests,
-            "variants": {v.name: v.headers for v in plan.variants},
+            "variants": {v.name: {"headers": v.headers, "model": v.model} for v in plan.variants},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "knee_metric": knee_metric,
         },

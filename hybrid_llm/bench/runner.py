@@ -9,7 +9,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 
@@ -33,8 +33,16 @@ class LoadStep:
 
 @dataclass(frozen=True)
 class Variant:
+    """A named way of sending the same load: extra headers, another ``model``."""
+
     name: str
     headers: dict[str, str] = field(default_factory=dict)
+    model: str | None = None
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.model is not None:
+            body["model"] = self.model
+        return body
 
 
 @dataclass
@@ -76,7 +84,7 @@ async def _closed_loop(
                 await send_streaming(
                     client,
                     plan.workload.path,
-                    body,
+                    variant.apply(body),
                     bucket=bucket.label,
                     run_start=t0,
                     headers=variant.headers,
@@ -108,7 +116,7 @@ async def _open_loop(
                 await send_streaming(
                     client,
                     plan.workload.path,
-                    body,
+                    variant.apply(body),
                     bucket=bucket.label,
                     run_start=t0,
                     headers=variant.headers,

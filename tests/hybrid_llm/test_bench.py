@@ -121,6 +121,15 @@ def test_percentile_and_knee() -> None:
     assert find_knee([1, 2], [1, 2]) is None
 
 
+def test_variant_parsing() -> None:
+    from hybrid_llm.bench.cli import parse_variant
+
+    v = parse_variant("center:model=center,X-Client-Region=region-b")
+    assert v == Variant("center", {"X-Client-Region": "region-b"}, "center")
+    assert v.apply({"model": "auto"}) == {"model": "center"}
+    assert parse_variant("hybrid") == Variant("hybrid")
+
+
 def test_bucket_parsing() -> None:
     assert parse_bucket("1024:128:0.2").weight == 0.2
     with pytest.raises(ValueError, match="PROMPT:OUTPUT"):
