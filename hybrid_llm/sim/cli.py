@@ -113,7 +113,7 @@ def _print_runs(runs: list[dict[str, Any]], console: Console) -> None:
         gpus = "+".join(str(int(tiers.get(k, {}).get("gpus", 0))) for k in ("edge", "center"))
         table.add_row(
             s["policy"],
-            f"{s['offered_rps']:.0f}",
+            f"{s['offered_rps']:g}",
             f"{_f(t['p50'])}/{_f(t['p95'])}/{_f(t['p99'])}",
             f"{_f(tp['p50'])}/{_f(tp['p99'])}",
             _util(tiers, "edge"),

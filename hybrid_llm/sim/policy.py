@@ -82,8 +82,27 @@ class Fleet:
     center: CenterPool
     rtt: RttTable
 
+    def __post_init__(self) -> None:
+        self._others = {
+            region: [e for r, edges in self.edges.items() if r != region for e in edges]
+            for region in self.edges
+        }
+
     def rtt_s(self, a: str, b: str) -> float:
         return self.rtt.rtt(a, b) / 1000.0
+
+    def sample_edges(self, region: str, k: int, rng: random.Random) -> list[Instance]:
+        """Up to ``k`` random edges of ``region`` and ``k`` of the other regions.
+
+        A router scores every healthy edge; sampling keeps the simulator's cost
+        per request constant on a thousand-edge fleet. Remote edges carry their
+        RTT in the score, so they win only when the local ones are busy.
+        """
+        local = self.edges.get(region, [])
+        others = self._others.get(region, [])
+        out = rng.sample(local, k) if len(local) > k else list(local)
+        out += rng.sample(others, k) if len(others) > k else others
+        return out
 
 
 # predicted TTFT (s) for a candidate: (load, rtt_s, prompt_tokens, mean output tokens)
@@ -120,7 +139,8 @@ class AllToCenter:
 
 class Hybrid:
     """Hard requests to the center; simple ones to the best of ``choices`` random
-    same-region edges by predicted TTFT, the center after them as the fallback.
+    same-region edges (and as many from other regions) by predicted TTFT, the
+    center after them as the fallback.
     The center goes first only when the best edge is predicted slower than the
     center by more than ``spill_s`` (edges saturated). The runner-up is what a
     429 falls back to and what a hedge (``hedge_after_s``) races."""
@@ -146,10 +166,8 @@ class Hybrid:
         center: Target = fleet.center
         if req.hard:
             return [center]
-        local = fleet.edges.get(req.region, [])
-        sampled = self.rng.sample(local, self.choices) if len(local) > self.choices else local
         scored: list[tuple[float, Target]] = []
-        for edge in sampled:
+        for edge in fleet.sample_edges(req.region, self.choices, self.rng):
             load = edge.load()
             if load.waiting >= load.queue_limit:
                 continue  # it would answer 429; the router skips it
