@@ -148,3 +148,50 @@ def test_up_detach_status_and_down(tmp_path: Path) -> None:
     assert not any(_alive(p) for p in children)
     again = _run(["down", "--config", str(path)], tmp_path)
     assert "nothing is running" in again.stderr
+
+
+@pytest.mark.model
+def test_up_runs_the_real_edge_agent_behind_its_delay_proxy(
+    tmp_path: Path, model_path: Path
+) -> None:
+    port = free_port()
+    topo = {
+        "state_dir": str(tmp_path / "var"),
+        "registry": str(tmp_path / "var" / "registry.db"),
+        "models_dir": str(model_path.parent),
+        "router_region": "a",
+        "rtt": {"rtt_ms": {"a": {"b": 60}}},
+        "netem": {"enabled": True, "port_offset": 1},
+        "services": [
+            {
+                "name": "edge-b",
+                "kind": "edge",
+                "region": "b",
+                "port": port,
+                "module": "edge_agent",
+                "args": ["serve", "--config", "{config}"],
+                "config": str(REPO / "configs" / "edge-local.yaml"),
+                "settings": {
+                    "server": {"port": "{port}"},
+                    "instance": {"id": "{name}", "region": "{region}"},
+                    "engine": {"model_path": str(model_path), "n_threads": 1},
+                },
+            }
+        ],
+    }
+    path = tmp_path / "topo.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    up = _run(["up", "--config", str(path), "--detach", "--no-fetch"], REPO, timeout=200)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        body = {"model": "edge", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+        direct = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        assert direct.status_code == 200
+        t0 = time.perf_counter()
+        with httpx.Client(timeout=60) as client:
+            proxied = client.get(f"http://127.0.0.1:{port + 1}/v1/models")
+        assert proxied.status_code == 200
+        assert time.perf_counter() - t0 >= 0.12  # handshake + request round trips at 60 ms
+    finally:
+        down = _run(["down", "--config", str(path)], REPO)
+    assert down.returncode == 0
