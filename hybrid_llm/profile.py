@@ -2,7 +2,8 @@
 
 Prefill rate: single requests of growing prompt length asking for one token;
 TTFT against prompt tokens is fitted with a line, whose slope is the prefill
-cost per token and whose intercept is the fixed overhead. Decode step time by
+cost per token and whose intercept is the fixed overhead; the median TTFT at
+each length is kept too, since real engines are not linear. Decode step time by
 batch size: ``b`` concurrent streams, the median gap between tokens while all
 ``b`` run. The result is an :class:`~hybrid_llm.sim.profiles.EngineProfile`
 for ``hybrid-llm simulate`` (printed as YAML).
@@ -94,6 +95,10 @@ async def measure_profile(
             if gaps:
                 steps[b] = statistics.median(gaps)
     base_s, per_seq_s = fit_line([b - 1 for b in steps], list(steps.values()))
+    by_length: dict[int, list[float]] = {}
+    for x, y in zip(xs, ys, strict=True):
+        by_length.setdefault(round(x), []).append(y)
+    points = [(x, statistics.median(v)) for x, v in sorted(by_length.items())]
     profile = EngineProfile(
         name=f"measured {url}",
         prefill_tokens_per_s=1.0 / slope if slope > 0 else 1e9,
@@ -101,6 +106,7 @@ async def measure_profile(
         decode_per_seq_ms=max(0.0, per_seq_s * 1000) if len(steps) > 1 else 0.0,
         slots=slots,
         overhead_ms=max(0.0, intercept * 1000),
+        prefill_points=points,
     )
     return {
         "profile": profile,

@@ -11,7 +11,9 @@ and in ``docs/operations.md``. Replace them with measurements
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+import bisect
+
+from pydantic import BaseModel, Field, field_validator
 
 __all__ = ["PRESETS", "EngineProfile"]
 
@@ -27,13 +29,31 @@ class EngineProfile(BaseModel):
     queue_limit: int = Field(64, ge=0, description="waiting requests before it answers 429")
     gpus: int = Field(1, ge=0, description="GPUs one instance occupies (0 for CPU)")
     overhead_ms: float = Field(0.0, ge=0, description="fixed per-request cost (HTTP, tokenize)")
+    prefill_points: list[tuple[int, float]] = Field(
+        default_factory=list,
+        description="measured (prompt tokens, seconds to first token); when given, prefill "
+        "time is interpolated from them instead of the rate (engines are not linear)",
+    )
+
+    @field_validator("prefill_points")
+    @classmethod
+    def _sorted(cls, points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        return sorted(points)
 
     def step_s(self, batch: int) -> float:
         """Seconds per decode step with ``batch`` sequences running."""
         return (self.decode_base_ms + self.decode_per_seq_ms * max(0, batch - 1)) / 1000.0
 
     def prefill_s(self, prompt_tokens: int) -> float:
-        return self.overhead_ms / 1000.0 + prompt_tokens / self.prefill_tokens_per_s
+        points = self.prefill_points
+        if len(points) < 2:
+            return self.overhead_ms / 1000.0 + prompt_tokens / self.prefill_tokens_per_s
+        # Piecewise linear through the measured points, the end slopes beyond them.
+        i = bisect.bisect_left(points, (prompt_tokens, -1.0))
+        i = min(max(i, 1), len(points) - 1)
+        (x0, y0), (x1, y1) = points[i - 1], points[i]
+        slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
+        return max(0.0, y0 + slope * (prompt_tokens - x0))
 
 
 # Sources and arithmetic (public spec sheets; efficiencies are assumptions):

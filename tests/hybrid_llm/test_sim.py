@@ -174,3 +174,14 @@ def test_config_errors_name_the_problem() -> None:
         _config(edge_profile="tpu-v9")
     with pytest.raises(ValueError, match="warmup_s"):
         _config(warmup_s=50)
+
+
+def test_measured_prefill_points_are_interpolated() -> None:
+    profile = PROFILE.model_copy(update={"prefill_points": [(100, 0.5), (50, 0.2), (200, 1.5)]})
+    profile = EngineProfile.model_validate(profile.model_dump())
+    assert profile.prefill_s(50) == pytest.approx(0.2)
+    assert profile.prefill_s(75) == pytest.approx(0.35)
+    assert profile.prefill_s(150) == pytest.approx(1.0)
+    assert profile.prefill_s(250) == pytest.approx(2.0)  # the last slope continues
+    assert profile.prefill_s(25) == pytest.approx(0.05)  # and the first one below
+    assert PROFILE.prefill_s(100) == pytest.approx(0.1)  # no points: the rate
