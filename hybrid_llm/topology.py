@@ -69,6 +69,11 @@ class TopologySettings(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> TopologySettings:
+        from servekit.modelfetch import BUNDLED_MODELS
+
+        unknown = [m for m in self.models if m not in BUNDLED_MODELS]
+        if unknown:
+            raise ValueError(f"unknown models {unknown}; bundled: {sorted(BUNDLED_MODELS)}")
         names = [s.name for s in self.services]
         if len(set(names)) != len(names):
             raise ValueError(f"service names must be unique: {names}")

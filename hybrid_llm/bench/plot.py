@@ -39,7 +39,11 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
                 ax.axvline(knee["load"], color="grey", linestyle=":", linewidth=1)
     axes[-1].set_title("throughput (output tokens/s)")
     axes[-1].set_xlabel(xlabel)
+    loads = [s["load"] for s in report["steps"]]
+    geometric = bool(loads) and min(loads) > 0 and max(loads) / min(loads) >= 8
     for ax in axes:
+        if geometric:  # stepped 1, 2, 4, 8...: equal spacing reads better
+            ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{report['meta']['url']} ({report['meta']['model']})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Literal
 
 from hybrid_llm.sim.config import SimConfig
 from hybrid_llm.sim.events import EventLoop
@@ -28,6 +29,7 @@ from hybrid_llm.sim.policy import (
     Target,
     predict_ttft_s,
 )
+from hybrid_llm.sim.profiles import EngineProfile
 from hybrid_llm.sim.request import Job, SimRequest
 
 __all__ = ["SimResult", "Simulation", "build_policy"]
@@ -86,8 +88,10 @@ class Simulation:
         self._client_s = config.rtt.same_region_ms / 1000.0
         self._overhead_s = config.policy.router_overhead_ms / 1000.0
 
-    def _instance(self, name: str, tier: str, region: str, profile: object) -> Instance:
-        inst = Instance(name, tier, region, profile, self.loop, self)  # type: ignore[arg-type]
+    def _instance(
+        self, name: str, tier: Literal["edge", "center"], region: str, profile: EngineProfile
+    ) -> Instance:
+        inst = Instance(name, tier, region, profile, self.loop, self)
         self.instances.append(inst)
         return inst
 
