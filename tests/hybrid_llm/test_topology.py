@@ -150,6 +150,26 @@ def test_up_detach_status_and_down(tmp_path: Path) -> None:
     assert "nothing is running" in again.stderr
 
 
+def test_down_cleans_up_after_a_killed_supervisor(tmp_path: Path) -> None:
+    path, _ = _topology(tmp_path, netem=False)
+    up = _run(["up", "--config", str(path), "--detach"], tmp_path, timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = json.loads((tmp_path / "var" / "hybrid-llm.json").read_text())
+    children = [c["pid"] for c in state["children"]]
+    os.kill(state["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _alive(state["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_alive(p) for p in children)  # orphans, still serving
+    down = _run(["down", "--config", str(path)], tmp_path)
+    assert down.returncode == 0
+    assert down.stderr.count("stopped orphan") == 3
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in children)
+
+
 @pytest.mark.model
 def test_up_runs_the_real_edge_agent_behind_its_delay_proxy(
     tmp_path: Path, model_path: Path
