@@ -141,7 +141,6 @@ async def run_plan(plan: RunPlan, progress: object = None) -> list[StepRun]:
     """Run every step for every variant; return what each measured."""
     headers = {"Authorization": f"Bearer {plan.api_key}"} if plan.api_key else {}
     limits = httpx.Limits(max_connections=plan.max_in_flight, max_keepalive_connections=256)
-    rng = random.Random(plan.seed)
     runs: list[StepRun] = []
     async with httpx.AsyncClient(
         base_url=plan.url, headers=headers, timeout=plan.timeout, limits=limits
@@ -150,8 +149,10 @@ async def run_plan(plan: RunPlan, progress: object = None) -> list[StepRun]:
         if plan.warmup:
             warm = RunPlan(**{**plan.__dict__, "max_requests": plan.warmup, "duration": 1e9})
             await _closed_loop(client, warm, plan.variants[0], 1, t0)
-        for step in plan.steps:
+        for index, step in enumerate(plan.steps):
             for variant in plan.variants:
+                # Every variant of a step gets the same arrival times: same offered load.
+                rng = random.Random(plan.seed * 1000 + index)
                 started = time.perf_counter()
                 if step.mode == "concurrency":
                     records = await _closed_loop(client, plan, variant, int(step.value), t0)

@@ -101,11 +101,19 @@ async def test_errors_counted_and_completions_api() -> None:
 
 @pytest.mark.anyio
 async def test_poisson_rate_offers_about_the_rate(server: UvicornThread) -> None:
-    plan = _plan(server.url, steps=[LoadStep("rate", 40)], duration=1.0, max_requests=500)
+    plan = _plan(
+        server.url,
+        steps=[LoadStep("rate", 40)],
+        variants=[Variant("a"), Variant("b")],
+        duration=1.0,
+        max_requests=500,
+    )
     runs = await run_plan(plan)
     # 40/s for 1 s: Poisson, so allow a wide band; bounded by the duration.
     assert 20 <= len(runs[0].records) <= 65
     assert all(r.ok for r in runs[0].records)
+    # Both variants saw the same arrivals: the same offered load.
+    assert len(runs[1].records) == len(runs[0].records)
 
 
 def test_percentile_and_knee() -> None:
