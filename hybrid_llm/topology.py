@@ -25,7 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from hybrid_llm.geography import RttTable
 from hybrid_llm.supervisor import ProcessSpec
 
-__all__ = ["NetemSettings", "ServiceSpec", "TopologySettings", "build_specs"]
+__all__ = ["NetemSettings", "ServiceSpec", "TopologyError", "TopologySettings", "build_specs"]
+
+
+class TopologyError(Exception):
+    """The topology cannot be built (a base settings file is missing or unreadable)."""
+
 
 Kind = Literal["router", "edge", "center", "controller", "other"]
 
@@ -63,6 +68,7 @@ class TopologySettings(_Strict):
     models_dir: Path = Path("models")
     models: list[str] = Field(default_factory=lambda: ["smollm2-135m-instruct-q4_1"])
     router_region: str = Field("local", description="where the router (and its users) sit")
+    example_api_key: str = Field("local", description="the key the printed examples send")
     rtt: RttTable = Field(default_factory=RttTable)
     netem: NetemSettings = Field(default_factory=NetemSettings)
     services: list[ServiceSpec] = Field(min_length=1)
@@ -175,7 +181,10 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
         }
         base: dict[str, Any] = {}
         if s.config is not None:
-            loaded = yaml.safe_load((root / s.config).read_text(encoding="utf-8"))
+            try:
+                loaded = yaml.safe_load((root / s.config).read_text(encoding="utf-8"))
+            except (OSError, yaml.YAMLError) as exc:
+                raise TopologyError(f"service {s.name}: base settings {s.config}: {exc}") from None
             base = loaded if isinstance(loaded, dict) else {}
         if s.config is not None or s.settings:
             merged = _merge(base, _render(s.settings, variables))

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hybrid_llm.supervisor import StartupError, Supervisor
-from hybrid_llm.topology import TopologySettings, build_specs
+from hybrid_llm.topology import TopologyError, TopologySettings, build_specs
 
 __all__ = ["register"]
 
@@ -135,7 +135,11 @@ def _up(args: argparse.Namespace) -> int:
     if not args.no_fetch:
         _fetch(topo, console)
     root = Path.cwd()
-    specs = build_specs(topo, root)
+    try:
+        specs = build_specs(topo, root)
+    except TopologyError as exc:
+        console.print(f"[red]{exc}")
+        return 2
     pid_path.parent.mkdir(parents=True, exist_ok=True)
     sup: Supervisor | None = None
 
@@ -202,21 +206,23 @@ def _print_ready(topo: TopologySettings, sup: Supervisor, console: Console) -> N
     router = topo.router()
     base = topo.url(router) if router else None
     if base:
-        print(_examples(base), flush=True)  # plain: rich would wrap the one-liners
+        print(
+            _examples(base, topo.example_api_key), flush=True
+        )  # plain: rich would wrap the one-liners
     console.print("Stop with Ctrl-C here, or `hybrid-llm down` from another shell.")
 
 
-def _examples(base: str) -> str:
+def _examples(base: str, key: str) -> str:
     body = (
         '{"model": "auto", "stream": true, "max_tokens": 48, '
         '"messages": [{"role": "user", "content": "Name three rivers in China."}]}'
     )
     return (
-        f"\ncurl:\n  curl -N {base}/v1/chat/completions "
+        f"\ncurl:\n  curl -N {base}/v1/chat/completions -H 'Authorization: Bearer {key}' "
         f"-H 'Content-Type: application/json' -d '{body}'\n"
         f"\nopenai:\n"
         f"  python -c \"from openai import OpenAI; c = OpenAI(base_url='{base}/v1', "
-        f"api_key='local'); r = c.chat.completions.create(model='auto', max_tokens=48, "
+        f"api_key='{key}'); r = c.chat.completions.create(model='auto', max_tokens=48, "
         f"messages=[{{'role': 'user', 'content': 'Say hello.'}}]); "
         f'print(r.choices[0].message.content)"\n'
     )
@@ -315,5 +321,5 @@ def _status(args: argparse.Namespace) -> int:
     console.print(table)
     router = topo.router()
     if router and topo.url(router):
-        print(_examples(str(topo.url(router))), flush=True)
+        print(_examples(str(topo.url(router)), topo.example_api_key), flush=True)
     return 0

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from hybrid_llm.topology import TopologySettings, build_specs
+from hybrid_llm.topology import TopologyError, TopologySettings, build_specs
 from servekit.config import load_settings
 from tests.support.servers import REPO, free_port
 
@@ -75,13 +75,48 @@ def test_specs_render_settings_and_delay_proxies(tmp_path: Path) -> None:
     assert specs[2].labels["rtt_ms"] == "80"
 
 
-def test_local_topology_config_is_valid_and_renders_edge_settings() -> None:
-    topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir="/tmp/x")
+def test_local_topology_config_is_valid_and_renders_edge_settings(tmp_path: Path) -> None:
+    topo = load_settings(
+        TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path), netem=None
+    )
     names = [s.name for s in topo.enabled()]
     assert {"edge-a", "edge-b", "center", "router"} <= set(names)
     router = topo.router()
     assert router is not None
     assert topo.url(router) == "http://127.0.0.1:8080"
+    missing = [s.config for s in topo.enabled() if s.config and not (REPO / s.config).exists()]
+    if missing:
+        with pytest.raises(TopologyError, match="base settings"):
+            build_specs(topo, REPO)
+        pytest.skip(f"base settings not on this branch yet: {missing}")
+    build_specs(topo, REPO)
+    rendered = tmp_path / "topology"
+    from edge_agent.settings import EdgeSettings
+
+    edge = load_settings(EdgeSettings, rendered / "edge-b.yaml")
+    assert (edge.server.port, edge.instance.region) == (8102, "region-b")
+
+
+@pytest.mark.parametrize(
+    ("service", "module", "model"),
+    [
+        ("router", "geo_router.settings", "RouterSettings"),
+        ("center", "central.settings", "CentralSettings"),
+    ],
+)
+def test_local_topology_renders_valid_service_settings(
+    tmp_path: Path, service: str, module: str, model: str
+) -> None:
+    settings_model = getattr(pytest.importorskip(module), model, None)
+    if settings_model is None:
+        pytest.skip(f"{module}.{model} not on this branch yet")
+    topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path))
+    try:
+        build_specs(topo, REPO)
+    except TopologyError as exc:
+        pytest.skip(str(exc))
+    settings = load_settings(settings_model, tmp_path / "topology" / f"{service}.yaml")
+    assert settings is not None
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
