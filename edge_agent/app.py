@@ -58,6 +58,7 @@ class EdgeAgent:
             self.metrics,
             aliases=frozenset(settings.aliases),
             version=version,
+            max_tokens_limit=settings.engine.n_ctx,
         )
         self.load_error: BaseException | None = None
 
