@@ -23,6 +23,7 @@ __all__ = [
     "info_to_meta",
     "load_from_json",
     "load_to_json",
+    "sent_at_from_json",
 ]
 
 # Meta keys written by us; user meta travels with this prefix so it can never
@@ -106,8 +107,22 @@ def info_from_meta(
     )
 
 
-def load_to_json(load: LoadReport) -> str:
-    return json.dumps(load.to_dict(), separators=(",", ":"))
+def load_to_json(load: LoadReport, sent_at: float | None = None) -> str:
+    """The report's JSON; ``sent_at`` (epoch seconds) rides along as an extra
+    key where the backend keeps no heartbeat time of its own (Consul)."""
+    data = load.to_dict()
+    if sent_at is not None:
+        data["sent_at"] = sent_at
+    return json.dumps(data, separators=(",", ":"))
+
+
+def sent_at_from_json(text: str | None) -> float:
+    """The ``sent_at`` stamped by :func:`load_to_json`, or 0.0."""
+    try:
+        data = json.loads(text or "")
+        return float(data["sent_at"]) if isinstance(data, dict) else 0.0
+    except (ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def load_from_json(text: str | None) -> LoadReport:
