@@ -29,6 +29,7 @@ become :class:`RegistryUnavailable` / :class:`RegistryError` in one place,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -377,10 +378,8 @@ class ConsulRegistry:
             await self._destroy_quietly(lock.session)
 
     async def _destroy_quietly(self, session: str) -> None:
-        try:
+        with contextlib.suppress(RegistryError):  # it expires on its TTL anyway
             await self._call(self._client.session.destroy, session)
-        except RegistryError:
-            pass  # it expires on its TTL anyway
 
 
 def _entry(item: Mapping[str, Any]) -> KVEntry:

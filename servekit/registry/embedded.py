@@ -290,7 +290,9 @@ class EmbeddedRegistry:
             (now, self.deregister_after_s, now),
         ).fetchone()[0]
         if not changed:  # another process swept first
-            return int(conn.execute("SELECT value FROM counters WHERE name = 'catalog'").fetchone()[0])
+            return int(
+                conn.execute("SELECT value FROM counters WHERE name = 'catalog'").fetchone()[0]
+            )
         index = self._bump(conn, catalog=True)
         conn.execute(
             "UPDATE instances SET critical = 1, modify_index = ?"

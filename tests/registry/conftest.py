@@ -46,9 +46,7 @@ def consul_settings(url: str, **overrides: object) -> ConsulSettings:
 
 
 @pytest.fixture(params=["embedded", "consul"])
-async def registry(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[Registry]:
+async def registry(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Registry]:
     reg: Registry
     if request.param == "embedded":
         reg = EmbeddedRegistry(tmp_path / "registry.db", deregister_after_s=DEREGISTER_AFTER_S)

@@ -373,9 +373,7 @@ class ConsulState:
             entry.flags = flags
         return entry
 
-    def kv_put(
-        self, key: str, value: bytes | None, params: dict[str, str], now: float
-    ) -> bool:
+    def kv_put(self, key: str, value: bytes | None, params: dict[str, str], now: float) -> bool:
         entry = self.kv.get(key)
         if "cas" in params:
             cas = int(params["cas"])
@@ -544,13 +542,14 @@ class ConsulDouble:
         except ValueError as exc:
             return PlainTextResponse(f"Invalid blocking query: {exc}", status_code=400)
         deadline = time.monotonic() + wait + random.uniform(0, wait / 16)
+        snapshot: list[tuple[int, Any]] = []
+
+        def take(now: float) -> Response:
+            snapshot.append(read())
+            return Response()
+
         while True:
-            snapshot: list[tuple[int, Any]] = []
-
-            def take(now: float) -> Response:
-                snapshot.append(read())
-                return Response()
-
+            snapshot.clear()
             failed = await self._guard(request, take)
             if not snapshot:
                 return failed
@@ -633,8 +632,8 @@ class ConsulDouble:
                 return got
             idx, entries = got
             if not entries:
-                return Response(status_code=404, headers={"X-Consul-Index": str(idx),
-                                                          "X-Consul-KnownLeader": "true"})  # fmt: skip
+                headers = {"X-Consul-Index": str(idx), "X-Consul-KnownLeader": "true"}
+                return Response(status_code=404, headers=headers)
             if "keys" in q:
                 return self._json([e.key for e in entries], idx)
             return self._json([self.state.kv_json(e) for e in entries], idx)

@@ -30,13 +30,13 @@ def _info(id: str, tier: str = "edge", region: str = "eu", **kw: object) -> Inst
     )
 
 
-async def _until(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+async def _until(predicate: object, within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if await predicate():  # type: ignore[operator]
             return
         await asyncio.sleep(0.05)
-    raise AssertionError(f"not {what} within {timeout}s")
+    raise AssertionError(f"not {what} within {within_s}s")
 
 
 def _ids(states: list[InstanceState]) -> list[str]:
@@ -80,11 +80,13 @@ async def test_unbeaten_instance_expires_and_a_beat_revives_it(registry: Registr
 
     await _until(expired, 3.0, "expired")
     (critical,) = await registry.instances(healthy_only=False)
-    assert critical.info.id == "e1" and not critical.healthy
+    assert critical.info.id == "e1"
+    assert not critical.healthy
 
     await registry.heartbeat("e1", LoadReport(ready=True, running=1))
     (revived,) = await registry.instances()
-    assert revived.healthy and revived.load.running == 1
+    assert revived.healthy
+    assert revived.load.running == 1
 
 
 async def test_reaped_or_deregistered_instance_is_not_registered(registry: Registry) -> None:
@@ -107,7 +109,8 @@ async def test_reaped_or_deregistered_instance_is_not_registered(registry: Regis
 
 async def test_watch_wakes_on_register_and_on_expiry(registry: Registry) -> None:
     index, states = await registry.watch_instances(0, timeout_s=1.0)
-    assert index >= 1 and states == []
+    assert index >= 1
+    assert states == []
 
     async def register_later() -> None:
         await asyncio.sleep(0.3)
@@ -149,12 +152,15 @@ async def test_kv_get_put_delete_and_cas_conflicts(registry: Registry) -> None:
     assert not await registry.put_if("desired/edge-1", b"other", 0)  # exists already
 
     first = await registry.get("desired/edge-1")
-    assert first is not None and first.value == b"v1" and first.modify_index > 0
+    assert first is not None
+    assert first.value == b"v1"
+    assert first.modify_index > 0
     assert await registry.put_if("desired/edge-1", b"v2", first.modify_index)
     # A second writer holding the old index loses.
     assert not await registry.put_if("desired/edge-1", b"v2-lost", first.modify_index)
     second = await registry.get("desired/edge-1")
-    assert second is not None and second.value == b"v2"
+    assert second is not None
+    assert second.value == b"v2"
     assert second.modify_index > first.modify_index
     assert second.create_index == first.create_index
 
@@ -193,30 +199,35 @@ async def test_watch_prefix_wakes_on_put_and_delete_only_under_it(registry: Regi
         tg.create_task(write_later(lambda: registry.put("cfg/b", b"2")))
         index2, entries = await registry.watch_prefix("cfg/", index, timeout_s=10.0)
     assert time.monotonic() - started < 2.0
-    assert index2 > index and [e.key for e in entries] == ["cfg/a", "cfg/b"]
+    assert index2 > index
+    assert [e.key for e in entries] == ["cfg/a", "cfg/b"]
 
     # A write elsewhere does not wake it.
     await registry.put("elsewhere/x", b"3")
     started = time.monotonic()
     same, _ = await registry.watch_prefix("cfg/", index2, timeout_s=0.5)
-    assert same == index2 and time.monotonic() - started >= 0.4
+    assert same == index2
+    assert time.monotonic() - started >= 0.4
 
     async with asyncio.TaskGroup() as tg:
         tg.create_task(write_later(lambda: registry.delete("cfg/a")))
         index3, entries = await registry.watch_prefix("cfg/", index2, timeout_s=10.0)
-    assert index3 > index2 and [e.key for e in entries] == ["cfg/b"]
+    assert index3 > index2
+    assert [e.key for e in entries] == ["cfg/b"]
 
 
 async def test_lock_is_exclusive_until_released(registry: Registry) -> None:
     held = await registry.acquire_lock("locks/rollout", "alice", ttl_s=5)
-    assert held is not None and held.holder == "alice"
+    assert held is not None
+    assert held.holder == "alice"
     assert await registry.acquire_lock("locks/rollout", "bob", ttl_s=5) is None
     assert await registry.renew_lock(held)
     assert await registry.acquire_lock("locks/rollout", "bob", ttl_s=5) is None
 
     await registry.release_lock(held)
     taken = await registry.acquire_lock("locks/rollout", "bob", ttl_s=5)
-    assert taken is not None and taken.session != held.session
+    assert taken is not None
+    assert taken.session != held.session
     assert not await registry.renew_lock(held)
     await registry.release_lock(held)  # a stale handle releases nothing
     assert await registry.acquire_lock("locks/rollout", "carol", ttl_s=5) is None
