@@ -171,8 +171,6 @@ class ConsulRegistry:
         except (consul.ConsulException, requests.RequestException) as exc:
             # 5xx (no leader, rpc errors), timeouts, refused connections.
             raise RegistryUnavailable(f"consul at {self._where}: {exc}") from exc
-        except RuntimeError as exc:  # the pool was shut down under us
-            raise RegistryUnavailable(f"consul registry is closed: {exc}") from exc
 
     @property
     def _where(self) -> str:

@@ -1,9 +1,8 @@
 """The embedded registry: one SQLite file that several processes on one machine share.
 
-Why it is safe across processes: the file is in WAL mode (readers never block
-the writer), every write is one short ``BEGIN IMMEDIATE`` transaction (the
-write lock is taken up front, so two writers never deadlock upgrading a read
-lock), and ``busy_timeout`` makes a writer wait its turn instead of failing.
+How the file is shared safely (WAL, ``BEGIN IMMEDIATE``, ``busy_timeout``,
+worker threads, error translation) lives in :mod:`servekit.registry.sqlite_file`;
+this module is the registry's schema and semantics.
 
 One monotonic counter (``counters.index``) is bumped by every write; catalog
 writes also copy it to ``counters.catalog`` and KV writes stamp it on the key
@@ -16,21 +15,18 @@ removed ``deregister_after_s`` later (a heartbeat then raises
 :class:`NotRegistered`). Whichever reader first notices a deadline passed
 writes the transition, so watchers wake on expiry too.
 
-Every sqlite call runs in a worker thread; the event loop only sleeps between
-polls. ``sqlite3`` errors become :class:`RegistryUnavailable` in one place
-(:meth:`EmbeddedRegistry._call`).
+Locks are rows with a holder, a lease id and ``expires_at``; an expired lock
+is free for the next taker, and its old handle can no longer renew.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from servekit.engine.protocol import LoadReport
 from servekit.registry.codec import info_from_json, info_to_json, load_from_json, load_to_json
@@ -40,13 +36,11 @@ from servekit.registry.protocol import (
     KVEntry,
     LockHandle,
     NotRegistered,
-    RegistryUnavailable,
     Tier,
 )
+from servekit.registry.sqlite_file import SharedSqlite, transaction
 
 __all__ = ["EmbeddedRegistry"]
-
-_T = TypeVar("_T")
 
 _SCHEMA = """
 BEGIN IMMEDIATE;
@@ -103,64 +97,7 @@ class EmbeddedRegistry:
         self.deregister_after_s = deregister_after_s
         self.poll_interval_s = poll_interval_s
         self.busy_timeout_s = busy_timeout_s
-        self._conn: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-        self._closed = False
-
-    # -- plumbing ---------------------------------------------------------
-
-    async def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``fn`` with the connection in a worker thread; the one place
-        sqlite errors are translated."""
-        if self._closed:
-            raise RegistryUnavailable("embedded registry is closed")
-        return await asyncio.to_thread(self._locked, fn)
-
-    def _locked(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        with self._lock:
-            try:
-                conn = self._conn if self._conn is not None else self._connect()
-                self._conn = conn
-                return fn(conn)
-            except sqlite3.Error as exc:
-                self._drop()
-                raise RegistryUnavailable(f"embedded registry {self.path}: {exc}") from exc
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            conn.executescript(_SCHEMA)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            try:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                self._conn.close()
-            except sqlite3.Error:
-                pass
-            self._conn = None
-
-    @staticmethod
-    def _write(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(conn)
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
+        self._db = SharedSqlite(self.path, _SCHEMA, busy_timeout_s=busy_timeout_s)
 
     @staticmethod
     def _bump(conn: sqlite3.Connection, *, catalog: bool = False) -> int:
@@ -173,13 +110,7 @@ class EmbeddedRegistry:
         return index
 
     async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await asyncio.to_thread(self._close_now)
-
-    def _close_now(self) -> None:
-        with self._lock:
-            self._drop()
+        await self._db.aclose()
 
     # -- catalog ----------------------------------------------------------
 
@@ -197,7 +128,7 @@ class EmbeddedRegistry:
                  index),
             )  # fmt: skip
 
-        await self._call(lambda conn: self._write(conn, op))
+        await self._db.write(op)
 
     async def heartbeat(self, instance_id: str, load: LoadReport) -> None:
         def op(conn: sqlite3.Connection) -> bool:
@@ -216,7 +147,7 @@ class EmbeddedRegistry:
             )
             return True
 
-        if not await self._call(lambda conn: self._write(conn, op)):
+        if not await self._db.write(op):
             raise NotRegistered(instance_id)
 
     async def deregister(self, instance_id: str) -> None:
@@ -225,12 +156,12 @@ class EmbeddedRegistry:
                 self._bump(conn, catalog=True)
                 conn.execute("DELETE FROM instances WHERE id = ?", (instance_id,))
 
-        await self._call(lambda conn: self._write(conn, op))
+        await self._db.write(op)
 
     async def instances(
         self, *, tier: Tier | None = None, region: str | None = None, healthy_only: bool = True
     ) -> list[InstanceState]:
-        states = await self._call(self._read_instances)
+        states = await self._db.run(self._read_instances)
         return [
             s
             for s in states
@@ -261,7 +192,7 @@ class EmbeddedRegistry:
     ) -> tuple[int, list[InstanceState]]:
         deadline = time.monotonic() + timeout_s
         while True:
-            current = await self._call(self._catalog_index)
+            current = await self._db.run(self._catalog_index)
             if current != index or time.monotonic() >= deadline:
                 return current, await self.instances()
             await asyncio.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
@@ -280,7 +211,7 @@ class EmbeddedRegistry:
         )
         if not due:
             return int(index)
-        return self._write(conn, self._sweep)
+        return transaction(conn, self._sweep)
 
     def _sweep(self, conn: sqlite3.Connection) -> int:
         now = time.time()
@@ -313,10 +244,10 @@ class EmbeddedRegistry:
             ).fetchone()
             return _entry(row) if row else None
 
-        return await self._call(op)
+        return await self._db.run(op)
 
     async def put(self, key: str, value: bytes) -> None:
-        await self._call(lambda conn: self._write(conn, lambda c: self._put(c, key, value)))
+        await self._db.write(lambda conn: self._put(conn, key, value))
 
     def _put(self, conn: sqlite3.Connection, key: str, value: bytes) -> None:
         index = self._bump(conn)
@@ -337,7 +268,7 @@ class EmbeddedRegistry:
             self._put(conn, key, value)
             return True
 
-        return await self._call(lambda conn: self._write(conn, op))
+        return await self._db.write(op)
 
     async def delete(self, key: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
@@ -349,10 +280,10 @@ class EmbeddedRegistry:
                     (key, index),
                 )
 
-        await self._call(lambda conn: self._write(conn, op))
+        await self._db.write(op)
 
     async def list_prefix(self, prefix: str) -> list[KVEntry]:
-        return await self._call(lambda conn: self._list(conn, prefix))
+        return await self._db.run(lambda conn: self._list(conn, prefix))
 
     @staticmethod
     def _list(conn: sqlite3.Connection, prefix: str) -> list[KVEntry]:
@@ -367,7 +298,7 @@ class EmbeddedRegistry:
     ) -> tuple[int, list[KVEntry]]:
         deadline = time.monotonic() + timeout_s
         while True:
-            current, entries = await self._call(lambda conn: self._prefix_state(conn, prefix))
+            current, entries = await self._db.run(lambda conn: self._prefix_state(conn, prefix))
             if current != index or time.monotonic() >= deadline:
                 return current, entries
             await asyncio.sleep(min(self.poll_interval_s, max(0.0, deadline - time.monotonic())))
@@ -407,7 +338,7 @@ class EmbeddedRegistry:
             )
             return LockHandle(key=key, holder=holder, session=session, ttl_s=ttl_s)
 
-        return await self._call(lambda conn: self._write(conn, op))
+        return await self._db.write(op)
 
     async def renew_lock(self, lock: LockHandle) -> bool:
         def op(conn: sqlite3.Connection) -> bool:
@@ -418,15 +349,12 @@ class EmbeddedRegistry:
             )
             return cur.rowcount == 1
 
-        return await self._call(lambda conn: self._write(conn, op))
+        return await self._db.write(op)
 
     async def release_lock(self, lock: LockHandle) -> None:
-        await self._call(
-            lambda conn: self._write(
-                conn,
-                lambda c: c.execute(
-                    "DELETE FROM locks WHERE key = ? AND session = ?", (lock.key, lock.session)
-                ),
+        await self._db.write(
+            lambda conn: conn.execute(
+                "DELETE FROM locks WHERE key = ? AND session = ?", (lock.key, lock.session)
             )
         )
 

@@ -20,7 +20,7 @@ from tests.registry.consul_double import ConsulDouble, ConsulState
 from tests.support.servers import UvicornThread
 
 # Short enough for fast tests, long enough for a loaded 2-core box.
-DEREGISTER_AFTER_S = 1.0
+DEREGISTER_AFTER_S = 1.5
 
 
 @pytest.fixture

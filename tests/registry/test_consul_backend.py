@@ -128,7 +128,7 @@ async def test_registration_and_heartbeat_on_the_wire(
         await registry.heartbeat(INFO.id, LoadReport(ready=True, waiting=4, model="smollm2"))
         check = consul_state.checks[f"service:{INFO.id}"]
         assert check.ttl_s == 1.5
-        assert check.deregister_after_s == 1.0
+        assert check.deregister_after_s == 1.5
 
         resp = await http.get(consul_server.url + "/v1/health/service/hybrid-llm?passing=1")
         assert resp.status_code == 200
