@@ -58,6 +58,8 @@ class Heartbeater:
         self._draining = False
         self._registered = False
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
         self.beats = 0
         self.failures = 0
         self.registrations = 0
@@ -77,6 +79,7 @@ class Heartbeater:
         """Start beating in a background task. Does not wait for the registry:
         an unreachable registry at start must not keep the service down."""
         if self._task is None:
+            self._loop = asyncio.get_running_loop()
             self._task = asyncio.create_task(self._run(), name=f"heartbeat:{self.info.id}")
 
     async def draining(self) -> None:
@@ -90,6 +93,17 @@ class Heartbeater:
         except RegistryError as exc:
             log.warning("draining heartbeat for %s failed: %s", self.info.id, exc)
 
+    def mark_draining(self) -> None:
+        """:meth:`draining` for synchronous callers (a SIGTERM hook such as
+        ``run_service(on_drain=...)``): flag it and beat as soon as the loop can."""
+        self._draining = True
+        loop = self._loop
+        if loop is not None and self._task is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._spawn_drain_beat)
+
+    def _spawn_drain_beat(self) -> None:
+        self._drain_task = asyncio.get_running_loop().create_task(self.draining())
+
     async def stop(self, deregister: bool = True) -> None:
         """Stop beating and (by default) remove the instance from the registry."""
         task, self._task = self._task, None
@@ -97,6 +111,9 @@ class Heartbeater:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._drain_task is not None:
+            await asyncio.gather(self._drain_task, return_exceptions=True)
+            self._drain_task = None
         if deregister:
             try:
                 await self.registry.deregister(self.info.id)

@@ -70,6 +70,25 @@ async def test_beats_live_load_then_drains_and_deregisters(registry: Registry) -
     assert beater.failures == 0
 
 
+async def test_mark_draining_from_a_sync_hook_publishes_at_once(tmp_path: Path) -> None:
+    registry = EmbeddedRegistry(tmp_path / "r.db")
+    # Beats are far apart: only the drain hook can publish in time.
+    beater = Heartbeater(registry, INFO, lambda: LoadReport(ready=True), 30.0, 60.0)
+    await beater.start()
+    try:
+        await _until(lambda: _is_listed(registry), 3.0, "registered")
+        asyncio.get_running_loop().call_soon(beater.mark_draining)  # like a signal hook
+
+        async def draining() -> bool:
+            state = await _only(registry)
+            return state is not None and state.load.draining and not state.load.ready
+
+        await _until(draining, 2.0, "draining published")
+    finally:
+        await beater.stop()
+        await registry.aclose()
+
+
 async def test_registers_again_when_the_registry_forgot_it(registry: Registry) -> None:
     beater = Heartbeater(registry, INFO, lambda: LoadReport(ready=True), 0.1, 2.0)
     await beater.start()
