@@ -104,6 +104,11 @@ class Heartbeater:
     def _spawn_drain_beat(self) -> None:
         self._drain_task = asyncio.get_running_loop().create_task(self.draining())
 
+    def update_info(self, info: InstanceInfo) -> None:
+        """Publish changed identity (a new model version): re-register on the next beat."""
+        self.info = info
+        self._registered = False
+
     async def stop(self, deregister: bool = True) -> None:
         """Stop beating and (by default) remove the instance from the registry."""
         task, self._task = self._task, None
