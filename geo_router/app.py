@@ -1,0 +1,195 @@
+"""``create_app(settings)``: the router's ASGI app; its lifespan owns every client.
+
+The lifespan builds the httpx client, the candidate sources (static
+upstreams polled by URL, the registry when configured) and their refresh
+loops, the GeoIP reader, and the routing parts; handlers reach them through
+:class:`RouterState` on ``app.state``. Tests may pass ``candidates`` /
+``traffic`` (the discovery seam) and an httpx ``transport``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from geo_router.auth import Authenticator, RateLimiter
+from geo_router.catalog import (
+    CandidateSource,
+    RegistryPoller,
+    StaticUpstreams,
+    TrafficSource,
+    cancel_all,
+    open_registry,
+)
+from geo_router.classifier import DifficultyClassifier
+from geo_router.dispatch import Dispatcher
+from geo_router.metrics import RouterMetrics
+from geo_router.openapi import install_openapi
+from geo_router.planner import Planner
+from geo_router.region import RegionResolver, RttTable, open_geoip
+from geo_router.routes import router as api_routes
+from geo_router.scoring import Scorer
+from geo_router.settings import RouterSettings
+from geo_router.tracker import Tracker
+from servekit.errors import InvalidRequest, ServeError, error_body
+from servekit.registry.protocol import InstanceState
+
+__all__ = ["RouterState", "create_app"]
+
+
+@dataclass(slots=True)
+class RouterState:
+    """Everything a handler needs, built by the lifespan."""
+
+    settings: RouterSettings
+    auth: Authenticator
+    limiter: RateLimiter
+    resolver: RegionResolver
+    classifier: DifficultyClassifier
+    planner: Planner
+    tracker: Tracker
+    dispatcher: Dispatcher
+    metrics: RouterMetrics
+    stale: Any  # () -> bool: whether discovery runs on a last-known catalog
+
+
+def create_app(
+    settings: RouterSettings,
+    *,
+    candidates: CandidateSource | None = None,
+    traffic: TrafficSource | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    rng: random.Random | None = None,
+) -> FastAPI:
+    """Build the router. ``candidates``/``traffic`` replace discovery (tests, simulators)."""
+    metrics = RouterMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        timeout = httpx.Timeout(
+            connect=settings.connect_timeout_s,
+            read=settings.routing.idle_timeout_s,
+            write=10.0,
+            pool=settings.connect_timeout_s,
+        )
+        limits = httpx.Limits(max_connections=2000, max_keepalive_connections=500)
+        client = httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits)
+        tasks: list[asyncio.Task[None]] = []
+        geo = open_geoip(settings.region)
+        registry = open_registry(settings.registry) if settings.registry is not None else None
+        try:
+            sources: list[CandidateSource] = []
+            poller = RegistryPoller(registry) if registry is not None else None
+            if candidates is not None:
+                sources.append(candidates)
+            if settings.upstreams:
+                static = StaticUpstreams(settings.upstreams, client)
+                await static.refresh()
+                tasks.append(asyncio.create_task(static.run(settings.poll_interval_s)))
+                sources.append(static.snapshot)
+            if poller is not None:
+                await poller.refresh()
+                tasks.append(asyncio.create_task(poller.run(settings.poll_interval_s)))
+                sources.append(poller.snapshot)
+            source = _merge(sources)
+            traffic_source = _traffic(settings, traffic, poller)
+            tracker = Tracker(settings.routing.breaker)
+            scorer = Scorer(settings.routing, RttTable(settings.region), tracker, rng)
+            classifier = DifficultyClassifier.load(
+                settings.classifier.weights,
+                settings.classifier.threshold,
+                settings.classifier.max_chars,
+            )
+            planner = Planner(settings.routing, classifier, scorer, tracker, source, traffic_source)
+            app.state.router = RouterState(
+                settings=settings,
+                auth=Authenticator(settings.auth),
+                limiter=RateLimiter(),
+                resolver=RegionResolver(settings.region, geo),
+                classifier=classifier,
+                planner=planner,
+                tracker=tracker,
+                dispatcher=Dispatcher(client, planner, tracker, metrics, settings.routing),
+                metrics=metrics,
+                stale=(lambda: poller.stale) if poller is not None else (lambda: False),
+            )
+            yield
+        finally:
+            await cancel_all(tasks)
+            await client.aclose()
+            if registry is not None:
+                await registry.aclose()
+            if geo is not None:
+                geo.close()
+
+    app = FastAPI(title="hybrid-llm geo router", version="0.1.0", lifespan=lifespan)
+    app.include_router(api_routes)
+    app.add_exception_handler(ServeError, _serve_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    install_openapi(app)
+    return app
+
+
+def _merge(sources: Sequence[CandidateSource]) -> CandidateSource:
+    if len(sources) == 1:
+        return sources[0]
+
+    def merged() -> list[InstanceState]:
+        seen: dict[str, InstanceState] = {}
+        for source in sources:
+            for state in source():
+                seen.setdefault(state.info.id, state)
+        return list(seen.values())
+
+    return merged
+
+
+def _traffic(
+    settings: RouterSettings, given: TrafficSource | None, poller: RegistryPoller | None
+) -> TrafficSource:
+    static = settings.traffic
+
+    def lookup(model: str) -> Mapping[str, float] | None:
+        for source in (given, poller.traffic if poller is not None else None):
+            if source is not None:
+                found = source(model)
+                if found:
+                    return found
+        return static.get(model)
+
+    return lookup
+
+
+async def _serve_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServeError)
+    state = getattr(request.app.state, "router", None)
+    if isinstance(state, RouterState) and exc.status < 500:
+        state.metrics.rejected.labels(str(exc.status)).inc()
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return JSONResponse(
+        error_body(str(exc.detail), kind, None, None),
+        status_code=exc.status_code,
+        headers=dict(exc.headers or {}),
+    )
+
+
+async def _validation_error(request: Request, exc: Exception) -> Response:
+    err = InvalidRequest(f"invalid request: {exc}")
+    return JSONResponse(err.body(), status_code=400)
