@@ -26,6 +26,7 @@ class Tenant:
     key_id: str  # first digest characters: a stable, non-secret handle for limits and logs
     rpm: int | None = None
     tpm: int | None = None
+    burst_s: float = 60.0
 
 
 class Authenticator:
@@ -54,7 +55,9 @@ class Authenticator:
                 found = entry
         if found is None:
             raise AuthenticationFailed("invalid API key")
-        return Tenant(found.tenant, found.priority, found.sha256[:12], found.rpm, found.tpm)
+        return Tenant(
+            found.tenant, found.priority, found.sha256[:12], found.rpm, found.tpm, found.burst_s
+        )
 
 
 def _bearer(header: str | None) -> str | None:
@@ -67,11 +70,11 @@ def _bearer(header: str | None) -> str | None:
 
 
 class TokenBucket:
-    """``rate_per_min`` units per minute, bursting up to one minute's worth."""
+    """``rate_per_min`` units per minute, bursting up to ``burst_s`` seconds' worth."""
 
-    def __init__(self, rate_per_min: float, now: float) -> None:
-        self.capacity = float(rate_per_min)
+    def __init__(self, rate_per_min: float, now: float, burst_s: float = 60.0) -> None:
         self.rate = rate_per_min / 60.0
+        self.capacity = max(1.0, self.rate * burst_s)
         self.level = self.capacity
         self.stamp = now
 
@@ -102,7 +105,7 @@ class RateLimiter:
         if tenant.rpm is not None:
             req_bucket = self._rpm.get(tenant.key_id)
             if req_bucket is None:
-                req_bucket = self._rpm[tenant.key_id] = TokenBucket(tenant.rpm, now)
+                req_bucket = self._rpm[tenant.key_id] = TokenBucket(tenant.rpm, now, tenant.burst_s)
             wait = req_bucket.take(1, now)
             if wait > 0:
                 raise RateLimited(
@@ -113,7 +116,7 @@ class RateLimiter:
         if tenant.tpm is not None:
             tok_bucket = self._tpm.get(tenant.key_id)
             if tok_bucket is None:
-                tok_bucket = self._tpm[tenant.key_id] = TokenBucket(tenant.tpm, now)
+                tok_bucket = self._tpm[tenant.key_id] = TokenBucket(tenant.tpm, now, tenant.burst_s)
             wait = tok_bucket.take(tokens, now)
             if wait > 0:
                 if req_bucket is not None:

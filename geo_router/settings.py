@@ -41,6 +41,9 @@ class ApiKeySettings(_Section):
     priority: Literal["interactive", "batch"] = "interactive"
     rpm: int | None = Field(None, ge=1, description="Requests per minute; unlimited if unset.")
     tpm: int | None = Field(None, ge=1, description="Tokens (prompt + max output) per minute.")
+    burst_s: float = Field(
+        60.0, gt=0, le=60, description="Seconds of the rate that may be spent at once."
+    )
 
     @field_validator("sha256")
     @classmethod
