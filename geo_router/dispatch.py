@@ -231,6 +231,7 @@ class Dispatcher:
                 if error is None:
                     self._tracker.release(cand.id)
                     released = True
+                    await primed.finish()
                     return
                 # The upstream died mid-stream: continue elsewhere, or end cleanly.
                 self._tracker.release(cand.id)

@@ -81,6 +81,8 @@ def install_openapi(app: FastAPI) -> None:
             schema = model.model_json_schema(ref_template=_REF)
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
+        # The wire type rejects echo=true (unsupported); say so in the schema.
+        schemas["CompletionRequest"]["properties"]["echo"] = {"type": "boolean", "enum": [False]}
         schemas["ErrorResponse"] = _ERROR_SCHEMA
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, item in doc.get("paths", {}).items():

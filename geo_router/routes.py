@@ -51,12 +51,30 @@ async def _admit(request: Request, kind: Kind) -> tuple[RouterState, Tenant, dic
     state = _state(request)
     tenant = state.auth.authenticate(request.headers.get("authorization"))
     raw = await _read_body(request, state.settings.max_body_bytes)
+    return state, tenant, _validated(kind, raw)
+
+
+# JSON Schema counts 2.0 as an integer; the strict wire types do not.
+_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
+
+
+def _validated(kind: Kind, raw: bytes) -> dict[str, Any]:
+    """The client's body as a dict (its own fields kept, to forward) once it validates."""
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    parsed = parse_request(model, raw)
-    body = json.loads(raw)
-    # Validation accepted the values; keep the client's own spelling to forward.
-    body["stream"] = parsed.stream
-    return state, tenant, body
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        parse_request(model, raw)  # raises the wire types' invalid_json error
+        raise
+    if isinstance(body, dict):
+        for key in _INT_FIELDS:
+            value = body.get(key)
+            if isinstance(value, float) and value.is_integer():
+                body[key] = int(value)
+    parsed = parse_request(model, body)
+    out: dict[str, Any] = body  # the wire type accepted it, so it is an object
+    out["stream"] = parsed.stream
+    return out
 
 
 async def _route(request: Request, kind: Kind, path: str) -> Response:
@@ -140,13 +158,8 @@ async def explain(request: Request) -> Response:
     state = _state(request)
     state.auth.authenticate(request.headers.get("authorization"))
     raw = await _read_body(request, state.settings.max_body_bytes)
-    try:
-        peek = json.loads(raw)
-    except ValueError:
-        peek = None
-    kind: Kind = "completion" if isinstance(peek, dict) and "prompt" in peek else "chat"
-    parse_request(ChatCompletionRequest if kind == "chat" else CompletionRequest, raw)
-    assert isinstance(peek, dict)
+    kind: Kind = "completion" if b'"prompt"' in raw and b'"messages"' not in raw else "chat"
+    peek = _validated(kind, raw)
     peer = request.client.host if request.client else None
     region = state.resolver.resolve(peer, request.headers)
     user = peek.get("user")
@@ -185,7 +198,11 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"status": "ready", "instances": len(healthy)})
 
 
-@router.get("/metrics", tags=["ops"])
+@router.get(
+    "/metrics",
+    tags=["ops"],
+    responses={200: {"description": "Prometheus text", "content": {"text/plain": {}}}},
+)
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
     state = _state(request)

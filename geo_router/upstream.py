@@ -87,6 +87,16 @@ class Primed:
     async def aclose(self) -> None:
         await self.response.aclose()
 
+    async def finish(self, timeout_s: float = 1.0) -> None:
+        """After ``[DONE]``: read the transfer's tail so the connection is reused."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for _ in self.chunks:
+                    pass
+        except (httpx.HTTPError, TimeoutError):
+            pass
+        await self.response.aclose()
+
 
 def parse_events(decoder: SSEDecoder, complete: bytes) -> tuple[list[dict[str, Any]], bool]:
     """Decode complete frames into JSON objects; ``True`` when ``[DONE]`` was among them."""

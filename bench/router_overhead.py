@@ -1,0 +1,221 @@
+"""Router-added TTFT: the same fast fake upstream called directly and through the router.
+
+    .venv/bin/python bench/router_overhead.py [--requests 300] [--concurrency 1 200]
+
+Starts, as separate processes on loopback: a fast fake OpenAI upstream (raw
+ASGI under uvicorn; first token at once, then a token every few ms) and
+``geo-router serve`` in front of it. For each concurrency level it keeps
+that many streams open at once, first straight to the upstream and then
+through the router, and prints TTFT p50/p99 of both and their difference
+(the router-added latency), plus the router's own
+``router_added_latency_seconds`` histogram. Targets: p50 <= 1 ms, p99 <= 5 ms.
+One run, figures printed; nothing asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+KEY = "sk-bench"
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+def _chunk(i: int, text: str | None, finish: str | None = None) -> bytes:
+    delta = {"content": text} if text is not None else {}
+    event = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "bench",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+async def upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """The fake upstream: /ready, /load, and a short chat stream."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            else:
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    path = scope["path"]
+    if path in ("/ready", "/load"):
+        body = json.dumps({"ready": True, "capacity": 100000, "model": "bench"}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": _chunk(0, "Hello"), "more_body": True})
+    for i in range(1, 8):
+        await asyncio.sleep(0.005)
+        await send({"type": "http.response.body", "body": _chunk(i, " tok"), "more_body": True})
+    tail = _chunk(9, None, "stop") + b"data: [DONE]\n\n"
+    await send({"type": "http.response.body", "body": tail})
+
+
+async def ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
+    body = {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    start = time.perf_counter()
+    async with client.stream("POST", url, json=body, headers=headers) as resp:
+        resp.raise_for_status()
+        first: float | None = None
+        async for chunk in resp.aiter_raw():
+            if first is None and b'"content"' in chunk:
+                first = time.perf_counter() - start
+        assert first is not None
+        return first
+
+
+async def run_level(url: str, headers: dict[str, str], conc: int, total: int) -> list[float]:
+    limits = httpx.Limits(max_connections=conc + 10, max_keepalive_connections=conc + 10)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        for _ in range(min(conc, 20)):  # warm connections
+            await ttft(client, url, headers)
+        samples: list[float] = []
+        per_worker = max(1, total // conc)
+
+        async def worker() -> None:
+            for _ in range(per_worker):
+                samples.append(await ttft(client, url, headers))
+
+        await asyncio.gather(*(worker() for _ in range(conc)))
+        return samples
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000.0
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def router_overhead_histogram(router: str) -> str:
+    lines = httpx.get(router + "/metrics").text.splitlines()
+    buckets = [x for x in lines if x.startswith("router_added_latency_seconds_bucket")]
+    count = next(x for x in lines if x.startswith("router_added_latency_seconds_count"))
+    total = float(count.split()[-1])
+    out = []
+    for line in buckets:
+        le = line.split('le="')[1].split('"')[0]
+        share = float(line.split()[-1]) / total if total else 0.0
+        out.append(f"<= {le}s: {share:.1%}")
+    return f"n={int(total)}; " + ", ".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=400, help="streams per level")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 200])
+    parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_upstream is not None:
+        import uvicorn
+
+        uvicorn.run(upstream_app, host="127.0.0.1", port=args.serve_upstream, log_level="error")
+        return 0
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    up_port, router_port = free_port(), free_port()
+    upstream = f"http://127.0.0.1:{up_port}"
+    router = f"http://127.0.0.1:{router_port}"
+    config = {
+        "port": router_port,
+        "auth": {"keys": [{"sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": "b"}]},
+        "upstreams": [{"url": upstream, "tier": "edge", "region": "local", "id": "fake"}],
+        "region": {"default": "local"},
+        "routing": {"slow_start_s": 0},
+    }
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "router.yaml"
+        cfg.write_text(json.dumps(config))  # JSON is YAML
+        try:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, __file__, "--serve-upstream", str(up_port)], env=env
+                )
+            )
+            wait_http(upstream + "/ready")
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "geo_router", "serve", "--config", str(cfg)],
+                    cwd=REPO,
+                    env=env,
+                )
+            )
+            wait_http(router + "/ready")
+            auth = {"Authorization": f"Bearer {KEY}"}
+            print(f"router-added TTFT, {args.requests} streams per level, loopback, one run")
+            for conc in args.concurrency:
+                direct = asyncio.run(
+                    run_level(upstream + "/v1/chat/completions", {}, conc, args.requests)
+                )
+                routed = asyncio.run(
+                    run_level(router + "/v1/chat/completions", auth, conc, args.requests)
+                )
+                d50, d99 = pct(direct, 0.5), pct(direct, 0.99)
+                r50, r99 = pct(routed, 0.5), pct(routed, 0.99)
+                print(
+                    f"concurrency {conc:>3}: direct p50 {d50:7.2f} ms  p99 {d99:7.2f} ms | "
+                    f"routed p50 {r50:7.2f} ms  p99 {r99:7.2f} ms | "
+                    f"added p50 {r50 - d50:6.2f} ms  p99 {r99 - d99:6.2f} ms"
+                )
+            print("router's own added-latency histogram:", router_overhead_histogram(router))
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
