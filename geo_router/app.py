@@ -1,10 +1,10 @@
 """``create_app(settings)``: the router's ASGI app; its lifespan owns every client.
 
-The lifespan builds the httpx client, the candidate sources (static
+The lifespan builds the aiohttp session, the candidate sources (static
 upstreams polled by URL, the registry when configured) and their refresh
 loops, the GeoIP reader, and the routing parts; handlers reach them through
 :class:`RouterState` on ``app.state``. Tests may pass ``candidates`` /
-``traffic`` (the discovery seam) and an httpx ``transport``.
+``traffic`` (the discovery seam).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -69,7 +69,6 @@ def create_app(
     *,
     candidates: CandidateSource | None = None,
     traffic: TrafficSource | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
     rng: random.Random | None = None,
 ) -> FastAPI:
     """Build the router. ``candidates``/``traffic`` replace discovery (tests, simulators)."""
@@ -77,14 +76,12 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        timeout = httpx.Timeout(
-            connect=settings.connect_timeout_s,
-            read=settings.routing.idle_timeout_s,
-            write=10.0,
-            pool=settings.connect_timeout_s,
+        # Deadlines (TTFT, idle gaps) are enforced per stream by the dispatcher.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
+        client = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False, trust_env=False
         )
-        limits = httpx.Limits(max_connections=2000, max_keepalive_connections=500)
-        client = httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits)
         tasks: list[asyncio.Task[None]] = []
         geo = open_geoip(settings.region)
         registry = open_registry(settings.registry) if settings.registry is not None else None
@@ -127,7 +124,7 @@ def create_app(
             yield
         finally:
             await cancel_all(tasks)
-            await client.aclose()
+            await client.close()
             if registry is not None:
                 await registry.aclose()
             if geo is not None:

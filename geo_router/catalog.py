@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import httpx
+import aiohttp
 
 from geo_router.settings import UpstreamSettings
 from servekit.engine.protocol import LoadReport
@@ -34,6 +34,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_POLL_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+
 CandidateSource = Callable[[], Sequence[InstanceState]]
 TrafficSource = Callable[[str], Mapping[str, float] | None]
 
@@ -41,9 +43,11 @@ TrafficSource = Callable[[str], Mapping[str, float] | None]
 class StaticUpstreams:
     """Instances configured by URL; ``/ready`` and ``/load`` are polled for each."""
 
-    def __init__(self, upstreams: Sequence[UpstreamSettings], client: httpx.AsyncClient) -> None:
+    def __init__(
+        self, upstreams: Sequence[UpstreamSettings], session: aiohttp.ClientSession
+    ) -> None:
         self._upstreams = list(upstreams)
-        self._client = client
+        self._session = session
         self._states: dict[str, InstanceState] = {}
 
     def snapshot(self) -> list[InstanceState]:
@@ -62,14 +66,14 @@ class StaticUpstreams:
         load = LoadReport()
         healthy = False
         try:
-            ready = await self._client.get(up.url + "/ready", timeout=2.0)
-            healthy = ready.status_code == 200
-            resp = await self._client.get(up.url + "/load", timeout=2.0)
-            if resp.status_code == 200:
-                body = resp.json()
-                if isinstance(body, dict):
-                    load = LoadReport.from_dict(body)
-        except (httpx.HTTPError, ValueError, TypeError):
+            async with self._session.get(up.url + "/ready", timeout=_POLL_TIMEOUT) as ready:
+                healthy = ready.status == 200
+            async with self._session.get(up.url + "/load", timeout=_POLL_TIMEOUT) as resp:
+                if resp.status == 200:
+                    body = await resp.json(content_type=None)
+                    if isinstance(body, dict):
+                        load = LoadReport.from_dict(body)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, TypeError):
             healthy = False
         host, _, port = up.url.split("://", 1)[1].partition(":")
         info = InstanceInfo(

