@@ -92,19 +92,28 @@ async def ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> 
         return first
 
 
-async def run_level(url: str, headers: dict[str, str], conc: int, total: int) -> list[float]:
-    limits = httpx.Limits(max_connections=conc + 10, max_keepalive_connections=conc + 10)
+async def run_level(
+    targets: list[tuple[str, dict[str, str]]], conc: int, total: int
+) -> list[list[float]]:
+    """``conc`` workers, each alternating between the targets; TTFT samples per target.
+
+    Interleaving makes direct and routed calls share the same moment's load
+    (this machine is shared), so their difference is the router's cost.
+    """
+    limits = httpx.Limits(max_connections=2 * conc + 10, max_keepalive_connections=2 * conc + 10)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-        for _ in range(min(conc, 20)):  # warm connections
-            await ttft(client, url, headers)
-        samples: list[float] = []
+        for url, headers in targets:  # warm connections
+            await asyncio.gather(*(ttft(client, url, headers) for _ in range(min(conc, 50))))
+        samples: list[list[float]] = [[] for _ in targets]
         per_worker = max(1, total // conc)
 
-        async def worker() -> None:
-            for _ in range(per_worker):
-                samples.append(await ttft(client, url, headers))
+        async def worker(offset: int) -> None:
+            for i in range(per_worker * len(targets)):
+                which = (i + offset) % len(targets)
+                url, headers = targets[which]
+                samples[which].append(await ttft(client, url, headers))
 
-        await asyncio.gather(*(worker() for _ in range(conc)))
+        await asyncio.gather(*(worker(w) for w in range(conc)))
         return samples
 
 
@@ -191,13 +200,12 @@ def main() -> int:
             wait_http(router + "/ready")
             auth = {"Authorization": f"Bearer {KEY}"}
             print(f"router-added TTFT, {args.requests} streams per level, loopback, one run")
+            targets = [
+                (upstream + "/v1/chat/completions", {}),
+                (router + "/v1/chat/completions", auth),
+            ]
             for conc in args.concurrency:
-                direct = asyncio.run(
-                    run_level(upstream + "/v1/chat/completions", {}, conc, args.requests)
-                )
-                routed = asyncio.run(
-                    run_level(router + "/v1/chat/completions", auth, conc, args.requests)
-                )
+                direct, routed = asyncio.run(run_level(targets, conc, args.requests))
                 d50, d99 = pct(direct, 0.5), pct(direct, 0.99)
                 r50, r99 = pct(routed, 0.5), pct(routed, 0.99)
                 print(

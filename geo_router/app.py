@@ -33,6 +33,7 @@ from geo_router.catalog import (
     open_registry,
 )
 from geo_router.classifier import DifficultyClassifier
+from geo_router.completions import CompletionEndpoints
 from geo_router.dispatch import Dispatcher
 from geo_router.metrics import RouterMetrics
 from geo_router.openapi import install_openapi
@@ -70,8 +71,12 @@ def create_app(
     candidates: CandidateSource | None = None,
     traffic: TrafficSource | None = None,
     rng: random.Random | None = None,
-) -> FastAPI:
-    """Build the router. ``candidates``/``traffic`` replace discovery (tests, simulators)."""
+) -> CompletionEndpoints:
+    """Build the router. ``candidates``/``traffic`` replace discovery (tests, simulators).
+
+    The returned ASGI app serves the completion endpoints itself and hands
+    everything else (and the lifespan) to the FastAPI app at ``.app``.
+    """
     metrics = RouterMetrics()
 
     @contextlib.asynccontextmanager
@@ -136,7 +141,7 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     install_openapi(app)
-    return app
+    return CompletionEndpoints(app)
 
 
 def _merge(sources: Sequence[CandidateSource]) -> CandidateSource:

@@ -1,8 +1,9 @@
 """The router's OpenAPI document: request schemas from the wire types, error shapes.
 
 Handlers read raw bodies (so the size limit applies before parsing and the
-client's fields are forwarded untouched), so their request schemas are added
-here from :mod:`servekit.wire` rather than inferred by FastAPI.
+client's fields are forwarded untouched), and the completion endpoints are
+plain ASGI, so their request schemas and paths are added here from
+:mod:`servekit.wire` rather than inferred by FastAPI.
 """
 
 from __future__ import annotations
@@ -85,7 +86,22 @@ def install_openapi(app: FastAPI) -> None:
         schemas["CompletionRequest"]["properties"]["echo"] = {"type": "boolean", "enum": [False]}
         schemas["ErrorResponse"] = _ERROR_SCHEMA
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        for path, item in doc.get("paths", {}).items():
+        paths = doc.setdefault("paths", {})
+        for path, name, summary in (
+            ("/v1/chat/completions", "ChatCompletionRequest", "Create a chat completion"),
+            ("/v1/completions", "CompletionRequest", "Create a text completion"),
+        ):
+            responses = {str(k): v for k, v in {**STREAM_RESPONSES, **ERROR_RESPONSES}.items()}
+            paths[path] = {
+                "post": {
+                    "summary": summary + ", routed to the edge or the center",
+                    "operationId": path.strip("/").replace("/", "_"),
+                    "tags": ["openai"],
+                    **request_body(name),
+                    "responses": responses,
+                }
+            }
+        for path, item in paths.items():
             if path.startswith("/v1/"):
                 for operation in item.values():
                     operation["security"] = [{"bearer": []}]

@@ -1,23 +1,23 @@
-"""The router's HTTP endpoints: OpenAI API, explain, health, readiness, metrics."""
+"""The router's FastAPI endpoints: models, explain, health, readiness, metrics.
+
+The completion endpoints themselves are plain ASGI (``geo_router.completions``).
+"""
 
 from __future__ import annotations
 
-import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from geo_router.auth import Tenant
-from geo_router.continuation import Kind, StreamState, assemble
-from geo_router.dispatch import RouteRequest
-from geo_router.openapi import ERROR_RESPONSES, STREAM_RESPONSES, request_body
-from geo_router.planner import estimate_prompt_tokens
+from geo_router.completions import read_body, validated_body
+from geo_router.continuation import Kind
+from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.tracker import Circuit
-from servekit.errors import NotReady, PayloadTooLarge
-from servekit.wire import ChatCompletionRequest, CompletionRequest, new_id, parse_request
+from servekit.errors import NotReady
+from servekit.wire import new_id
 
 if TYPE_CHECKING:
     from geo_router.app import RouterState
@@ -32,121 +32,6 @@ def _state(request: Request) -> RouterState:
     return state
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _admit(request: Request, kind: Kind) -> tuple[RouterState, Tenant, dict[str, Any]]:
-    """Authenticate, bound, validate: the checks every routed request passes."""
-    state = _state(request)
-    tenant = state.auth.authenticate(request.headers.get("authorization"))
-    raw = await _read_body(request, state.settings.max_body_bytes)
-    return state, tenant, _validated(kind, raw)
-
-
-# JSON Schema counts 2.0 as an integer; the strict wire types do not.
-_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
-
-
-def _validated(kind: Kind, raw: bytes) -> dict[str, Any]:
-    """The client's body as a dict (its own fields kept, to forward) once it validates."""
-    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        parse_request(model, raw)  # raises the wire types' invalid_json error
-        raise
-    if isinstance(body, dict):
-        for key in _INT_FIELDS:
-            value = body.get(key)
-            if isinstance(value, float) and value.is_integer():
-                body[key] = int(value)
-    parsed = parse_request(model, body)
-    out: dict[str, Any] = body  # the wire type accepted it, so it is an object
-    out["stream"] = parsed.stream
-    return out
-
-
-async def _route(request: Request, kind: Kind, path: str) -> Response:
-    arrived = time.perf_counter()
-    state, tenant, body = await _admit(request, kind)
-    routing = state.settings.routing
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    budget = limit if isinstance(limit, int) else routing.default_max_tokens
-    state.limiter.check(tenant, estimate_prompt_tokens(body) + budget)
-    peer = request.client.host if request.client else None
-    region = state.resolver.resolve(peer, request.headers)
-    request_id = request.headers.get("x-request-id") or new_id("req")
-    user = body.get("user")
-    sticky = user if isinstance(user, str) and user else request_id
-    decision = state.planner.plan(body, region, sticky)
-    upstream = dict(body)
-    upstream["stream"] = True
-    if not body["stream"]:
-        upstream["stream_options"] = {"include_usage": True}
-    headers = {
-        "content-type": "application/json",
-        "accept": "text/event-stream",
-        "x-priority": tenant.priority,
-        "x-request-id": request_id,
-    }
-    req = RouteRequest(body, kind, path, region, sticky, headers, arrived, upstream)
-    opened = await state.dispatcher.open(req, decision)
-    route_headers = {
-        "X-Route-Tier": opened.cand.tier,
-        "X-Route-Instance": opened.cand.id,
-        "X-Route-Region": opened.cand.region,
-        "X-Route-User-Region": region.region,
-        "X-Route-Reason": opened.reason,
-        "X-Request-Id": request_id,
-    }
-    stream = StreamState(kind)
-    relay = state.dispatcher.relay(req, opened, stream)
-    if body["stream"]:
-        route_headers["Cache-Control"] = "no-cache"
-        return StreamingResponse(relay, media_type="text/event-stream", headers=route_headers)
-    try:
-        async for _ in relay:
-            pass
-    finally:
-        await relay.aclose()
-    if stream.error is not None:
-        raise stream.error
-    return JSONResponse(assemble(stream), headers=route_headers)
-
-
-@router.post(
-    "/v1/chat/completions",
-    openapi_extra=request_body("ChatCompletionRequest"),
-    responses={**STREAM_RESPONSES, **ERROR_RESPONSES},
-    tags=["openai"],
-)
-async def chat_completions(request: Request) -> Response:
-    """Create a chat completion, routed to the edge or the center."""
-    return await _route(request, "chat", "/v1/chat/completions")
-
-
-@router.post(
-    "/v1/completions",
-    openapi_extra=request_body("CompletionRequest"),
-    responses={**STREAM_RESPONSES, **ERROR_RESPONSES},
-    tags=["openai"],
-)
-async def completions(request: Request) -> Response:
-    """Create a text completion, routed to the edge or the center."""
-    return await _route(request, "completion", "/v1/completions")
-
-
 @router.post(
     "/v1/route/explain",
     openapi_extra=request_body("ChatCompletionRequest"),
@@ -157,9 +42,10 @@ async def explain(request: Request) -> Response:
     """The routing decision for a request body, without calling any engine."""
     state = _state(request)
     state.auth.authenticate(request.headers.get("authorization"))
-    raw = await _read_body(request, state.settings.max_body_bytes)
+    limit = state.settings.max_body_bytes
+    raw = await read_body(request.receive, limit, request.headers.get("content-length"))
     kind: Kind = "completion" if b'"prompt"' in raw and b'"messages"' not in raw else "chat"
-    peek = _validated(kind, raw)
+    peek = validated_body(kind, raw)
     peer = request.client.host if request.client else None
     region = state.resolver.resolve(peer, request.headers)
     user = peek.get("user")

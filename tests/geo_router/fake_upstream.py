@@ -36,6 +36,7 @@ class Behavior:
     ready: bool = True
     load: dict[str, Any] = field(default_factory=dict)
     seen: list[dict[str, Any]] = field(default_factory=list)  # bodies + headers received
+    aborted: int = 0  # streams whose reader went away before the end
 
 
 def _already(body: dict[str, Any]) -> int:
@@ -78,6 +79,14 @@ def build_app(b: Behavior) -> Starlette:
             return b"data: " + json.dumps(event).encode() + b"\n\n"
 
         async def events() -> Any:
+            try:
+                async for item in body_events():
+                    yield item
+            except BaseException:
+                b.aborted += 1
+                raise
+
+        async def body_events() -> Any:
             if chat:
                 yield frame(None, role=True)
             await asyncio.sleep(b.first_token_delay_s)

@@ -215,3 +215,20 @@ def test_circuit_opens_after_failures_then_probes_half_open() -> None:
             r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
             assert r.headers["x-route-instance"] == "bad"  # the half-open probe
             assert metric(url, 'router_circuit_state{instance="bad"}') == 0
+
+
+def test_client_disconnect_closes_the_upstream_stream() -> None:
+    slow = Behavior(words=200, token_delay_s=0.05)
+    with serve_fake(slow) as a, routed([state(a, "slow")]) as url:
+        with (
+            httpx.Client(timeout=20) as c,
+            c.stream("POST", url + "/v1/chat/completions", json=chat(), headers=AUTH) as r,
+        ):
+            for n, _ in enumerate(r.iter_lines()):
+                if n >= 6:
+                    break
+        deadline = time.monotonic() + 5
+        while slow.aborted == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert slow.aborted == 1  # the router hung up on the upstream too
+        assert httpx.get(url + "/ready").status_code == 200
