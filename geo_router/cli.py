@@ -23,17 +23,22 @@ __all__ = ["classify_lines", "main"]
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from geo_router.app import create_app
+    from servekit.serve import run_service
 
     settings = load_settings(RouterSettings, args.config, host=args.host, port=args.port)
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+
+    def drain() -> None:
+        app.app.state.draining = True  # /ready turns 503 while in-flight streams finish
+
+    run_service(
+        app,
         host=settings.host,
         port=settings.port,
+        on_drain=drain,
         log_level=args.log_level,
-        access_log=False,
+        graceful_s=settings.graceful_shutdown_s,
     )
     return 0
 

@@ -75,6 +75,9 @@ async def health() -> dict[str, str]:
 async def ready(request: Request) -> Response:
     """200 only while at least one healthy, routable instance exists."""
     state = _state(request)
+    if getattr(request.app.state, "draining", False):
+        err = NotReady("draining", retry_after=1)
+        return JSONResponse(err.body(), status_code=503, headers=err.headers())
     healthy = [
         s for s in state.planner.healthy() if state.tracker.stats(s.info.id).circuit != Circuit.OPEN
     ]

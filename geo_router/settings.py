@@ -184,3 +184,4 @@ class RouterSettings(BaseModel):
         description="Static canary shares per model ({model: {version: share}}); KV wins.",
     )
     connect_timeout_s: float = Field(2.0, gt=0)
+    graceful_shutdown_s: float = Field(30.0, ge=0, description="Time for in-flight streams.")
