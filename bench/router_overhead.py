@@ -3,7 +3,8 @@
     .venv/bin/python bench/router_overhead.py [--requests 300] [--concurrency 1 200]
 
 Starts, as separate processes on loopback: a fast fake OpenAI upstream (raw
-ASGI under uvicorn; first token at once, then a token every few ms) and
+ASGI under uvicorn; first token at once, then BENCH_TOKENS-1 more every
+BENCH_INTERVAL_MS, so streams stay open and concurrency is real) and
 ``geo-router serve`` in front of it. For each concurrency level it keeps
 that many streams open at once, first straight to the upstream and then
 through the router, and prints TTFT p50/p99 of both and their difference
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,8 +52,12 @@ def _chunk(i: int, text: str | None, finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
+TOKENS = int(os.environ.get("BENCH_TOKENS", "10"))
+INTERVAL_S = float(os.environ.get("BENCH_INTERVAL_MS", "50")) / 1000.0
+
+
 async def upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
-    """The fake upstream: /ready, /load, and a short chat stream."""
+    """The fake upstream: /ready, /load, and a chat stream (first token at once)."""
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
@@ -72,20 +78,25 @@ async def upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
     headers = [(b"content-type", b"text/event-stream")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": _chunk(0, "Hello"), "more_body": True})
-    for i in range(1, 8):
-        await asyncio.sleep(0.005)
+    for i in range(1, TOKENS):
+        await asyncio.sleep(INTERVAL_S)
         await send({"type": "http.response.body", "body": _chunk(i, " tok"), "more_body": True})
     tail = _chunk(9, None, "stop") + b"data: [DONE]\n\n"
     await send({"type": "http.response.body", "body": tail})
 
 
-async def ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
-    body = {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+BODY = json.dumps(
+    {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
+
+
+async def ttft(client: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> float:
+    """Seconds from sending the request to the first content chunk; the stream is read out."""
     start = time.perf_counter()
-    async with client.stream("POST", url, json=body, headers=headers) as resp:
+    async with client.post(url, data=BODY, headers=headers) as resp:
         resp.raise_for_status()
         first: float | None = None
-        async for chunk in resp.aiter_raw():
+        async for chunk in resp.content.iter_any():
             if first is None and b'"content"' in chunk:
                 first = time.perf_counter() - start
         assert first is not None
@@ -100,8 +111,8 @@ async def run_level(
     Interleaving makes direct and routed calls share the same moment's load
     (this machine is shared), so their difference is the router's cost.
     """
-    limits = httpx.Limits(max_connections=2 * conc + 10, max_keepalive_connections=2 * conc + 10)
-    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as client:
         for url, headers in targets:  # warm connections
             await asyncio.gather(*(ttft(client, url, headers) for _ in range(min(conc, 50))))
         samples: list[list[float]] = [[] for _ in targets]
@@ -199,10 +210,15 @@ def main() -> int:
             )
             wait_http(router + "/ready")
             auth = {"Authorization": f"Bearer {KEY}"}
-            print(f"router-added TTFT, {args.requests} streams per level, loopback, one run")
+            print(
+                f"router-added TTFT, {args.requests} streams per level per target, loopback, "
+                f"one run; each stream: first token at once, then {TOKENS - 1} more "
+                f"{INTERVAL_S * 1000:g} ms apart; load average {os.getloadavg()[0]:.1f}"
+            )
+            json_ct = {"Content-Type": "application/json"}
             targets = [
-                (upstream + "/v1/chat/completions", {}),
-                (router + "/v1/chat/completions", auth),
+                (upstream + "/v1/chat/completions", json_ct),
+                (router + "/v1/chat/completions", {**auth, **json_ct}),
             ]
             for conc in args.concurrency:
                 direct, routed = asyncio.run(run_level(targets, conc, args.requests))

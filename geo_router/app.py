@@ -81,8 +81,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Deadlines (TTFT, idle gaps) are enforced per stream by the dispatcher.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
+        # The TTFT deadline is enforced per attempt by the dispatcher; sock_read
+        # bounds the gap between chunks once a stream flows.
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=settings.connect_timeout_s,
+            sock_read=settings.routing.idle_timeout_s,
+        )
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
         client = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False, trust_env=False

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from geo_router.continuation import Kind, StreamState, assemble
 from geo_router.dispatch import RouteRequest
 from geo_router.planner import estimate_prompt_tokens
+from geo_router.relay import relay as relay_stream
 from servekit.errors import InvalidRequest, PayloadTooLarge, ServeError
 from servekit.wire import ChatCompletionRequest, CompletionRequest, new_id, parse_request
 
@@ -193,7 +194,7 @@ class CompletionEndpoints:
             "X-Request-Id": request_id,
         }
         stream = StreamState(kind)
-        relay = state.dispatcher.relay(req, opened, stream)
+        relay = relay_stream(state.dispatcher, req, opened, stream)
         try:
             if body["stream"]:
                 await self._stream(relay, route_headers, send, phase)

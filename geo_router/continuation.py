@@ -12,11 +12,12 @@ client sees one well-formed stream.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from servekit.errors import ServeError
-from servekit.sse import encode_data
+from servekit.sse import DONE, SSEDecoder, encode_data
 
 __all__ = ["Kind", "StreamState", "assemble", "continuation_body"]
 
@@ -35,6 +36,27 @@ class StreamState:
     usage: dict[str, Any] | None = None
     continued: int = 0  # how many continuations are spliced in
     error: ServeError | None = None  # set when the stream ended with an error event
+    raw: list[bytes] = field(default_factory=list)  # passed-through events not parsed yet
+
+    def record(self, complete: bytes) -> None:
+        """Keep complete passed-through events; parsed only if someone asks (:meth:`sync`)."""
+        self.raw.append(complete)
+
+    def sync(self) -> None:
+        """Parse what :meth:`record` kept, so text, tokens and finish are current."""
+        if not self.raw:
+            return
+        data = b"".join(self.raw)
+        self.raw.clear()
+        for chunk in SSEDecoder().feed(data):
+            if chunk == DONE:
+                continue
+            try:
+                event = json.loads(chunk)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                self.observe(event)
 
     @property
     def text(self) -> str:
@@ -115,6 +137,7 @@ class StreamState:
 
 def continuation_body(body: dict[str, Any], state: StreamState) -> dict[str, Any] | None:
     """The request that resumes ``body`` after ``state``; ``None`` if the budget is spent."""
+    state.sync()
     out = copy.deepcopy(body)
     for key in ("max_completion_tokens", "max_tokens"):
         limit = out.get(key)
@@ -138,6 +161,7 @@ def continuation_body(body: dict[str, Any], state: StreamState) -> dict[str, Any
 
 def assemble(state: StreamState) -> dict[str, Any]:
     """The non-streamed response equivalent to a finished stream."""
+    state.sync()
     reason = state.finish_reason or "stop"
     if state.kind == "chat":
         obj = "chat.completion"

@@ -1,11 +1,10 @@
-"""Dispatch: failover before the first byte, hedging, and mid-stream continuation.
+"""Dispatch: failover before the first byte, hedging, and finding a continuation.
 
 :meth:`Dispatcher.open` tries candidates in the planner's order until one is
 primed (200 and a first token), optionally racing a hedge when the current
 attempt is slower than its instance's recent P95 TTFT; losers are cancelled.
-:meth:`Dispatcher.relay` then passes the upstream's SSE bytes through
-untouched, cut at event boundaries so a failure never leaves half an event,
-and on upstream death continues the answer on another instance.
+:meth:`Dispatcher.resume` opens the continuation of a stream that broke off
+(``geo_router.relay`` streams the bytes).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +27,8 @@ from geo_router.scoring import Scored
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
 from geo_router.upstream import (
-    TRANSPORT_ERRORS,
     Primed,
     open_stream,
-    parse_events,
-    split_events,
     translate_error,
 )
 from servekit.errors import (
@@ -41,9 +37,8 @@ from servekit.errors import (
     ServeError,
     UpstreamTimeout,
     UpstreamUnavailable,
-    error_from_body,
 )
-from servekit.sse import DONE_FRAME, encode_error
+from servekit.sse import DONE_FRAME
 
 __all__ = ["Dispatcher", "Opened", "RouteRequest"]
 
@@ -88,8 +83,8 @@ class Dispatcher:
     ) -> None:
         self._session = session
         self._planner = planner
-        self._tracker = tracker
-        self._metrics = metrics
+        self.tracker = tracker
+        self.metrics = metrics
         self._routing = routing
 
     async def open(self, req: RouteRequest, decision: Decision) -> Opened:
@@ -102,7 +97,7 @@ class Dispatcher:
             reason = "fallback"
         else:
             reason = decision.reason(cand)
-        self._metrics.decisions.labels(cand.tier, req.region.region, reason).inc()
+        self.metrics.decisions.labels(cand.tier, req.region.region, reason).inc()
         return Opened(primed, cand, reason)
 
     def _payload(self, body: dict[str, Any], cand: Scored) -> bytes:
@@ -112,7 +107,7 @@ class Dispatcher:
 
     def _hedge_delay_s(self, cand: Scored) -> float:
         hedge = self._routing.hedge
-        p95 = self._tracker.stats(cand.id).ttft_p95_ms() or cand.state.load.ttft_p95_ms
+        p95 = self.tracker.stats(cand.id).ttft_p95_ms() or cand.state.load.ttft_p95_ms
         delay = p95 if p95 is not None else hedge.default_delay_ms
         return max(hedge.min_delay_ms, delay) / 1000.0
 
@@ -130,7 +125,7 @@ class Dispatcher:
         def launch() -> None:
             nonlocal nxt
             cand = cands[nxt]
-            self._tracker.acquire(cand.id)
+            self.tracker.acquire(cand.id)
             url = cand.url + req.path
             task = asyncio.create_task(
                 open_stream(self._session, url, self._payload(body, cand), req.headers, deadline)
@@ -154,7 +149,7 @@ class Dispatcher:
                 )
                 if not done:
                     hedged = True
-                    self._metrics.hedges.labels("started").inc()
+                    self.metrics.hedges.labels("started").inc()
                     launch()
                     continue
                 winner: tuple[Primed, Scored, int] | None = None
@@ -166,22 +161,22 @@ class Dispatcher:
                             winner = (task.result(), cand, index)
                         else:  # a tie: keep the first, drop the other
                             await task.result().aclose()
-                            self._tracker.release(cand.id)
-                            self._tracker.abandoned(cand.id)
+                            self.tracker.release(cand.id)
+                            self.tracker.abandoned(cand.id)
                         continue
                     err = translate_error(exc, cand.url)
-                    self._tracker.release(cand.id)
+                    self.tracker.release(cand.id)
                     if not err.retryable:
-                        self._tracker.abandoned(cand.id)
+                        self.tracker.abandoned(cand.id)
                         raise err
-                    self._tracker.failure(cand.id)
-                    self._metrics.fallbacks.labels(cand.tier, _cause(err)).inc()
+                    self.tracker.failure(cand.id)
+                    self.metrics.fallbacks.labels(cand.tier, _cause(err)).inc()
                     last_err = err
                 if winner is not None:
                     primed, cand, index = winner
-                    self._tracker.success(cand.id, primed.ttft_s * 1000.0)
+                    self.tracker.success(cand.id, primed.ttft_s * 1000.0)
                     if hedged:
-                        self._metrics.hedges.labels("won" if index > 0 else "lost").inc()
+                        self.metrics.hedges.labels("won" if index > 0 else "lost").inc()
                     return primed, cand, index, hedged and index > 0
                 if not tasks and nxt < len(cands):
                     launch()
@@ -192,164 +187,31 @@ class Dispatcher:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-                self._tracker.release(cand.id)
-                self._tracker.abandoned(cand.id)
+                self.tracker.release(cand.id)
+                self.tracker.abandoned(cand.id)
             self._publish_circuits(cands)
 
     def _publish_circuits(self, cands: Sequence[Scored]) -> None:
         for cand in cands:
-            self._metrics.circuit.labels(cand.id).set(int(self._tracker.stats(cand.id).circuit))
+            self.metrics.circuit.labels(cand.id).set(int(self.tracker.stats(cand.id).circuit))
 
-    async def relay(
-        self, req: RouteRequest, opened: Opened, state: StreamState, passthrough: bool = True
-    ) -> AsyncGenerator[bytes, None]:
-        """Client bytes for the stream; ``state`` collects what was said."""
-        primed, cand = opened.primed, opened.cand
-        tier, region = cand.tier, req.region.region
-        tried = [cand.id]
-        rewriting = False
-        sent_before = 0
-        first = True
-        last = time.perf_counter()
-        released = False
-        try:
-            while True:
-                for event in primed.events:
-                    state.observe(event)
-                out = self._emit(
-                    state, primed.events, primed.head, primed.done, rewriting, sent_before
-                )
-                if out:
-                    yield out
-                now = time.perf_counter()
-                if first:
-                    first = False
-                    self._metrics.ttft.labels(tier, region).observe(now - req.arrived)
-                    overhead = max(0.0, now - req.arrived - primed.ttft_s)
-                    self._metrics.overhead.observe(overhead)
-                last = now
-                pump = _Pump(self, primed, state, rewriting, sent_before)
-                async for out in pump.run():
-                    yield out
-                    now = time.perf_counter()
-                    self._metrics.itl.labels(tier, region).observe(now - last)
-                    last = now
-                error = pump.error
-                if error is None:
-                    self._tracker.release(cand.id)
-                    released = True
-                    await primed.finish()
-                    return
-                # The upstream died mid-stream: continue elsewhere, or end cleanly.
-                self._tracker.release(cand.id)
-                self._tracker.failure(cand.id)
-                released = True
-                await primed.aclose()
-                nxt = await self._continue(req, state, tried)
-                if nxt is None:
-                    state.error = error
-                    yield encode_error(error) + DONE_FRAME
-                    return
-                if isinstance(nxt, bytes):
-                    yield nxt
-                    return
-                primed, cand = nxt
-                tried.append(cand.id)
-                released = False
-                rewriting = True
-                sent_before = state.tokens
-                state.continued += 1
-        finally:
-            await primed.aclose()
-            if not released:
-                self._tracker.release(cand.id)
-                self._tracker.abandoned(cand.id)
-            self._metrics.e2e.labels(tier, region).observe(time.perf_counter() - req.arrived)
-
-    def _emit(
-        self,
-        state: StreamState,
-        events: list[dict[str, Any]],
-        raw: bytes,
-        done: bool,
-        rewriting: bool,
-        sent_before: int,
-    ) -> bytes:
-        if not rewriting:
-            return raw
-        parts = [state.rewrite(e, sent_before) for e in events]
-        out = b"".join(p for p in parts if p)
-        return out + DONE_FRAME if done else out
-
-    async def _continue(
+    async def resume(
         self, req: RouteRequest, state: StreamState, tried: list[str]
     ) -> tuple[Primed, Scored] | bytes | None:
+        """Continue a broken stream elsewhere: the new upstream, closing bytes, or ``None``."""
         if state.continued >= self._routing.max_continuations:
-            self._metrics.continuations.labels("exhausted").inc()
+            self.metrics.continuations.labels("exhausted").inc()
             return None
         body = continuation_body(req.upstream_body, state)
         if body is None:  # the token budget is spent: finish as the upstream would have
-            self._metrics.continuations.labels("budget_spent").inc()
+            self.metrics.continuations.labels("budget_spent").inc()
             return state.final_chunk("length") + DONE_FRAME
         try:
             decision = self._planner.plan(req.body, req.region, req.sticky, exclude=tried)
             cands = decision.candidates[: self._routing.max_attempts]
             primed, cand, _, _ = await self._race(req, cands, body, hedge=False)
         except ServeError:
-            self._metrics.continuations.labels("failed").inc()
+            self.metrics.continuations.labels("failed").inc()
             return None
-        self._metrics.continuations.labels("ok").inc()
+        self.metrics.continuations.labels("ok").inc()
         return primed, cand
-
-
-class _Pump:
-    """Reads the rest of one upstream stream; ``error`` is set if it broke off."""
-
-    def __init__(
-        self,
-        owner: Dispatcher,
-        primed: Primed,
-        state: StreamState,
-        rewriting: bool,
-        sent_before: int,
-    ) -> None:
-        self._owner = owner
-        self._primed = primed
-        self._state = state
-        self._rewriting = rewriting
-        self._sent_before = sent_before
-        self.error: ServeError | None = None
-
-    async def run(self) -> AsyncIterator[bytes]:
-        primed, state = self._primed, self._state
-        if primed.done:
-            return
-        pending = primed.rest
-        idle = self._owner._routing.idle_timeout_s
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout(idle):
-                        chunk = await anext(primed.chunks)
-                except StopAsyncIteration:
-                    if state.finish_reason is not None:
-                        yield DONE_FRAME  # finished without [DONE]: close it properly
-                        return
-                    raise UpstreamUnavailable(
-                        f"upstream {primed.url} ended the stream early"
-                    ) from None
-                complete, pending = split_events(pending + chunk)
-                if not complete:
-                    continue
-                events, done = parse_events(primed.decoder, complete)
-                for event in events:
-                    if isinstance(event.get("error"), dict):
-                        raise error_from_body(502, event)
-                    state.observe(event)
-                yield self._owner._emit(
-                    state, events, complete, done, self._rewriting, self._sent_before
-                )
-                if done:
-                    return
-        except (*TRANSPORT_ERRORS, ServeError) as exc:
-            self.error = translate_error(exc, primed.url)

@@ -33,6 +33,7 @@ class Behavior:
     status: int = 200  # non-200: answer every generation with this status
     retry_after: str | None = None
     die_after: int | None = None  # words sent before the connection is cut
+    stall_after: int | None = None  # words sent before it goes quiet (connection open)
     ready: bool = True
     load: dict[str, Any] = field(default_factory=dict)
     seen: list[dict[str, Any]] = field(default_factory=list)  # bodies + headers received
@@ -93,6 +94,8 @@ def build_app(b: Behavior) -> Starlette:
             for i in range(start, end):
                 if b.die_after is not None and i - start >= b.die_after:
                     raise ConnectionResetError("fake upstream dies mid-stream")
+                if b.stall_after is not None and i - start >= b.stall_after:
+                    await asyncio.sleep(3600)
                 yield frame(f" w{i}" if i else "w0")
                 if b.token_delay_s:
                     await asyncio.sleep(b.token_delay_s)

@@ -232,3 +232,18 @@ def test_client_disconnect_closes_the_upstream_stream() -> None:
             time.sleep(0.05)
         assert slow.aborted == 1  # the router hung up on the upstream too
         assert httpx.get(url + "/ready").status_code == 200
+
+
+def test_a_stream_that_goes_quiet_is_continued_after_the_idle_timeout() -> None:
+    quiet, rescue = Behavior(words=6, stall_after=2), Behavior(words=6)
+    with ExitStack() as stack:
+        a, b = stack.enter_context(serve_fake(quiet)), stack.enter_context(serve_fake(rescue))
+        url = stack.enter_context(
+            routed([state(a, "quiet"), state(b, "rescue", region="west")], idle_timeout_s=0.5)
+        )
+        start = time.monotonic()
+        _, events = read_stream(url, chat())
+        assert text_of(events) == "w0 w1 w2 w3 w4 w5"
+        assert events[-1] == "[DONE]"
+        assert time.monotonic() - start < 5
+    assert rescue.seen[0]["body"]["messages"][-1]["content"] == "w0 w1"
