@@ -3,8 +3,8 @@
     .venv/bin/python bench/router_overhead.py [--requests 300] [--concurrency 1 200]
 
 Starts, as separate processes on loopback: a fast fake OpenAI upstream (raw
-ASGI under uvicorn; first token at once, then BENCH_TOKENS-1 more every
-BENCH_INTERVAL_MS, so streams stay open and concurrency is real) and
+ASGI under uvicorn; first token at once, then ``max_tokens - 1`` more every
+``bench_interval_ms``, so streams stay open and concurrency is real) and
 ``geo-router serve`` in front of it. For each concurrency level it keeps
 that many streams open at once, first straight to the upstream and then
 through the router, and prints TTFT p50/p99 of both and their difference
@@ -52,10 +52,6 @@ def _chunk(i: int, text: str | None, finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(event).encode() + b"\n\n"
 
 
-TOKENS = int(os.environ.get("BENCH_TOKENS", "10"))
-INTERVAL_S = float(os.environ.get("BENCH_INTERVAL_MS", "50")) / 1000.0
-
-
 async def upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
     """The fake upstream: /ready, /load, and a chat stream (first token at once)."""
     if scope["type"] == "lifespan":
@@ -72,28 +68,38 @@ async def upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
         return
+    raw = b""
     more = True
     while more:
-        more = (await receive()).get("more_body", False)
+        message = await receive()
+        raw += message.get("body", b"")
+        more = message.get("more_body", False)
+    body = json.loads(raw)
+    tokens, interval_s = body.get("max_tokens", 4), body.get("bench_interval_ms", 5) / 1000
     headers = [(b"content-type", b"text/event-stream")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": _chunk(0, "Hello"), "more_body": True})
-    for i in range(1, TOKENS):
-        await asyncio.sleep(INTERVAL_S)
+    for i in range(1, tokens):
+        await asyncio.sleep(interval_s)
         await send({"type": "http.response.body", "body": _chunk(i, " tok"), "more_body": True})
     tail = _chunk(9, None, "stop") + b"data: [DONE]\n\n"
     await send({"type": "http.response.body", "body": tail})
 
 
-BODY = json.dumps(
-    {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-).encode()
+def request_body(tokens: int, interval_ms: float) -> bytes:
+    """A chat request; the fake upstream streams ``tokens`` chunks ``interval_ms`` apart."""
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": "bench", "stream": True, "messages": messages, "max_tokens": tokens}
+    body["bench_interval_ms"] = interval_ms
+    return json.dumps(body).encode()
 
 
-async def ttft(client: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> float:
+async def ttft(
+    client: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes
+) -> float:
     """Seconds from sending the request to the first content chunk; the stream is read out."""
     start = time.perf_counter()
-    async with client.post(url, data=BODY, headers=headers) as resp:
+    async with client.post(url, data=body, headers=headers) as resp:
         resp.raise_for_status()
         first: float | None = None
         async for chunk in resp.content.iter_any():
@@ -104,7 +110,7 @@ async def ttft(client: aiohttp.ClientSession, url: str, headers: dict[str, str])
 
 
 async def run_level(
-    targets: list[tuple[str, dict[str, str]]], conc: int, total: int
+    targets: list[tuple[str, dict[str, str]]], conc: int, total: int, body: bytes
 ) -> list[list[float]]:
     """``conc`` workers, each alternating between the targets; TTFT samples per target.
 
@@ -114,7 +120,7 @@ async def run_level(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as client:
         for url, headers in targets:  # warm connections
-            await asyncio.gather(*(ttft(client, url, headers) for _ in range(min(conc, 50))))
+            await asyncio.gather(*(ttft(client, url, headers, body) for _ in range(min(conc, 50))))
         samples: list[list[float]] = [[] for _ in targets]
         per_worker = max(1, total // conc)
 
@@ -122,7 +128,7 @@ async def run_level(
             for i in range(per_worker * len(targets)):
                 which = (i + offset) % len(targets)
                 url, headers = targets[which]
-                samples[which].append(await ttft(client, url, headers))
+                samples[which].append(await ttft(client, url, headers, body))
 
         await asyncio.gather(*(worker(w) for w in range(conc)))
         return samples
@@ -152,6 +158,12 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a process has used (Linux /proc), scheduling noise excluded."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def router_overhead_histogram(router: str) -> str:
@@ -212,8 +224,7 @@ def main() -> int:
             auth = {"Authorization": f"Bearer {KEY}"}
             print(
                 f"router-added TTFT, {args.requests} streams per level per target, loopback, "
-                f"one run; each stream: first token at once, then {TOKENS - 1} more "
-                f"{INTERVAL_S * 1000:g} ms apart; load average {os.getloadavg()[0]:.1f}"
+                f"one run; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
             )
             json_ct = {"Content-Type": "application/json"}
             targets = [
@@ -221,13 +232,27 @@ def main() -> int:
                 (router + "/v1/chat/completions", {**auth, **json_ct}),
             ]
             for conc in args.concurrency:
-                direct, routed = asyncio.run(run_level(targets, conc, args.requests))
+                # One stream at a time: short streams. Many: LLM-like ones (2 s, 40 chunks),
+                # so the level means that many open streams, not that many requests a second.
+                tokens, interval = (4, 5.0) if conc == 1 else (40, 50.0)
+                body = request_body(tokens, interval)
+                cpu_before = [cpu_seconds(p.pid) for p in procs]
+                direct, routed = asyncio.run(run_level(targets, conc, args.requests, body))
+                up_cpu, router_cpu = (
+                    (cpu_seconds(p.pid) - b) * 1000.0 / len(routed)
+                    for p, b in zip(procs, cpu_before, strict=True)
+                )
                 d50, d99 = pct(direct, 0.5), pct(direct, 0.99)
                 r50, r99 = pct(routed, 0.5), pct(routed, 0.99)
                 print(
-                    f"concurrency {conc:>3}: direct p50 {d50:7.2f} ms  p99 {d99:7.2f} ms | "
+                    f"concurrency {conc:>3} ({tokens} chunks {interval:g} ms apart): "
+                    f"direct p50 {d50:7.2f} ms  p99 {d99:7.2f} ms | "
                     f"routed p50 {r50:7.2f} ms  p99 {r99:7.2f} ms | "
                     f"added p50 {r50 - d50:6.2f} ms  p99 {r99 - d99:6.2f} ms"
+                )
+                print(
+                    f"                 CPU per routed stream: router {router_cpu:.2f} ms "
+                    f"(upstream {up_cpu / 2:.2f} ms per stream, for scale)"
                 )
             print("router's own added-latency histogram:", router_overhead_histogram(router))
         finally:
