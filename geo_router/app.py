@@ -9,10 +9,9 @@ loops, the GeoIP reader, and the routing parts; handlers reach them through
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from geo_router.auth import Authenticator, RateLimiter
-from geo_router.catalog import (
-    CandidateSource,
-    RegistryPoller,
-    StaticUpstreams,
-    TrafficSource,
-    cancel_all,
-    open_registry,
-)
+from geo_router.catalog import CandidateSource, TrafficPoller, TrafficSource, open_discovery
 from geo_router.classifier import DifficultyClassifier
 from geo_router.completions import CompletionEndpoints
 from geo_router.dispatch import Dispatcher
@@ -44,7 +36,6 @@ from geo_router.scoring import Scorer
 from geo_router.settings import RouterSettings
 from geo_router.tracker import Tracker
 from servekit.errors import InvalidRequest, ServeError, error_body
-from servekit.registry.protocol import InstanceState
 
 __all__ = ["RouterState", "create_app"]
 
@@ -92,25 +83,20 @@ def create_app(
         client = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False, trust_env=False
         )
-        tasks: list[asyncio.Task[None]] = []
-        geo = open_geoip(settings.region)
-        registry = open_registry(settings.registry) if settings.registry is not None else None
-        try:
-            sources: list[CandidateSource] = []
-            poller = RegistryPoller(registry) if registry is not None else None
-            if candidates is not None:
-                sources.append(candidates)
-            if settings.upstreams:
-                static = StaticUpstreams(settings.upstreams, client)
-                await static.refresh()
-                tasks.append(asyncio.create_task(static.run(settings.poll_interval_s)))
-                sources.append(static.snapshot)
-            if poller is not None:
-                await poller.refresh()
-                tasks.append(asyncio.create_task(poller.run(settings.poll_interval_s)))
-                sources.append(poller.snapshot)
-            source = _merge(sources)
-            traffic_source = _traffic(settings, traffic, poller)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(client.close)
+            geo = open_geoip(settings.region)
+            if geo is not None:
+                stack.callback(geo.close)
+            found = await open_discovery(
+                stack,
+                upstreams=settings.upstreams,
+                registry=settings.registry,
+                poll_interval_s=settings.poll_interval_s,
+                given=candidates,
+                metrics_registry=metrics.registry,
+            )
+            traffic_source = _traffic(settings, traffic, found.traffic)
             tracker = Tracker(settings.routing.breaker)
             scorer = Scorer(settings.routing, RttTable(settings.region), tracker, rng)
             classifier = DifficultyClassifier.load(
@@ -118,7 +104,9 @@ def create_app(
                 settings.classifier.threshold,
                 settings.classifier.max_chars,
             )
-            planner = Planner(settings.routing, classifier, scorer, tracker, source, traffic_source)
+            planner = Planner(
+                settings.routing, classifier, scorer, tracker, found.candidates, traffic_source
+            )
             app.state.router = RouterState(
                 settings=settings,
                 auth=Authenticator(settings.auth),
@@ -129,16 +117,9 @@ def create_app(
                 tracker=tracker,
                 dispatcher=Dispatcher(client, planner, tracker, metrics, settings.routing),
                 metrics=metrics,
-                stale=(lambda: poller.stale) if poller is not None else (lambda: False),
+                stale=found.stale,
             )
             yield
-        finally:
-            await cancel_all(tasks)
-            await client.close()
-            if registry is not None:
-                await registry.aclose()
-            if geo is not None:
-                geo.close()
 
     app = FastAPI(title="hybrid-llm geo router", version="0.1.0", lifespan=lifespan)
     app.include_router(api_routes)
@@ -149,22 +130,8 @@ def create_app(
     return CompletionEndpoints(app)
 
 
-def _merge(sources: Sequence[CandidateSource]) -> CandidateSource:
-    if len(sources) == 1:
-        return sources[0]
-
-    def merged() -> list[InstanceState]:
-        seen: dict[str, InstanceState] = {}
-        for source in sources:
-            for state in source():
-                seen.setdefault(state.info.id, state)
-        return list(seen.values())
-
-    return merged
-
-
 def _traffic(
-    settings: RouterSettings, given: TrafficSource | None, poller: RegistryPoller | None
+    settings: RouterSettings, given: TrafficSource | None, poller: TrafficPoller | None
 ) -> TrafficSource:
     static = settings.traffic
 

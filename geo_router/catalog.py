@@ -1,10 +1,11 @@
-"""Where candidates come from: static upstreams polled by URL, and the registry.
+"""Where candidates and canary shares come from.
 
 The router only ever calls a :data:`CandidateSource` (a function returning
-the current ``list[InstanceState]``) and a :data:`TrafficSource`; both are
-snapshots kept fresh by background loops that the app's lifespan runs. When
-the registry is unreachable the last-known catalog stays in use and
-``stale`` says so.
+the current ``list[InstanceState]``) and a :data:`TrafficSource`. The app's
+lifespan builds them from the registry's :class:`~servekit.registry.CatalogView`
+(over the configured registry, and over the static ``upstreams:`` entries)
+and from :class:`TrafficPoller`, which keeps the last-known
+``models/<model>/traffic`` shares from the registry's KV store.
 """
 
 from __future__ import annotations
@@ -13,82 +14,61 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, replace
 
-import aiohttp
+from prometheus_client import CollectorRegistry
 
-from geo_router.settings import UpstreamSettings
-from servekit.engine.protocol import LoadReport
-from servekit.registry.protocol import InstanceInfo, InstanceState, Registry, RegistryError
+from servekit.registry import CatalogView, RegistrySettings, StaticEntry, StaticSettings
+from servekit.registry.factory import open_registry
+from servekit.registry.protocol import InstanceState, KVStore, RegistryError
+from servekit.registry.static import StaticRegistry
 
 __all__ = [
     "CandidateSource",
-    "RegistryPoller",
-    "StaticUpstreams",
+    "Discovery",
+    "TrafficPoller",
     "TrafficSource",
-    "open_registry",
+    "cancel_all",
+    "merge_sources",
+    "open_discovery",
     "parse_traffic",
 ]
 
 log = logging.getLogger(__name__)
 
-_POLL_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
-
 CandidateSource = Callable[[], Sequence[InstanceState]]
 TrafficSource = Callable[[str], Mapping[str, float] | None]
 
 
-class StaticUpstreams:
-    """Instances configured by URL; ``/ready`` and ``/load`` are polled for each."""
+def merge_sources(sources: Sequence[CandidateSource]) -> CandidateSource:
+    """One source over several; the first to list an instance id wins."""
+    if len(sources) == 1:
+        return sources[0]
 
-    def __init__(
-        self, upstreams: Sequence[UpstreamSettings], session: aiohttp.ClientSession
-    ) -> None:
-        self._upstreams = list(upstreams)
-        self._session = session
-        self._states: dict[str, InstanceState] = {}
+    def merged() -> list[InstanceState]:
+        seen: dict[str, InstanceState] = {}
+        for source in sources:
+            for state in source():
+                seen.setdefault(state.info.id, state)
+        return list(seen.values())
 
-    def snapshot(self) -> list[InstanceState]:
-        return list(self._states.values())
+    return merged
 
-    async def refresh(self) -> None:
-        await asyncio.gather(*(self._poll(u) for u in self._upstreams))
 
-    async def run(self, interval_s: float) -> None:
-        while True:
-            await self.refresh()
-            await asyncio.sleep(interval_s)
+def _with_reported_model(source: CandidateSource) -> CandidateSource:
+    """Static entries configured without a model take the one their /load reports."""
 
-    async def _poll(self, up: UpstreamSettings) -> None:
-        iid = up.id or up.url
-        load = LoadReport()
-        healthy = False
-        try:
-            async with self._session.get(up.url + "/ready", timeout=_POLL_TIMEOUT) as ready:
-                healthy = ready.status == 200
-            async with self._session.get(up.url + "/load", timeout=_POLL_TIMEOUT) as resp:
-                if resp.status == 200:
-                    body = await resp.json(content_type=None)
-                    if isinstance(body, dict):
-                        load = LoadReport.from_dict(body)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, TypeError):
-            healthy = False
-        host, _, port = up.url.split("://", 1)[1].partition(":")
-        info = InstanceInfo(
-            id=iid,
-            tier=up.tier,
-            region=up.region,
-            address=host,
-            port=int(port.split("/")[0] or 80),
-            model=up.model or load.model,
-            version=up.version if up.version is not None else load.version,
-            capacity=up.capacity or load.capacity or 1,
-            meta={"url": up.url},
-        )
-        healthy = healthy and not load.draining and bool(info.model)
-        self._states[iid] = InstanceState(info, load, healthy, time.time())
+    def filled() -> list[InstanceState]:
+        out = []
+        for s in source():
+            if not s.info.model:
+                info = replace(s.info, model=s.load.model, version=s.info.version or s.load.version)
+                s = replace(s, info=info, healthy=s.healthy and bool(s.load.model))
+            out.append(s)
+        return out
+
+    return filled
 
 
 def parse_traffic(value: bytes) -> dict[str, float] | None:
@@ -108,31 +88,22 @@ def parse_traffic(value: bytes) -> dict[str, float] | None:
     return out or None
 
 
-class RegistryPoller:
-    """Keeps the last-known catalog and traffic shares from a :class:`Registry`."""
+class TrafficPoller:
+    """Last-known canary shares per model from ``models/<model>/traffic`` in the KV store."""
 
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
-        self._instances: list[InstanceState] = []
+    def __init__(self, kv: KVStore) -> None:
+        self._kv = kv
         self._traffic: dict[str, dict[str, float]] = {}
-        self.stale = True
-
-    def snapshot(self) -> list[InstanceState]:
-        return self._instances
 
     def traffic(self, model: str) -> dict[str, float] | None:
         return self._traffic.get(model)
 
     async def refresh(self) -> None:
         try:
-            instances = await self._registry.instances(healthy_only=True)
-            entries = await self._registry.list_prefix("models/")
+            entries = await self._kv.list_prefix("models/")
         except (RegistryError, OSError) as exc:
-            if not self.stale:
-                log.warning("registry unreachable, routing on last-known catalog: %s", exc)
-            self.stale = True
+            log.debug("traffic shares not refreshed (keeping last-known): %s", exc)
             return
-        self._instances = instances
         traffic: dict[str, dict[str, float]] = {}
         for entry in entries:
             parts = entry.key.split("/")
@@ -141,24 +112,11 @@ class RegistryPoller:
                 if shares:
                     traffic[parts[1]] = shares
         self._traffic = traffic
-        self.stale = False
 
     async def run(self, interval_s: float) -> None:
         while True:
             await self.refresh()
             await asyncio.sleep(interval_s)
-
-
-def open_registry(settings: dict[str, Any]) -> Registry:
-    """The registry named by ``settings`` (``servekit.registry.open_registry``)."""
-    import importlib
-
-    module = importlib.import_module("servekit.registry")
-    opener = getattr(module, "open_registry", None)
-    if opener is None:
-        raise RuntimeError("servekit.registry.open_registry is not available in this build")
-    registry: Registry = opener(settings)
-    return registry
 
 
 async def cancel_all(tasks: Sequence[asyncio.Task[None]]) -> None:
@@ -167,3 +125,54 @@ async def cancel_all(tasks: Sequence[asyncio.Task[None]]) -> None:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@dataclass(slots=True)
+class Discovery:
+    candidates: CandidateSource
+    traffic: TrafficPoller | None
+    stale: Callable[[], bool]  # the registry view runs on a last-known catalog
+
+
+async def open_discovery(
+    stack: contextlib.AsyncExitStack,
+    *,
+    upstreams: Sequence[StaticEntry],
+    registry: RegistrySettings | None,
+    poll_interval_s: float,
+    given: CandidateSource | None = None,
+    metrics_registry: CollectorRegistry | None = None,
+    fresh_timeout_s: float = 3.0,
+) -> Discovery:
+    """Catalog views over the static entries and the registry; closed by ``stack``."""
+    sources: list[CandidateSource] = [] if given is None else [given]
+    views: list[CatalogView] = []
+    if upstreams:
+        static = StaticRegistry(
+            StaticSettings(entries=list(upstreams), probe_interval_s=poll_interval_s)
+        )
+        await static.start()
+        stack.push_async_callback(static.aclose)
+        static_view = CatalogView(static)
+        views.append(static_view)
+        sources.append(_with_reported_model(static_view.snapshot))
+    poller: TrafficPoller | None = None
+    stale: Callable[[], bool] = lambda: False  # noqa: E731
+    if registry is not None:
+        backend = await open_registry(registry)
+        stack.push_async_callback(backend.aclose)
+        view = CatalogView(backend, metrics_registry=metrics_registry)
+        views.append(view)
+        stale = lambda: view.stale  # noqa: E731
+        poller = TrafficPoller(backend)
+        await poller.refresh()
+        task = asyncio.create_task(poller.run(poll_interval_s))
+        stack.push_async_callback(cancel_all, [task])
+        sources.append(view.snapshot)
+    for v in views:
+        await v.start()
+        stack.push_async_callback(v.aclose)
+    # Serve with a fresh catalog when it comes quickly; a registry that is
+    # down at start is a runtime condition (stale), not a crash.
+    await asyncio.gather(*(v.wait_fresh(fresh_timeout_s) for v in views))
+    return Discovery(merge_sources(sources), poller, stale)

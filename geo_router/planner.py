@@ -117,7 +117,7 @@ class Planner:
         self._traffic = traffic
 
     def healthy(self) -> list[InstanceState]:
-        return [s for s in self._candidates() if s.healthy]
+        return [s for s in self._candidates() if s.healthy and not s.load.draining]
 
     def models(self) -> list[str]:
         return sorted({s.info.model for s in self.healthy() if s.info.model})

@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from servekit.registry.protocol import Tier
+from servekit.registry.settings import RegistrySettings, StaticEntry
 
 __all__ = [
     "ApiKeySettings",
@@ -145,23 +146,10 @@ class RoutingSettings(_Section):
     hedge: HedgeSettings = Field(default_factory=HedgeSettings)
 
 
-class UpstreamSettings(_Section):
-    """A static instance known by URL; load and readiness are polled from it."""
+class UpstreamSettings(StaticEntry):
+    """A static instance by URL; ``model`` (and ``version``) may come from its ``/load``."""
 
-    url: str
-    tier: Tier
-    region: str
-    id: str | None = None
-    model: str | None = Field(None, description="Taken from /load when unset.")
-    version: str | None = None
-    capacity: int | None = Field(None, ge=1)
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http(s) URL")
-        return value.rstrip("/")
+    model: str = Field("", description="Served model; taken from /load when empty.")
 
 
 class RouterSettings(BaseModel):
@@ -174,11 +162,14 @@ class RouterSettings(BaseModel):
     region: RegionSettings = Field(default_factory=RegionSettings)
     classifier: ClassifierSettings = Field(default_factory=ClassifierSettings)
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
-    upstreams: list[UpstreamSettings] = Field(default_factory=list)
-    registry: dict[str, Any] | None = Field(
-        None, description="Passed to servekit.registry.open_registry."
+    upstreams: list[UpstreamSettings] = Field(
+        default_factory=list,
+        description="Instances by URL (the registry's static entries; /ready and /load polled).",
     )
-    poll_interval_s: float = Field(1.0, gt=0, description="Static upstream and KV poll period.")
+    registry: RegistrySettings | None = Field(
+        None, description="Discovery and canary shares through servekit.registry."
+    )
+    poll_interval_s: float = Field(1.0, gt=0, description="Static probe and KV poll period.")
     traffic: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="Static canary shares per model ({model: {version: share}}); KV wins.",
