@@ -58,15 +58,21 @@ def merge_sources(sources: Sequence[CandidateSource]) -> CandidateSource:
 
 def _with_reported_model(source: CandidateSource) -> CandidateSource:
     """Static entries configured without a model take the one their /load reports."""
+    cache: dict[int, tuple[InstanceState, InstanceState]] = {}  # per probed state object
+
+    def fill(s: InstanceState) -> InstanceState:
+        hit = cache.get(id(s))
+        if hit is not None and hit[0] is s:
+            return hit[1]
+        info = replace(s.info, model=s.load.model, version=s.info.version or s.load.version)
+        filled = replace(s, info=info, healthy=s.healthy and bool(s.load.model))
+        if len(cache) > 1024:
+            cache.clear()
+        cache[id(s)] = (s, filled)
+        return filled
 
     def filled() -> list[InstanceState]:
-        out = []
-        for s in source():
-            if not s.info.model:
-                info = replace(s.info, model=s.load.model, version=s.info.version or s.load.version)
-                s = replace(s, info=info, healthy=s.healthy and bool(s.load.model))
-            out.append(s)
-        return out
+        return [s if s.info.model else fill(s) for s in source()]
 
     return filled
 
