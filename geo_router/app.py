@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 from fastapi import FastAPI
@@ -53,7 +52,7 @@ class RouterState:
     tracker: Tracker
     dispatcher: Dispatcher
     metrics: RouterMetrics
-    stale: Any  # () -> bool: whether discovery runs on a last-known catalog
+    stale: Callable[[], bool]  # discovery runs on a last-known catalog
 
 
 def create_app(
