@@ -16,11 +16,14 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import yaml
 
 from central.specs import LlamaCppReplica, TrtllmReplica, UrlReplica, VllmReplica
+
+if TYPE_CHECKING:
+    from central.settings import CentralSettings
 
 __all__ = [
     "Endpoint",
@@ -29,6 +32,7 @@ __all__ = [
     "build_plan",
     "endpoint_for_url",
     "llamacpp_plan",
+    "print_commands",
     "trtllm_plan",
     "vllm_plan",
 ]
@@ -151,24 +155,43 @@ def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
     return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env), files)
 
 
-def llamacpp_settings(spec: LlamaCppReplica, *, port: int, model_name: str) -> dict[str, Any]:
-    """The edge-agent settings that make it a plain stand-in replica (no registry)."""
-    model: dict[str, Any] = {"path": str(spec.model_path), "n_ctx": spec.n_ctx}
-    if spec.n_threads is not None:
-        model["n_threads"] = spec.n_threads
-    base: dict[str, Any] = {
-        "server": {"host": spec.host, "port": port},
+def llamacpp_settings(
+    spec: LlamaCppReplica, *, port: int, model_name: str, version: str
+) -> dict[str, Any]:
+    """The edge-agent settings that make it a plain stand-in replica.
+
+    It answers to the gateway's model name, accepts no aliases and keeps a
+    small queue of its own: the gateway's queue is where priorities apply.
+    """
+    engine: dict[str, Any] = {
+        "kind": "llama",
+        "model_path": str(spec.model_path.resolve()),
         "model_name": model_name,
-        "model": model,
+        "n_ctx": spec.n_ctx,
+    }
+    if spec.n_threads is not None:
+        engine["n_threads"] = spec.n_threads
+    base: dict[str, Any] = {
+        "server": {"host": spec.host, "port": port, "log_level": "warning"},
+        "instance": {"id": f"central-{spec.name}", "region": "center", "version": version},
+        "engine": engine,
+        "admission": {"max_waiting": spec.max_waiting},
+        "aliases": [],
     }
     return _deep_merge(base, spec.edge_settings)
 
 
 def llamacpp_plan(
-    spec: LlamaCppReplica, *, port: int, model_name: str, run_dir: Path, python: str
+    spec: LlamaCppReplica,
+    *,
+    port: int,
+    model_name: str,
+    run_dir: Path,
+    python: str,
+    version: str = "",
 ) -> LaunchPlan:
     config_file = run_dir / f"{spec.name}.edge-agent.yaml"
-    settings = llamacpp_settings(spec, port=port, model_name=model_name)
+    settings = llamacpp_settings(spec, port=port, model_name=model_name, version=version or "v1")
     argv = [python, "-m", "edge_agent", "serve", "--config", str(config_file)]
     argv += ["--host", spec.host, "--port", str(port)]
     endpoint = Endpoint(_url(spec.host, port), model_name, spec.capacity, "load", "/ready")
@@ -183,13 +206,16 @@ def build_plan(
     model_name: str,
     run_dir: Path,
     python: str = sys.executable,
+    version: str = "",
 ) -> LaunchPlan:
     """The launch plan for any launched replica kind."""
     if isinstance(spec, VllmReplica):
         return vllm_plan(spec, port=port, model_name=model_name)
     if isinstance(spec, TrtllmReplica):
         return trtllm_plan(spec, port=port, run_dir=run_dir)
-    return llamacpp_plan(spec, port=port, model_name=model_name, run_dir=run_dir, python=python)
+    return llamacpp_plan(
+        spec, port=port, model_name=model_name, run_dir=run_dir, python=python, version=version
+    )
 
 
 def endpoint_for_url(spec: UrlReplica, *, model_name: str) -> Endpoint:
@@ -214,3 +240,23 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
         else:
             out[key] = value
     return out
+
+
+def print_commands(settings: CentralSettings, out: TextIO) -> None:
+    """Write each replica's command line (and generated files) for an operator."""
+    run_dir = settings.supervision.log_dir
+    for spec in settings.replicas:
+        out.write(f"# {spec.name} ({spec.kind})\n")
+        if isinstance(spec, UrlReplica):
+            out.write(f"# already running at {spec.url}; probed, not launched\n\n")
+            continue
+        if not spec.port:
+            out.write("# port 0: a free port is picked when the gateway starts\n")
+        plan = build_plan(
+            spec, port=spec.port, model_name=settings.model, run_dir=run_dir,
+            version=settings.version,
+        )  # fmt: skip
+        for path, content in plan.files.items():
+            out.write(f"# writes {path}:\n")
+            out.writelines(f"#   {line}\n" for line in content.splitlines())
+        out.write(plan.shell() + "\n\n")

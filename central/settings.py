@@ -72,14 +72,10 @@ class SupervisionSettings(_Section):
 class AdmissionSettings(_Section):
     """The gateway's own queue in front of all replicas (interactive before batch)."""
 
-    max_waiting: int = Field(512, ge=0)
-    batch_share: float = Field(
-        0.2,
-        ge=0.0,
-        le=1.0,
-        description="Minimum share of freed slots given to waiting batch requests.",
+    max_waiting: int = Field(512, ge=0, description="Requests that may wait; more get 429.")
+    batch_every: int = Field(
+        4, ge=1, description="One grant in N goes to waiting batch work, so it is never starved."
     )
-    timeout_s: float = Field(60.0, gt=0.0, description="Longest a request waits for a slot.")
 
 
 class RegistrationSettings(_Section):

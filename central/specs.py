@@ -220,6 +220,7 @@ class LlamaCppReplica(_Spec):
     model_path: Path = Field(description="GGUF file to serve.")
     n_ctx: int = Field(2048, ge=64)
     n_threads: int | None = Field(None, ge=1)
+    max_waiting: int = Field(16, ge=0, description="The stand-in's own queue length.")
     edge_settings: dict[str, Any] = Field(
         default_factory=dict,
         description="More edge-agent settings, deep-merged into its generated config file.",

@@ -10,6 +10,7 @@ import yaml
 from central.commands import build_plan, trtllm_options
 from central.settings import load
 from central.specs import LlamaCppReplica, TrtllmReplica, VllmReplica
+from edge_agent.settings import EdgeSettings
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -145,7 +146,12 @@ def test_cpu_config_runs_the_edge_agent_as_a_subprocess(tmp_path: Path) -> None:
     specs = [r for r in settings.replicas if isinstance(r, LlamaCppReplica)]
     assert [s.name for s in specs] == ["cpu-a", "cpu-b"]
     plan = build_plan(
-        specs[0], port=18001, model_name=settings.model, run_dir=tmp_path, python="/py"
+        specs[0],
+        port=18001,
+        model_name=settings.model,
+        run_dir=tmp_path,
+        python="/py",
+        version=settings.version,
     )
     config_file = tmp_path / "cpu-a.edge-agent.yaml"
     assert plan.argv == (
@@ -156,4 +162,11 @@ def test_cpu_config_runs_the_edge_agent_as_a_subprocess(tmp_path: Path) -> None:
     assert plan.endpoint.load_source == "load"
     assert plan.endpoint.health_path == "/ready"
     assert plan.endpoint.capacity == 1
-    assert config_file in plan.files
+    # The generated file is a valid edge-agent config that serves the gateway's model name.
+    edge = EdgeSettings.model_validate(yaml.safe_load(plan.files[config_file]))
+    assert edge.engine.model_name == "smollm2-135m-instruct"
+    assert edge.engine.model_path.is_absolute()
+    assert edge.engine.n_threads == 1
+    assert (edge.server.host, edge.server.port) == ("127.0.0.1", 18001)
+    assert edge.aliases == []
+    assert edge.instance.version == "q4_1"
