@@ -10,10 +10,14 @@ its fair share of the total. A prefix keeps its replica until that replica is
 genuinely busier than the others, then spills to the next one on the ring
 (the same one every time, so the spill is sticky too).
 
-Without a prefix the least-loaded replica wins. Load is the larger of what
-the gateway has in flight there and what the engine last reported
-(running + waiting, which includes other clients' traffic), as a share of its
-capacity, plus KV-cache fullness weighted by ``kv_cache_weight``.
+A home that is already full (in flight ≥ capacity) is also passed over while
+another replica has room: a warm prefix cache does not pay for waiting
+behind a whole batch.
+
+Without a prefix the least-loaded replica wins. Load is what the gateway has
+in flight there plus what the engine last reported beyond that (other
+clients' traffic), as a share of its capacity, plus KV-cache fullness
+weighted by ``kv_cache_weight``.
 
 Everything here is pure and synchronous: the pool passes in a snapshot.
 """
@@ -39,13 +43,13 @@ class Candidate:
     name: str
     capacity: int
     inflight: int = 0
-    engine_running: int = 0
-    engine_waiting: int = 0
+    external: int = 0
     kv_cache_usage: float | None = None
 
     @property
     def pending(self) -> int:
-        return max(self.inflight, self.engine_running + self.engine_waiting)
+        """Requests on the replica: ours in flight plus others' the engine reported."""
+        return self.inflight + self.external
 
 
 def prefix_key(request: GenerationRequest, chars: int) -> str | None:
@@ -108,6 +112,7 @@ class Balancer:
         total = sum(c.pending for c in candidates) + 1
         total_capacity = sum(max(1, c.capacity) for c in candidates)
         eps = self._settings.load_bound
+        room_elsewhere = any(c.pending < c.capacity for c in candidates)
         start = bisect.bisect_left(self._points, _point(key))
         seen: set[str] = set()
         n = len(self._owners)
@@ -118,7 +123,8 @@ class Balancer:
             seen.add(name)
             c = by_name[name]
             bound = math.ceil((1.0 + eps) * total * max(1, c.capacity) / total_capacity)
-            if c.pending + 1 <= bound:
+            full = c.pending >= c.capacity
+            if c.pending + 1 <= bound and not (full and room_elsewhere):
                 return c
             if len(seen) == len(by_name):
                 break

@@ -197,6 +197,7 @@ class ReplicaPool:
                 replica.inflight -= 1
                 await _aclose(events)
                 raise
+            replica.served += 1
             try:
                 yield first
                 async for event in events:

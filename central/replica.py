@@ -83,7 +83,9 @@ class Replica:
         self.engine = engine_factory(self.endpoint)
         self.state = ReplicaState.STARTING
         self.inflight = 0
+        self.served = 0
         self.load: ReplicaLoad | None = None
+        self._inflight_at_scrape = 0
         self.restarts = 0
         self.last_exit: int | None = None
         self._failures = 0
@@ -106,12 +108,14 @@ class Replica:
 
     def candidate(self) -> Candidate:
         load = self.load or ReplicaLoad()
+        # The engine's count includes our own requests as of the scrape; what
+        # it reported beyond those is other clients' traffic.
+        external = max(0, load.running + load.waiting - self._inflight_at_scrape)
         return Candidate(
             name=self.name,
             capacity=self.capacity,
             inflight=self.inflight,
-            engine_running=load.running,
-            engine_waiting=load.waiting,
+            external=external,
             kv_cache_usage=load.kv_cache_usage,
         )
 
@@ -149,6 +153,7 @@ class Replica:
             "last_exit": self.last_exit,
             "capacity": self.capacity,
             "inflight": self.inflight,
+            "served": self.served,
             "engine_running": load.running if load else None,
             "engine_waiting": load.waiting if load else None,
             "kv_cache_usage": load.kv_cache_usage if load else None,
@@ -212,10 +217,12 @@ class Replica:
     async def _scrape(self) -> bool:
         if self.endpoint.load_source == "none":
             return True
+        inflight = self.inflight
         load = await self._probe.load(self.endpoint)
         if load is None:
             return False
         self.load = load
+        self._inflight_at_scrape = min(inflight, self.inflight)
         report = load.report
         return report is None or (report.ready and not report.draining)
 

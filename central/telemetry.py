@@ -39,6 +39,9 @@ class ReplicaCollector(Collector):
             "KV-cache fullness the engine reports (0-1).",
             labels=names,
         )
+        served = CounterMetricFamily(
+            "central_replica_requests", "Requests the replica started answering.", labels=names
+        )
         restarts = CounterMetricFamily(
             "central_replica_restarts", "Times the replica process was restarted.", labels=names
         )
@@ -46,6 +49,7 @@ class ReplicaCollector(Collector):
             values = [*base, replica.name, replica.spec.kind]
             healthy.add_metric(values, int(replica.healthy))
             inflight.add_metric(values, replica.inflight)
+            served.add_metric(values, replica.served)
             restarts.add_metric(values, replica.restarts)
             load = replica.load
             if load is not None:
@@ -59,4 +63,4 @@ class ReplicaCollector(Collector):
             labels=list(self._labels),
         )
         retries.add_metric(base, self._pool.retries)
-        yield from (healthy, inflight, running, waiting, kv, restarts, retries)
+        yield from (healthy, inflight, running, waiting, kv, served, restarts, retries)

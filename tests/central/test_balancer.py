@@ -24,14 +24,15 @@ def _chat(*contents: str) -> GenerationRequest:
 def test_least_loaded_wins_without_a_prefix() -> None:
     b = _balancer()
     cands = [Candidate("a", 4, inflight=3), Candidate("b", 4, inflight=1), Candidate("c", 4, 2)]
+    assert [c.pending for c in cands] == [3, 1, 2]
     assert b.choose(cands, None) == cands[1]
 
 
-def test_engine_reported_load_counts_when_larger_than_ours() -> None:
+def test_other_clients_traffic_counts() -> None:
     b = _balancer()
-    # b looks idle from here but its engine is queueing other clients' work.
+    # b looks idle from here but its engine is busy with other clients' work.
     a = Candidate("a", 4, inflight=1)
-    busy = Candidate("b", 4, inflight=0, engine_running=4, engine_waiting=3)
+    busy = Candidate("b", 4, inflight=0, external=7)
     assert b.choose([a, busy], None) == a
 
 
@@ -86,6 +87,21 @@ def test_hot_prefix_spills_once_its_home_exceeds_the_bound() -> None:
     # Within the bound the prefix stays home even though home is busier.
     loads = {n: (2 if n == home.name else 1) for n in NAMES}
     cands = [Candidate(n, 8, inflight=loads[n]) for n in NAMES]
+    assert b.choose(cands, key).name == home.name  # type: ignore[union-attr]
+
+
+def test_a_full_home_is_passed_over_while_another_replica_has_room() -> None:
+    b = _balancer(load_bound=0.25)
+    key = "prefix"
+    home = b.choose([Candidate("a", 1), Candidate("b", 1)], key)
+    assert home is not None
+    other = "b" if home.name == "a" else "a"
+    # Within the (1+ε) bound (ceil(1.25 * 2/2) = 2) but already running its one
+    # sequence, while the other replica is idle: the request goes there.
+    cands = [Candidate(home.name, 1, inflight=1), Candidate(other, 1)]
+    assert b.choose(cands, key).name == other  # type: ignore[union-attr]
+    # When every replica is full the prefix goes home and queues there.
+    cands = [Candidate(home.name, 1, inflight=1), Candidate(other, 1, inflight=1)]
     assert b.choose(cands, key).name == home.name  # type: ignore[union-attr]
 
 
