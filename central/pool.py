@@ -25,7 +25,7 @@ import httpx
 
 from central.balancer import Balancer, prefix_key
 from central.replica import EngineFactory, Replica
-from central.scrape import LoadProbe
+from central.scrape import ReplicaProbe
 from central.settings import CentralSettings
 from servekit.engine.protocol import GenerationEvent, GenerationRequest, LoadReport
 from servekit.errors import EngineFailure, NotReady, ServeError, UpstreamUnavailable
@@ -48,7 +48,7 @@ class ReplicaPool:
     ) -> None:
         self._settings = settings
         self._client = httpx.AsyncClient()
-        self._probe = LoadProbe(self._client, settings.supervision.probe_timeout_s)
+        self._probe = ReplicaProbe(self._client, settings.supervision.probe_timeout_s)
         self._on_capacity = on_capacity
         self._wait_s = wait_for_replica_s
         self._changed = asyncio.Event()

@@ -22,7 +22,7 @@ from typing import Any
 
 from central.balancer import Candidate
 from central.commands import Endpoint, build_plan, endpoint_for_url
-from central.scrape import LoadProbe, ReplicaLoad
+from central.scrape import ReplicaLoad, ReplicaProbe
 from central.settings import SupervisionSettings
 from central.specs import ReplicaSpec as AnySpec
 from central.specs import UrlReplica
@@ -61,7 +61,7 @@ class Replica:
         model_name: str,
         version: str = "",
         supervision: SupervisionSettings,
-        probe: LoadProbe,
+        probe: ReplicaProbe,
         engine_factory: EngineFactory,
         on_change: Callable[[], None] = lambda: None,
     ) -> None:

@@ -26,8 +26,8 @@ from central.commands import Endpoint
 from servekit.engine.protocol import LoadReport
 
 __all__ = [
-    "LoadProbe",
     "ReplicaLoad",
+    "ReplicaProbe",
     "parse_load_report",
     "parse_trtllm_stats",
     "parse_vllm_metrics",
@@ -110,7 +110,7 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
-class LoadProbe:
+class ReplicaProbe:
     """Health checks and load scrapes over one shared client."""
 
     def __init__(self, client: httpx.AsyncClient, timeout_s: float = 2.0) -> None:

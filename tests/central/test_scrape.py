@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from central.commands import Endpoint
-from central.scrape import LoadProbe, parse_trtllm_stats, parse_vllm_metrics
+from central.scrape import ReplicaProbe, parse_trtllm_stats, parse_vllm_metrics
 from servekit.engine.protocol import LoadReport
 
 VLLM_V1_METRICS = """\
@@ -123,7 +123,7 @@ def _ep(host: str, source: str) -> Endpoint:
 @pytest.mark.anyio
 async def test_probe_reads_each_engine_kind() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(_handler)) as client:
-        probe = LoadProbe(client)
+        probe = ReplicaProbe(client)
         vllm = await probe.load(_ep("vllm", "vllm"))
         assert vllm is not None
         assert (vllm.running, vllm.waiting) == (7, 3)
@@ -140,7 +140,7 @@ async def test_probe_reads_each_engine_kind() -> None:
 @pytest.mark.anyio
 async def test_probe_failures_are_answers_not_exceptions() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(_handler)) as client:
-        probe = LoadProbe(client)
+        probe = ReplicaProbe(client)
         assert await probe.healthy(_ep("vllm", "vllm")) is True
         assert await probe.healthy(_ep("sick", "vllm")) is False
         assert await probe.healthy(_ep("down", "vllm")) is False
