@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 import yaml
 
 from central.specs import LlamaCppReplica, TrtllmReplica, UrlReplica, VllmReplica
+from servekit.engine.llama import LlamaSettings
 
 if TYPE_CHECKING:
     from central.settings import CentralSettings
@@ -31,6 +32,7 @@ __all__ = [
     "LoadSource",
     "build_plan",
     "endpoint_for_url",
+    "llama_settings",
     "llamacpp_plan",
     "print_commands",
     "trtllm_plan",
@@ -163,14 +165,7 @@ def llamacpp_settings(
     It answers to the gateway's model name, accepts no aliases and keeps a
     small queue of its own: the gateway's queue is where priorities apply.
     """
-    engine: dict[str, Any] = {
-        "kind": "llama",
-        "model_path": str(spec.model_path.resolve()),
-        "model_name": model_name,
-        "n_ctx": spec.n_ctx,
-    }
-    if spec.n_threads is not None:
-        engine["n_threads"] = spec.n_threads
+    engine: dict[str, Any] = {"kind": "llama", **_llama_fields(spec, model_name)}
     base: dict[str, Any] = {
         "server": {"host": spec.host, "port": port, "log_level": "warning"},
         "instance": {"id": f"central-{spec.name}", "region": "center", "version": version},
@@ -179,6 +174,24 @@ def llamacpp_settings(
         "aliases": [],
     }
     return _deep_merge(base, spec.edge_settings)
+
+
+def _llama_fields(spec: LlamaCppReplica, model_name: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "model_path": str(spec.model_path.resolve()),
+        "model_name": model_name,
+        "n_ctx": spec.n_ctx,
+    }
+    if spec.n_threads is not None:
+        fields["n_threads"] = spec.n_threads
+    return fields
+
+
+def llama_settings(spec: LlamaCppReplica, *, model_name: str) -> LlamaSettings:
+    """Settings of the in-process engine for an ``inprocess`` stand-in."""
+    engine = dict(spec.edge_settings.get("engine") or {})
+    engine.pop("kind", None)
+    return LlamaSettings.model_validate(_deep_merge(_llama_fields(spec, model_name), engine))
 
 
 def llamacpp_plan(
@@ -249,6 +262,9 @@ def print_commands(settings: CentralSettings, out: TextIO) -> None:
         out.write(f"# {spec.name} ({spec.kind})\n")
         if isinstance(spec, UrlReplica):
             out.write(f"# already running at {spec.url}; probed, not launched\n\n")
+            continue
+        if isinstance(spec, LlamaCppReplica) and spec.mode == "inprocess":
+            out.write(f"# in-process llama.cpp engine in the gateway: {spec.model_path}\n\n")
             continue
         if not spec.port:
             out.write("# port 0: a free port is picked when the gateway starts\n")

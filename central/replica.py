@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from central.balancer import Candidate
-from central.commands import Endpoint, build_plan, endpoint_for_url
+from central.commands import Endpoint, build_plan, endpoint_for_url, llama_settings
 from central.scrape import ReplicaLoad, ReplicaProbe
 from central.settings import SupervisionSettings
+from central.specs import LlamaCppReplica, UrlReplica
 from central.specs import ReplicaSpec as AnySpec
-from central.specs import UrlReplica
 from central.supervisor import Backoff, LaunchFailed, ReplicaProcess
+from servekit.engine.llama import LlamaCppEngine
 from servekit.engine.protocol import Engine
 
 __all__ = ["EngineFactory", "Replica", "ReplicaState"]
@@ -70,8 +71,15 @@ class Replica:
         self._sup = supervision
         self._probe = probe
         self.process: ReplicaProcess | None = None
+        self._local: Engine | None = None
+        self._local_start: asyncio.Task[None] | None = None
         if isinstance(spec, UrlReplica):
             self.endpoint = endpoint_for_url(spec, model_name=model_name)
+        elif isinstance(spec, LlamaCppReplica) and spec.mode == "inprocess":
+            self.endpoint = Endpoint(f"inprocess://{spec.name}", model_name, 1, "none", "")
+            self._local = LlamaCppEngine(
+                llama_settings(spec, model_name=model_name), version=version
+            )
         else:
             port = spec.port or _free_port(spec.host)
             run_dir = Path(supervision.log_dir)
@@ -80,7 +88,7 @@ class Replica:
             )
             self.endpoint = plan.endpoint
             self.process = ReplicaProcess(spec.name, plan, run_dir / f"{spec.name}.log")
-        self.engine = engine_factory(self.endpoint)
+        self.engine = self._local or engine_factory(self.endpoint)
         self.state = ReplicaState.STARTING
         self.inflight = 0
         self.served = 0
@@ -130,6 +138,8 @@ class Replica:
         """Supervise until cancelled."""
         if self.process is not None:
             await self._launch()
+        elif self._local is not None:
+            self._local_start = asyncio.create_task(self._local.start())
         while True:
             await self._tick()
             healthy = self.state is ReplicaState.HEALTHY
@@ -140,6 +150,9 @@ class Replica:
         self._set(ReplicaState.STOPPED)
         if self.process is not None:
             await self.process.stop(self._sup.stop_timeout_s)
+        if self._local_start is not None:
+            self._local_start.cancel()
+            await asyncio.gather(self._local_start, return_exceptions=True)
 
     def status(self) -> dict[str, Any]:
         load = self.load
@@ -183,8 +196,10 @@ class Replica:
         if proc is not None and not proc.alive:
             await self._restart(proc)
             return
+        if self._local_start is not None and self._local_start.done():
+            await self._local_failed(self._local_start)
         if self.state is ReplicaState.STARTING:
-            if await self._probe.healthy(self.endpoint):
+            if await self._healthy_now():
                 waited = time.monotonic() - self._started
                 log.info("replica %s healthy after %.1fs", self.name, waited)
                 self._failures = 0
@@ -201,7 +216,7 @@ class Replica:
         now = time.monotonic()
         if not ok or now - self._last_health >= self._sup.health_interval_s:
             self._last_health = now
-            ok = await self._probe.healthy(self.endpoint)
+            ok = await self._healthy_now()
         if ok:
             if self.state is not ReplicaState.HEALTHY:
                 log.info("replica %s healthy again; back in rotation", self.name)
@@ -214,11 +229,35 @@ class Replica:
                             self._failures)  # fmt: skip
                 self._set(ReplicaState.UNHEALTHY)
 
+    async def _healthy_now(self) -> bool:
+        if self._local is not None:
+            return await self._local.ready()
+        return await self._probe.healthy(self.endpoint)
+
+    async def _read_load(self) -> ReplicaLoad | None:
+        if self._local is not None:
+            report = self._local.load()
+            return ReplicaLoad(running=report.running, waiting=report.waiting, report=report)
+        return await self._probe.load(self.endpoint)
+
+    async def _local_failed(self, task: asyncio.Task[None]) -> None:
+        """The in-process engine's start finished; if it failed, retry after a backoff."""
+        error = None if task.cancelled() else task.exception()
+        if error is None or self._local is None:
+            return
+        delay = self._backoff.delay(0.0)
+        log.error("replica %s failed to load (%s); retrying in %.1fs", self.name, error, delay)
+        self._set(ReplicaState.RESTARTING)
+        await asyncio.sleep(delay)
+        self.restarts += 1
+        self._set(ReplicaState.STARTING)
+        self._local_start = asyncio.create_task(self._local.start())
+
     async def _scrape(self) -> bool:
-        if self.endpoint.load_source == "none":
+        if self.endpoint.load_source == "none" and self._local is None:
             return True
         inflight = self.inflight
-        load = await self._probe.load(self.endpoint)
+        load = await self._read_load()
         if load is None:
             return False
         self.load = load

@@ -210,20 +210,24 @@ class TrtllmReplica(_GpuSpec):
 
 
 class LlamaCppReplica(_Spec):
-    """The CPU stand-in: the edge agent serving a GGUF file, run as a subprocess.
+    """The CPU stand-in: a GGUF file served by llama.cpp.
 
-    It goes through the same path as a GPU engine (process, port, health, load
-    scrape, OpenAI HTTP), so a laptop exercises what production runs.
+    ``subprocess`` (the default) runs the edge agent as a child process and so
+    goes through the same path as a GPU engine (process, port, health, load
+    scrape, OpenAI HTTP): a laptop exercises what production runs.
+    ``inprocess`` loads the shared in-process engine into the gateway itself.
     """
 
     kind: Literal["llamacpp"] = "llamacpp"
+    mode: Literal["subprocess", "inprocess"] = "subprocess"
     model_path: Path = Field(description="GGUF file to serve.")
     n_ctx: int = Field(2048, ge=64)
     n_threads: int | None = Field(None, ge=1)
     max_waiting: int = Field(16, ge=0, description="The stand-in's own queue length.")
     edge_settings: dict[str, Any] = Field(
         default_factory=dict,
-        description="More edge-agent settings, deep-merged into its generated config file.",
+        description="More edge-agent settings, deep-merged into its generated config file "
+        "(in-process: only its `engine` block applies).",
     )
 
     @property

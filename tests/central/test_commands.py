@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
-from central.commands import build_plan, trtllm_options
+from central.cli import main
+from central.commands import build_plan, llama_settings, trtllm_options
 from central.settings import load
 from central.specs import LlamaCppReplica, TrtllmReplica, VllmReplica
 from edge_agent.settings import EdgeSettings
@@ -170,3 +172,40 @@ def test_cpu_config_runs_the_edge_agent_as_a_subprocess(tmp_path: Path) -> None:
     assert (edge.server.host, edge.server.port) == ("127.0.0.1", 18001)
     assert edge.aliases == []
     assert edge.instance.version == "q4_1"
+
+
+def test_in_process_stand_in_settings(tmp_path: Path) -> None:
+    spec = LlamaCppReplica(
+        name="local",
+        mode="inprocess",
+        model_path=Path("models/x.gguf"),
+        n_ctx=512,
+        edge_settings={"engine": {"kind": "llama", "warmup_tokens": 0}},
+    )
+    settings = llama_settings(spec, model_name="m")
+    assert settings.model_name == "m"
+    assert settings.n_ctx == 512
+    assert settings.warmup_tokens == 0
+    assert settings.model_path.is_absolute()
+
+
+def test_cli_print_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["print-commands", "--config", str(CONFIGS / "central-h100-vllm.yaml")]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("CUDA_VISIBLE_DEVICES=")]
+    assert len(lines) == 2
+    assert lines[0].startswith("CUDA_VISIBLE_DEVICES=0,1,2,3 vllm serve Qwen/Qwen2.5-72B-Instruct ")
+    assert '--speculative-config \'{"method":"draft_model"' in lines[0]
+    assert main(["print-commands", "--config", str(CONFIGS / "central-cpu.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "# port 0: a free port is picked when the gateway starts" in out
+    assert "-m edge_agent serve --config" in out
+
+
+def test_cli_rejects_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"model": "m", "replicas": [{"name": "a", "kind": "vllm"}]}))
+    assert main(["print-commands", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("central: invalid settings")
+    assert f"{bad}: replicas.0.vllm.gpus: Field required" in err

@@ -211,3 +211,48 @@ def test_killed_replica_is_removed_restarted_and_no_request_is_lost(gateway: str
     assert codes
     assert set(codes) == {200}
     assert _chat(gateway, "Still there?").status_code == 200
+
+
+def test_in_process_replica_beside_a_url_replica(model_path: Path, tmp_path: Path) -> None:
+    from central.app import create_app
+    from central.settings import CentralSettings
+    from tests.central.engine_double import create_double
+    from tests.support.servers import UvicornThread, wait_ready
+
+    with UvicornThread(create_double(MODEL)) as double:
+        local_spec = {
+            "name": "local",
+            "kind": "llamacpp",
+            "mode": "inprocess",
+            "model_path": str(model_path),
+            "n_ctx": 512,
+            "n_threads": 1,
+        }
+        remote_spec = {"name": "remote", "kind": "url", "url": double.url, "load_source": "vllm"}
+        supervision = {"health_interval_s": 0.1, "scrape_interval_s": 0.1, "log_dir": tmp_path}
+        settings = CentralSettings.model_validate(
+            {"model": MODEL, "replicas": [local_spec, remote_spec], "supervision": supervision}
+        )
+        with UvicornThread(create_app(settings)) as gw:
+            wait_ready(gw.url, timeout=60)
+            _wait(lambda: _all_healthy(gw.url), 60, "both replicas healthy")
+            local = _replicas(gw.url)["local"]
+            assert local["pid"] is None
+            assert local["url"] == "inprocess://local"
+            # Two at once: one lands on each replica (both have room for one).
+            texts: list[str] = []
+            barrier = threading.Barrier(2)
+
+            def one(q: str) -> None:
+                barrier.wait()
+                texts.append(_chat(gw.url, q).json()["choices"][0]["message"]["content"])
+
+            threads = [threading.Thread(target=one, args=(q,)) for q in ("A?", "B?")]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            served = {n: r["served"] for n, r in _replicas(gw.url).items()}
+    assert served == {"local": 1, "remote": 1}
+    assert "Hello from the double" in texts
+    assert len(texts) == 2
