@@ -171,6 +171,8 @@ class Replica:
             "engine_waiting": load.waiting if load else None,
             "kv_cache_usage": load.kv_cache_usage if load else None,
             "gpus": list(getattr(self.spec, "gpus", [])),
+            "command": self.process.plan.shell() if self.process is not None else None,
+            "log": str(self.process.log_path) if self.process is not None else None,
         }
 
     # -- internals ---------------------------------------------------------

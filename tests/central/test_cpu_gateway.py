@@ -151,7 +151,10 @@ def test_replica_http_engine_and_scrapes_end_to_end(gateway: str) -> None:
     from central.scrape import ReplicaProbe
     from servekit.engine.protocol import Finish, GenerationRequest, Message, SamplingParams
 
-    url = next(iter(_replicas(gateway).values()))["url"]
+    replica = next(iter(_replicas(gateway).values()))
+    url = replica["url"]
+    assert " -m edge_agent serve --config " in replica["command"]
+    assert replica["log"].endswith(".log")
 
     async def run() -> None:
         async with httpx.AsyncClient() as client:
