@@ -51,6 +51,7 @@ class Endpoint:
     capacity: int
     load_source: LoadSource
     health_path: str = "/health"
+    send_priority: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +109,13 @@ def vllm_plan(spec: VllmReplica, *, port: int, model_name: str) -> LaunchPlan:
     if spec.speculative is not None:
         spec_json = json.dumps(spec.speculative.as_vllm_json(), separators=(",", ":"))
         argv += ["--speculative-config", spec_json]
+    if spec.scheduling_policy is not None:
+        argv += ["--scheduling-policy", spec.scheduling_policy]
     argv += spec.extra_args
-    endpoint = Endpoint(_url(spec.host, port), served, spec.capacity, "vllm")
+    priority = spec.scheduling_policy == "priority"
+    endpoint = Endpoint(
+        _url(spec.host, port), served, spec.capacity, "vllm", send_priority=priority
+    )
     return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env))
 
 
@@ -238,6 +244,7 @@ def endpoint_for_url(spec: UrlReplica, *, model_name: str) -> Endpoint:
         spec.capacity,
         spec.load_source,
         spec.health_path,
+        spec.send_priority,
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -174,7 +175,7 @@ class ReplicaPool:
                     await asyncio.wait_for(self._changed.wait(), left)
                 continue
             replica.inflight += 1
-            events = replica.engine.generate(request)
+            events = replica.engine.generate(_for_replica(request, replica))
             try:
                 first = await anext(events)
             except ServeError as exc:
@@ -206,6 +207,13 @@ class ReplicaPool:
                 replica.inflight -= 1
                 await _aclose(events)
             return
+
+
+def _for_replica(request: GenerationRequest, replica: Replica) -> GenerationRequest:
+    """The request as this replica takes it (vLLM's own priority field when it schedules by it)."""
+    if not replica.endpoint.send_priority:
+        return request
+    return dataclasses.replace(request, extra={**request.extra, "priority": int(request.priority)})
 
 
 async def _aclose(events: AsyncIterator[GenerationEvent]) -> None:

@@ -126,6 +126,11 @@ class VllmReplica(_GpuSpec):
     max_model_len: int | None = Field(None, ge=1)
     gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
     speculative: SpeculativeSpec | None = None
+    scheduling_policy: Literal["fcfs", "priority"] | None = Field(
+        None,
+        description="`priority`: the engine orders its queue by each request's priority "
+        "field, which the gateway then sets from X-Priority (interactive 0, batch 1).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> VllmReplica:
@@ -248,6 +253,9 @@ class UrlReplica(_Spec):
     )
     health_path: str = "/health"
     capacity: int = Field(1, ge=1, description="Sequences it runs at once (for balancing).")
+    send_priority: bool = Field(
+        False, description="Set the request body's `priority` (vLLM --scheduling-policy priority)."
+    )
 
 
 ReplicaSpec = Annotated[

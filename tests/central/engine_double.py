@@ -5,7 +5,8 @@ serving layer over a scripted engine, so its ``/health``, ``/metrics``
 (``vllm:num_requests_running`` / ``_waiting`` gauges) and SSE are what a
 replica looks like on the wire. Prompts starting with ``HOLD`` block until
 ``POST /release``; ``POST /fail?n=N`` makes the next N generations fail before
-their first token. Every prompt is recorded, in arrival order, at ``/arrivals``.
+their first token. Every prompt is recorded, in arrival order, at ``/arrivals``,
+and the body's ``priority`` field (vLLM's) at ``/priorities``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ScriptedEngine:
         self.model_name = model
         self.capacity = 64
         self.arrivals: list[str] = []
+        self.priorities: list[Any] = []
         self.fail_next = 0
         self.release = asyncio.Event()
 
@@ -59,6 +61,7 @@ class ScriptedEngine:
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         text = request.messages[-1].content if request.messages else (request.prompt or "")
         self.arrivals.append(text)
+        self.priorities.append(request.extra.get("priority"))
         if self.fail_next > 0:
             self.fail_next -= 1
             raise EngineFailure("scripted failure")
@@ -105,5 +108,9 @@ def create_double(model: str) -> FastAPI:
     @app.get("/arrivals")
     async def arrivals() -> list[str]:
         return engine.arrivals
+
+    @app.get("/priorities")
+    async def priorities() -> list[Any]:
+        return engine.priorities
 
     return app

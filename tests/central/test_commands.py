@@ -42,7 +42,9 @@ def test_vllm_h100_config_command_lines(tmp_path: Path) -> None:
         "--gpu-memory-utilization", "0.92",
         "--speculative-config",
         '{"method":"draft_model","model":"Qwen/Qwen2.5-7B-Instruct","num_speculative_tokens":3}',
+        "--scheduling-policy", "priority",
     )  # fmt: skip
+    assert first.endpoint.send_priority
     assert first.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert plans[1].env == {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
     assert "8002" in plans[1].argv

@@ -223,6 +223,24 @@ def test_interactive_goes_first_and_batch_is_not_starved(
     assert order == ["HOLD", "inter-1", "batch-1", "inter-2"]
 
 
+def test_priority_reaches_replicas_that_schedule_by_it(
+    doubles: tuple[UvicornThread, UvicornThread],
+    gateway_factory: Callable[[CentralSettings], str],
+    tmp_path: Path,
+) -> None:
+    a, b = doubles
+    settings = _settings(tmp_path, [a.url, b.url])
+    settings.replicas[0].send_priority = True  # type: ignore[union-attr]
+    gw = gateway_factory(settings)
+    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    for priority in ("batch", "interactive", None):
+        assert _chat(gw, _prompt_homed_on(settings, "r0"), priority=priority).status_code == 200
+        assert _chat(gw, _prompt_homed_on(settings, "r1"), priority=priority).status_code == 200
+    # vLLM's `priority`: lower is served first; only r0 is configured to get it.
+    assert httpx.get(a.url + "/priorities").json() == [1, 0, 0]
+    assert httpx.get(b.url + "/priorities").json() == [None, None, None]
+
+
 def test_unhealthy_replica_leaves_rotation_and_rejoins(
     gateway_factory: Callable[[CentralSettings], str], tmp_path: Path
 ) -> None:
