@@ -45,13 +45,12 @@ class ReplicaPool:
         engine_factory: EngineFactory,
         *,
         on_capacity: Callable[[int], None] = lambda _slots: None,
-        wait_for_replica_s: float = 5.0,
     ) -> None:
         self._settings = settings
         self._client = httpx.AsyncClient()
         self._probe = ReplicaProbe(self._client, settings.supervision.probe_timeout_s)
         self._on_capacity = on_capacity
-        self._wait_s = wait_for_replica_s
+        self._wait_s = settings.supervision.dispatch_wait_s
         self._changed = asyncio.Event()
         self.replicas = [
             Replica(

@@ -66,6 +66,9 @@ class SupervisionSettings(_Section):
         60.0, gt=0.0, description="Uptime after which the restart backoff resets."
     )
     stop_timeout_s: float = Field(30.0, gt=0.0, description="SIGTERM grace before SIGKILL.")
+    dispatch_wait_s: float = Field(
+        5.0, ge=0.0, description="How long a request waits for some replica to be healthy."
+    )
     log_dir: Path = Field(Path("logs/central"), description="Replica logs and generated files.")
 
 

@@ -241,6 +241,20 @@ def test_priority_reaches_replicas_that_schedule_by_it(
     assert httpx.get(b.url + "/priorities").json() == [None, None, None]
 
 
+def test_no_healthy_replica_is_503_with_retry_after(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [f"http://127.0.0.1:{free_port()}"])
+    settings.supervision.dispatch_wait_s = 0.2
+    app = create_app(settings)
+    with UvicornThread(app) as gw:
+        ready = httpx.get(gw.url + "/ready")
+        assert ready.status_code == 503
+        r = _chat(gw.url, "anyone?")
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "not_ready"
+        assert int(r.headers["retry-after"]) >= 1
+        assert _replicas(gw.url)["r0"]["state"] == "starting"
+
+
 def test_unhealthy_replica_leaves_rotation_and_rejoins(
     gateway_factory: Callable[[CentralSettings], str], tmp_path: Path
 ) -> None:
