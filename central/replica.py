@@ -263,7 +263,10 @@ class Replica:
         if load is None:
             return False
         self.load = load
-        self._inflight_at_scrape = min(inflight, self.inflight)
+        # Requests of ours that started or ended while the scrape was on the
+        # wire may or may not be in its count: assume they are, so our own
+        # traffic is never counted twice as someone else's.
+        self._inflight_at_scrape = max(inflight, self.inflight)
         report = load.report
         return report is None or (report.ready and not report.draining)
 
