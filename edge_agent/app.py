@@ -126,4 +126,6 @@ def create_app(settings: EdgeSettings) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         max_body_bytes=settings.server.max_body_bytes,
+        example_model=settings.engine.model_name,
+        max_tokens_limit=settings.engine.n_ctx,
     )
