@@ -106,6 +106,9 @@ def openai_router() -> APIRouter:
     ) -> Response:
         arrival = _arrival(request)
         core.check_model(body.model)
+        core.check_token_limits(
+            max_tokens=body.max_tokens, max_completion_tokens=body.max_completion_tokens
+        )
         rid = request.headers.get("x-request-id") or new_id("chatcmpl")
         gen = GenerationRequest.from_chat(body, rid, _priority(request))
         return await run_generation(
@@ -122,6 +125,7 @@ def openai_router() -> APIRouter:
     async def completions(body: CompletionRequest, request: Request, core: CoreDep) -> Response:
         arrival = _arrival(request)
         core.check_model(body.model)
+        core.check_token_limits(max_tokens=body.max_tokens)
         rid = request.headers.get("x-request-id") or new_id("cmpl")
         gen = GenerationRequest.from_completion(body, rid, _priority(request))
         return await run_generation(

@@ -22,7 +22,7 @@ def test_schemathesis_all_checks_find_nothing(model_path: Any, tmp_path: Path) -
         f"""
 server: {{host: 127.0.0.1, port: {port}, log_level: warning}}
 instance: {{id: edge-st, region: test, version: v1}}
-engine: {{model_path: {model_path}, model_name: smol, n_ctx: 512, n_threads: 2,
+engine: {{model_path: {model_path}, model_name: smol, n_ctx: 256, n_threads: 2,
           warmup_tokens: 1, default_max_tokens: 8}}
 admission: {{max_waiting: 64}}
 """
