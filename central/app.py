@@ -52,7 +52,7 @@ class CentralGateway:
             self.registry,
             model=settings.model,
             version=settings.version,
-            region=settings.registration.region,
+            region=settings.instance.region,
             tier="center",
             load=self._load,
         )
@@ -60,7 +60,7 @@ class CentralGateway:
         self.core = ServingCore(
             FixedEngine(self.pool), self.admission, self.metrics, version=settings.version
         )
-        self.registration = Registration(settings, self._load)
+        self.registration = Registration(settings, self._load, self.pool.capacity)
 
     def _load(self) -> LoadReport:
         return self.core.load()
@@ -75,7 +75,9 @@ class CentralGateway:
         await self.registration.start()
 
     def drain(self) -> None:
+        """Stop taking new work and tell the fleet, before connections close."""
         self.core.draining = True
+        self.registration.mark_draining()
 
     async def aclose(self) -> None:
         self.drain()

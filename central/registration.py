@@ -1,14 +1,11 @@
 """Registering the gateway in the fleet registry as tier ``center``.
 
-The gateway registers one instance (its own address, the public model name,
-the replicas' total capacity) and heartbeats the aggregate load report, so
-the geo router sees the center's queue depth like any edge's.
-
-HOOK: the registry backends and the shared heartbeat helper
-(``servekit.registry`` Heartbeater) are built on the ``registry`` branch.
-Until they are on main, :meth:`Registration.start` only logs that
-registration was asked for; :func:`center_instance` already builds what will
-be registered.
+With a ``registry:`` block in the config the gateway registers one instance
+(its address, the public model name, the replicas' total capacity) and the
+shared :class:`~servekit.registry.Heartbeater` beats the aggregate load
+report (what ``/load`` shows), so the geo router sees the center's queue like
+any edge's; draining is announced before connections close. Without a
+``registry:`` block the gateway runs standalone.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from collections.abc import Callable
 
 from central.settings import CentralSettings
 from servekit.engine.protocol import LoadReport
-from servekit.registry import InstanceInfo
+from servekit.registry import Heartbeater, InstanceInfo, Registry, open_registry
 
 __all__ = ["Registration", "center_instance"]
 
@@ -28,21 +25,15 @@ log = logging.getLogger(__name__)
 
 def center_instance(settings: CentralSettings, capacity: int) -> InstanceInfo:
     """The catalog entry for this gateway."""
-    reg = settings.registration
-    address = settings.server.host
+    address = settings.instance.advertise_address or settings.server.host
     if address in ("0.0.0.0", "::", ""):
         address = socket.gethostname()
-    port = settings.server.port
-    if reg.advertise_url:
-        rest = reg.advertise_url.split("://", 1)[-1].rstrip("/")
-        host, _, port_text = rest.rpartition(":")
-        address, port = (host, int(port_text)) if host and port_text.isdigit() else (rest, port)
     return InstanceInfo(
-        id=reg.instance_id or f"central-{socket.gethostname()}-{settings.server.port}",
+        id=settings.instance.id,
         tier="center",
-        region=reg.region,
+        region=settings.instance.region,
         address=address,
-        port=port,
+        port=settings.server.port,
         model=settings.model,
         version=settings.version,
         capacity=capacity,
@@ -53,17 +44,40 @@ def center_instance(settings: CentralSettings, capacity: int) -> InstanceInfo:
 class Registration:
     """Registration plus load heartbeats for the gateway's lifetime."""
 
-    def __init__(self, settings: CentralSettings, load: Callable[[], LoadReport]) -> None:
+    def __init__(
+        self, settings: CentralSettings, load: Callable[[], LoadReport], capacity: int
+    ) -> None:
         self._settings = settings
         self._load = load
+        self._capacity = capacity
+        self._registry: Registry | None = None
+        self.heartbeater: Heartbeater | None = None
 
     async def start(self) -> None:
-        if not self._settings.registration.enabled:
+        config = self._settings.registry
+        if config is None:
             return
-        log.warning(
-            "registration is enabled but no registry backend is wired into the central "
-            "gateway yet; it serves unregistered (see central/registration.py)"
+        self._registry = await open_registry(config)
+        info = center_instance(self._settings, self._capacity)
+        self.heartbeater = Heartbeater(
+            self._registry,
+            info,
+            self._load,
+            interval_s=config.heartbeat_interval_s,
+            ttl_s=config.ttl_s,
         )
+        await self.heartbeater.start()
+        log.info("registering %s (tier center) at %s", info.id, info.url)
+
+    def mark_draining(self) -> None:
+        """Tell the fleet before connections close (safe from a signal hook)."""
+        if self.heartbeater is not None:
+            self.heartbeater.mark_draining()
 
     async def aclose(self) -> None:
-        return None
+        if self.heartbeater is not None:
+            await self.heartbeater.stop()
+            self.heartbeater = None
+        if self._registry is not None:
+            await self._registry.aclose()
+            self._registry = None

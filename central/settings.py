@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -9,12 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from central.specs import ReplicaSpec
 from servekit.config import load_settings
+from servekit.registry import RegistrySettings
 
 __all__ = [
     "AdmissionSettings",
     "BalancingSettings",
     "CentralSettings",
-    "RegistrationSettings",
+    "InstanceSettings",
     "ServerSettings",
     "SupervisionSettings",
     "load",
@@ -81,16 +83,16 @@ class AdmissionSettings(_Section):
     )
 
 
-class RegistrationSettings(_Section):
-    enabled: bool = False
-    instance_id: str | None = None
-    region: str = "center"
-    advertise_url: str | None = Field(
-        None, description="URL the fleet reaches this gateway at; defaults to server host:port."
+class InstanceSettings(_Section):
+    """Who this gateway is in the fleet registry."""
+
+    id: str = Field(
+        default_factory=lambda: f"central-{socket.gethostname()}",
+        description="Unique instance id.",
     )
-    heartbeat_interval_s: float = Field(2.0, gt=0.0)
-    backend: dict[str, Any] = Field(
-        default_factory=dict, description="Registry backend settings (embedded or consul)."
+    region: str = Field("center", min_length=1, description="Region label (metrics, registry).")
+    advertise_address: str | None = Field(
+        None, description="Address others reach this gateway at (default: server.host)."
     )
 
 
@@ -102,7 +104,10 @@ class CentralSettings(_Section):
     balancing: BalancingSettings = Field(default_factory=BalancingSettings)
     supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
-    registration: RegistrationSettings = Field(default_factory=RegistrationSettings)
+    instance: InstanceSettings = Field(default_factory=InstanceSettings)
+    registry: RegistrySettings | None = Field(
+        None, description="Register as tier `center` and heartbeat here; none means standalone."
+    )
 
     @model_validator(mode="after")
     def _replicas_disjoint(self) -> CentralSettings:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -61,6 +62,8 @@ def gateway(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     config = yaml.safe_load((REPO / "configs" / "central-cpu.yaml").read_text())
     run = tmp_path_factory.mktemp("central-cpu")
     config["supervision"]["log_dir"] = str(run / "logs")
+    config["registry"]["embedded"]["path"] = str(run / "registry.db")
+    config["registry"]["heartbeat_interval_s"] = 0.3
     for replica in config["replicas"]:
         replica["model_path"] = str(model_path)
     path = run / "central-cpu.yaml"
@@ -71,9 +74,23 @@ def gateway(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     with service_process(args, url, ready_timeout=120):
         _wait(lambda: _all_healthy(url), 120, "both replicas healthy")
         yield url
-    # The gateway stopped its replicas on the way out.
-    for log in (run / "logs").glob("*.log"):
-        assert "starting" in log.read_text()
+    # It left the registry on the way out.
+    assert _center_instances(run / "registry.db") == []
+
+
+def _center_instances(path: Path) -> list[Any]:
+    from servekit.registry import RegistrySettings, open_registry
+
+    settings = RegistrySettings.model_validate({"embedded": {"path": str(path)}})
+
+    async def read() -> list[Any]:
+        registry = await open_registry(settings)
+        try:
+            return await registry.instances(tier="center", healthy_only=False)
+        finally:
+            await registry.aclose()
+
+    return anyio.run(read)
 
 
 def test_openai_sdk_against_the_gateway(gateway: str) -> None:
@@ -143,9 +160,28 @@ def test_concurrent_load_spreads_across_replicas(gateway: str) -> None:
     assert sorted(after[n] - before[n] for n in after) == [1, 1]
 
 
-def test_replica_http_engine_and_scrapes_end_to_end(gateway: str) -> None:
-    import anyio
+def test_registered_as_center_with_aggregate_load(
+    gateway: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    db = next(tmp_path_factory.getbasetemp().glob("central-cpu*/registry.db"))
+    found = _center_instances(db)
+    assert [s.info.id for s in found] == ["central-local"]
+    info = found[0].info
+    assert (info.tier, info.region, info.model, info.version) == ("center", "center", MODEL, "q4_1")
+    assert info.url == gateway
+    assert info.capacity == 2
+    assert info.tags == ("llamacpp",)
+    before = found[0].load.requests_ok
+    assert _chat(gateway, "Register me.").status_code == 200
 
+    def beat_carried_it() -> bool:
+        load = _center_instances(db)[0].load
+        return load.requests_ok > before and load.ready and load.capacity == 2
+
+    _wait(beat_carried_it, 10, "a heartbeat with the new request count")
+
+
+def test_replica_http_engine_and_scrapes_end_to_end(gateway: str) -> None:
     from central.commands import Endpoint
     from central.engines import http_engine
     from central.scrape import ReplicaProbe
