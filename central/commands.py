@@ -52,6 +52,7 @@ class Endpoint:
     load_source: LoadSource
     health_path: str = "/health"
     send_priority: bool = False
+    can_continue: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +159,11 @@ def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
     argv += ["--extra_llm_api_options", str(options_file)]
     argv += spec.extra_args
     files = {options_file: yaml.safe_dump(trtllm_options(spec), sort_keys=True)}
-    # trtllm-serve names the model after the path it was given.
-    endpoint = Endpoint(_url(spec.host, port), spec.model, spec.capacity, "trtllm")
+    # trtllm-serve names the model after the path it was given. Its chat API is
+    # not known to take continue_final_message, so answers are not resumed on it.
+    endpoint = Endpoint(
+        _url(spec.host, port), spec.model, spec.capacity, "trtllm", can_continue=False
+    )
     return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env), files)
 
 
@@ -245,6 +249,7 @@ def endpoint_for_url(spec: UrlReplica, *, model_name: str) -> Endpoint:
         spec.load_source,
         spec.health_path,
         spec.send_priority,
+        spec.can_continue,
     )
 
 

@@ -4,8 +4,9 @@ The pool is what the shared serving layer sees as "the engine". Its
 ``generate`` picks a healthy replica with the balancer and delegates to that
 replica's engine; if the replica fails *before its first event* (connection
 refused, a 5xx, its queue full) the same request goes to another replica, so
-a replica dying between health probes costs the client nothing. After the
-first event the stream is the replica's, errors included.
+a replica dying between health probes costs the client nothing. If it dies
+*mid-answer*, the answer goes on from the partial text on another replica
+that can continue a final message (:mod:`central.continuation`).
 
 ``load()`` aggregates the replicas; ``ready()`` is true while at least one
 replica is healthy. ``start()`` launches and supervises the replicas but does
@@ -25,10 +26,11 @@ from typing import Any
 import httpx
 
 from central.balancer import Balancer, prefix_key
+from central.continuation import continuation, merged_finish
 from central.replica import EngineFactory, Replica
 from central.scrape import ReplicaProbe
 from central.settings import CentralSettings
-from servekit.engine.protocol import GenerationEvent, GenerationRequest, LoadReport
+from servekit.engine.protocol import Finish, GenerationEvent, GenerationRequest, LoadReport
 from servekit.errors import EngineFailure, NotReady, ServeError, UpstreamUnavailable
 
 __all__ = ["ReplicaPool"]
@@ -150,8 +152,12 @@ class ReplicaPool:
         self._changed = asyncio.Event()
         self._on_capacity(max(1, self.healthy_capacity))
 
-    def _pick(self, key: str | None, tried: set[str]) -> Replica | None:
-        candidates = [r.candidate() for r in self.replicas if r.healthy and r.name not in tried]
+    def _pick(self, key: str | None, tried: set[str], resuming: bool = False) -> Replica | None:
+        candidates = [
+            r.candidate()
+            for r in self.replicas
+            if r.healthy and r.name not in tried and (r.endpoint.can_continue or not resuming)
+        ]
         chosen = self._balancer.choose(candidates, key)
         return None if chosen is None else self._by_name[chosen.name]
 
@@ -161,10 +167,15 @@ class ReplicaPool:
         tried: set[str] = set()
         last_error: ServeError | None = None
         deadline = time.monotonic() + self._wait_s
+        current = request
+        partial: list[str] = []
+        produced = 0  # tokens the client has been sent
+        carried = 0  # of which the current attempt was given as its prompt's end
         while True:
-            replica = self._pick(key, tried)
+            resuming = bool(partial) or produced > 0
+            replica = self._pick(key, tried, resuming)
             if replica is None:
-                if last_error is not None and len(tried) >= len(self.replicas):
+                if last_error is not None and (resuming or len(tried) >= len(self.replicas)):
                     raise last_error
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -174,38 +185,43 @@ class ReplicaPool:
                     await asyncio.wait_for(self._changed.wait(), left)
                 continue
             replica.inflight += 1
-            events = replica.engine.generate(_for_replica(request, replica))
+            events = replica.engine.generate(_for_replica(current, replica))
+            started = False
             try:
-                first = await anext(events)
+                async for event in events:
+                    if not started:
+                        started = True
+                        replica.served += 1
+                    if isinstance(event, Finish):
+                        yield merged_finish(event, carried) if carried else event
+                        return
+                    partial.append(event.text)
+                    produced += event.tokens
+                    yield event
+                raise EngineFailure(f"replica {replica.name} ended a stream without finishing")
             except ServeError as exc:
-                replica.inflight -= 1
-                await _aclose(events)
                 if not exc.retryable:
                     raise
                 if isinstance(exc, UpstreamUnavailable):
                     replica.mark_unreachable(exc.message)
-                log.info("request %s failed on %s before its first token (%s); retrying",
-                         request.request_id, replica.name, exc.message)  # fmt: skip
                 tried.add(replica.name)
                 last_error = exc
                 self.retries += 1
-                continue
-            except StopAsyncIteration:
-                replica.inflight -= 1
-                raise EngineFailure(f"replica {replica.name} produced no output") from None
-            except BaseException:
-                replica.inflight -= 1
-                await _aclose(events)
-                raise
-            replica.served += 1
-            try:
-                yield first
-                async for event in events:
-                    yield event
+                if not (partial or produced):
+                    log.info("request %s failed on %s before its first token (%s); retrying",
+                             request.request_id, replica.name, exc.message)  # fmt: skip
+                    continue
+                log.warning("request %s broke on %s after %d tokens (%s); continuing elsewhere",
+                            request.request_id, replica.name, produced, exc.message)  # fmt: skip
+                resumed = continuation(request, "".join(partial), produced)
+                if resumed is None:
+                    yield Finish("length", 0, produced)
+                    return
+                current = resumed
+                carried = produced
             finally:
                 replica.inflight -= 1
                 await _aclose(events)
-            return
 
 
 def _for_replica(request: GenerationRequest, replica: Replica) -> GenerationRequest:

@@ -256,6 +256,10 @@ class UrlReplica(_Spec):
     send_priority: bool = Field(
         False, description="Set the request body's `priority` (vLLM --scheduling-policy priority)."
     )
+    can_continue: bool = Field(
+        True,
+        description="It honours continue_final_message, so a broken answer may resume on it.",
+    )
 
 
 ReplicaSpec = Annotated[

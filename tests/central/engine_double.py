@@ -5,7 +5,8 @@ serving layer over a scripted engine, so its ``/health``, ``/metrics``
 (``vllm:num_requests_running`` / ``_waiting`` gauges) and SSE are what a
 replica looks like on the wire. Prompts starting with ``HOLD`` block until
 ``POST /release``; ``POST /fail?n=N`` makes the next N generations fail before
-their first token. Every prompt is recorded, in arrival order, at ``/arrivals``,
+their first token; prompts starting with ``BREAK`` fail after two tokens.
+Every prompt is recorded, in arrival order, at ``/arrivals``,
 and the body's ``priority`` field (vLLM's) at ``/priorities``.
 """
 
@@ -40,6 +41,7 @@ class ScriptedEngine:
         self.capacity = 64
         self.arrivals: list[str] = []
         self.priorities: list[Any] = []
+        self.requests: list[GenerationRequest] = []
         self.fail_next = 0
         self.release = asyncio.Event()
 
@@ -62,11 +64,17 @@ class ScriptedEngine:
         text = request.messages[-1].content if request.messages else (request.prompt or "")
         self.arrivals.append(text)
         self.priorities.append(request.extra.get("priority"))
+        self.requests.append(request)
         if self.fail_next > 0:
             self.fail_next -= 1
             raise EngineFailure("scripted failure")
         if text.startswith("HOLD"):
             await self.release.wait()
+        if text.startswith("BREAK"):
+            # Die mid-answer, after the first two tokens went out.
+            yield TextDelta(TOKENS[0], 1)
+            yield TextDelta(TOKENS[1], 1)
+            raise EngineFailure("scripted crash mid-answer")
         for token in TOKENS:
             yield TextDelta(token, 1)
         yield Finish("stop", prompt_tokens=3, completion_tokens=len(TOKENS))
@@ -108,6 +116,18 @@ def create_double(model: str) -> FastAPI:
     @app.get("/arrivals")
     async def arrivals() -> list[str]:
         return engine.arrivals
+
+    @app.get("/requests")
+    async def requests() -> list[dict[str, Any]]:
+        return [
+            {
+                "messages": [[m.role, m.content] for m in r.messages or ()],
+                "prompt": r.prompt,
+                "continue_final_message": r.continue_final_message,
+                "max_tokens": r.sampling.max_tokens,
+            }
+            for r in engine.requests
+        ]
 
     @app.get("/priorities")
     async def priorities() -> list[Any]:

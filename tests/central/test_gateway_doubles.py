@@ -6,6 +6,7 @@ priority order, failover and health transitions deterministic.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -185,6 +186,42 @@ def test_failure_before_the_first_token_is_retried_on_another_replica(
     r = _chat(gw, text)
     assert r.status_code >= 500
     assert "error" in r.json()
+
+
+def test_an_answer_broken_mid_stream_continues_on_another_replica(
+    doubles: tuple[UvicornThread, UvicornThread],
+    gateway_factory: Callable[[CentralSettings], str],
+    tmp_path: Path,
+) -> None:
+    a, b = doubles
+    gw = gateway_factory(_settings(tmp_path, [a.url, b.url]))
+    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "BREAK please"}],
+        "max_tokens": 10,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", gw + "/v1/chat/completions", json=body) as s:
+        assert s.status_code == 200
+        events = [json.loads(line[6:]) for line in s.iter_lines()
+                  if line.startswith("data: {")]  # fmt: skip
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    # Two tokens from the replica that died, then the rest from the other one,
+    # which was asked to continue the partial assistant message.
+    assert text == "Hello from" + "Hello from the double"
+    assert not any("error" in e for e in events)
+    assert events[-1]["usage"]["completion_tokens"] == 2 + 4
+    calls = httpx.get(a.url + "/requests").json() + httpx.get(b.url + "/requests").json()
+    assert len(calls) == 2
+    resumed = next(c for c in calls if c["continue_final_message"])
+    assert resumed["messages"] == [["user", "BREAK please"], ["assistant", "Hello from"]]
+    assert resumed["max_tokens"] == 8
+    # Non-streaming clients get the whole answer too.
+    r = _chat(gw, "BREAK again", max_tokens=10)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Hello from" + "Hello from the double"
 
 
 def test_interactive_goes_first_and_batch_is_not_starved(
