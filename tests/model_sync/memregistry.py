@@ -17,11 +17,13 @@ class MemRegistry:
         self._data: dict[str, KVEntry] = {}
         self._index = 1
         self._changed = asyncio.Condition()
+        self._changes: dict[str, int] = {}  # key -> index of its last write or delete
         self._locks: dict[str, tuple[LockHandle, float]] = {}
         self._instances: dict[str, tuple[InstanceInfo, LoadReport, float, float]] = {}
 
-    async def _bump(self) -> int:
+    async def _bump(self, key: str = "") -> int:
         self._index += 1
+        self._changes[key] = self._index
         async with self._changed:
             self._changed.notify_all()
         return self._index
@@ -34,7 +36,7 @@ class MemRegistry:
         old = self._data.get(key)
         index = self._index + 1
         self._data[key] = KVEntry(key, value, index, old.create_index if old else index)
-        await self._bump()
+        await self._bump(key)
 
     async def put_if(self, key: str, value: bytes, modify_index: int) -> bool:
         old = self._data.get(key)
@@ -45,7 +47,7 @@ class MemRegistry:
 
     async def delete(self, key: str) -> None:
         if self._data.pop(key, None) is not None:
-            await self._bump()
+            await self._bump(key)
 
     async def list_prefix(self, prefix: str) -> list[KVEntry]:
         return [e for k, e in sorted(self._data.items()) if k.startswith(prefix)]
@@ -54,7 +56,7 @@ class MemRegistry:
         self, prefix: str, index: int, timeout_s: float
     ) -> tuple[int, list[KVEntry]]:
         deadline = time.monotonic() + timeout_s
-        while index and self._index <= index:
+        while index and self._prefix_index(prefix) <= index:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -64,6 +66,9 @@ class MemRegistry:
                 except TimeoutError:
                     break
         return self._index, await self.list_prefix(prefix)
+
+    def _prefix_index(self, prefix: str) -> int:
+        return max((i for k, i in self._changes.items() if k.startswith(prefix)), default=0)
 
     async def acquire_lock(self, key: str, holder: str, ttl_s: float) -> LockHandle | None:
         held = self._locks.get(key)
