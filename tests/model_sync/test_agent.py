@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from model_sync.agent import Reconciler
@@ -14,6 +14,7 @@ from model_sync.modeldir import ModelDir
 from model_sync.records import ActualState
 from model_sync.store import SyncStore
 from servekit.engine.protocol import LoadReport
+from servekit.modelfetch import sha256_file
 from tests.model_sync.helpers import make_artifact, record_for
 from tests.model_sync.memregistry import MemRegistry
 
@@ -29,16 +30,16 @@ class RecordingSwap:
         self.fail = fail or set()
 
     async def __call__(self, path: Path, version: str) -> None:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        digest = await anyio.to_thread.run_sync(sha256_file, path)
         if version in self.fail:
             raise RuntimeError(f"failed to load model from file: {path.name}")
         self.calls.append((version, digest))
 
 
 async def wait_actual(
-    store: SyncStore, node: str, cond: Callable[[ActualState], bool], timeout: float = 10.0
+    store: SyncStore, node: str, cond: Callable[[ActualState], bool], within: float = 10.0
 ) -> ActualState:
-    with anyio.fail_after(timeout):
+    with anyio.fail_after(within):
         while True:
             actual = await store.actual(node)
             if actual is not None and cond(actual):
