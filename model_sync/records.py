@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from model_sync.keys import check_name, check_node_id
 
 __all__ = [
+    "ActiveRollout",
     "ActualState",
     "AliasRecord",
     "ArtifactFormat",
@@ -22,6 +23,7 @@ __all__ = [
     "DesiredState",
     "GateSettings",
     "HistoryEntry",
+    "NodeCounters",
     "NodeState",
     "RolloutPlan",
     "RolloutState",
@@ -73,6 +75,13 @@ class ArtifactRecord(_Doc):
     @classmethod
     def _filename(cls, v: str) -> str:
         return check_name("file name", v)
+
+
+class ActiveRollout(_Doc):
+    """Names the rollout in progress (or the last one); created by compare-and-swap."""
+
+    model: str
+    rollout_id: str
 
 
 class AliasRecord(_Doc):
@@ -185,6 +194,9 @@ class RolloutState(_Doc):
     baseline: dict[str, NodeCounters] = Field(default_factory=dict)
     bake_snapshot: dict[str, NodeCounters] = Field(default_factory=dict)
     reason: str = ""
+    rollback_status: Literal["rolled_back", "aborted"] = "rolled_back"
+    force_pass: bool = Field(False, description="operator promote: pass the next gate")
+    skip_gates: bool = Field(False, description="operator promote --full: no more gates")
     last_gate: dict[str, float | int | str | None] = Field(default_factory=dict)
     outbox: list[HistoryEntry] = Field(default_factory=list)
     updated_at: float = Field(default_factory=time.time)
