@@ -8,6 +8,8 @@ import asyncio
 import time
 import uuid
 
+import anyio
+
 from servekit.engine.protocol import LoadReport
 from servekit.registry.protocol import InstanceInfo, InstanceState, KVEntry, LockHandle, Tier
 
@@ -16,7 +18,7 @@ class MemRegistry:
     def __init__(self) -> None:
         self._data: dict[str, KVEntry] = {}
         self._index = 1
-        self._changed = asyncio.Condition()
+        self._changed = asyncio.Event()  # replaced by a fresh one after each change
         self._changes: dict[str, int] = {}  # key -> index of its last write or delete
         self._locks: dict[str, tuple[LockHandle, float]] = {}
         self._instances: dict[str, tuple[InstanceInfo, LoadReport, float, float]] = {}
@@ -24,8 +26,8 @@ class MemRegistry:
     async def _bump(self, key: str = "") -> int:
         self._index += 1
         self._changes[key] = self._index
-        async with self._changed:
-            self._changed.notify_all()
+        self._changed.set()
+        self._changed = asyncio.Event()
         return self._index
 
     # -- KV ----------------------------------------------------------------
@@ -60,11 +62,8 @@ class MemRegistry:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            async with self._changed:
-                try:
-                    await asyncio.wait_for(self._changed.wait(), left)
-                except TimeoutError:
-                    break
+            with anyio.move_on_after(left):
+                await self._changed.wait()
         return self._index, await self.list_prefix(prefix)
 
     def _prefix_index(self, prefix: str) -> int:
