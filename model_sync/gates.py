@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from string import Template
 from typing import Literal
 
 import httpx
@@ -166,8 +167,9 @@ def judge(
 class PrometheusGate:
     """Gate figures from a Prometheus server instead of the registry.
 
-    Queries are PromQL templates with ``{model}``, ``{version}`` and ``{window}``
-    (the bake length, e.g. ``90s``) placeholders, each returning one scalar.
+    Queries are PromQL templates with ``$model``, ``$version`` and ``$window``
+    (the bake length, e.g. ``90s``) placeholders, each returning one scalar
+    (``string.Template`` syntax, since PromQL itself uses braces).
     """
 
     url: str
@@ -180,7 +182,7 @@ class PrometheusGate:
     ) -> tuple[float | None, float | None]:
         values = []
         for template in (self.error_rate_query, self.ttft_p95_query):
-            query = template.format(
+            query = Template(template).safe_substitute(
                 model=model, version=version, window=f"{max(1, int(window_s))}s"
             )
             values.append(await self._scalar(query))
