@@ -114,7 +114,7 @@ async def test_bad_version_fails_gate_and_rolls_back(tmp_path: Path) -> None:
         "auto-abort:gate failed after canary",
         "rollback-started:gate failed after canary",
         "rolled-back:back on v2",
-    ]  # noqa: E501
+    ]
 
 
 async def test_version_that_fails_to_load_is_rolled_back(tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ async def test_controller_restart_mid_rollout_continues(tmp_path: Path) -> None:
             "edge-a2": "v2",
             "edge-b1": "v1",
             "edge-b2": "v1",
-        }  # noqa: E501
+        }
         async with controlling(fleet.registry, "second"):
             state = await wait_state(fleet.store, "tiny", lambda s: not s.active)
     assert state.status == "completed"
