@@ -122,6 +122,9 @@ class Reconciler:
             path = await self._download(record)
             await self._report(state="loading", target=target, progress=1.0)
             await self.swap(path, target)
+        except _Superseded:
+            log.info("node %s: %s superseded during download", self.node_id, target)
+            return
         except (SourceUnavailable, InsufficientSpace) as exc:
             self._retry_at = time.monotonic() + self.retry_after_s
             await self._failed(target, exc)
@@ -136,8 +139,12 @@ class Reconciler:
         self._collect_garbage(desired.model)
 
     async def _download(self, record: ArtifactRecord) -> Path:
+        """Fetch with progress reports; gives up early (:class:`_Superseded`) when the
+        desired document changes meanwhile, keeping the partial file for later."""
         latest = [0.0]
         failure: Exception | None = None
+        superseded = False
+        key = keys.desired_key(self.node_id)
 
         def on_progress(done: int, total: int) -> None:
             latest[0] = done / total if total else 1.0
@@ -145,9 +152,14 @@ class Reconciler:
         async with anyio.create_task_group() as tg:
 
             async def publish() -> None:
+                nonlocal superseded
                 while True:
                     await anyio.sleep(self.progress_interval_s)
                     await self._report(progress=latest[0])
+                    entry = await self.store.kv.get(key)
+                    if entry is not None and entry.modify_index != self._handled_index:
+                        superseded = True
+                        tg.cancel_scope.cancel()
 
             tg.start_soon(publish)
             try:
@@ -156,6 +168,8 @@ class Reconciler:
                 failure = exc  # raised below, outside the group, as itself
             finally:
                 tg.cancel_scope.cancel()
+        if superseded:
+            raise _Superseded
         if failure is not None:
             raise failure
         return path
@@ -195,3 +209,7 @@ class Reconciler:
             await self._report()
         except RegistryError as exc:
             log.warning("could not report actual state: %s", exc)
+
+
+class _Superseded(Exception):
+    """The desired version changed while this one was downloading."""

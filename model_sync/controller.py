@@ -150,7 +150,13 @@ class Controller:
             failed, waiting = [], []
             for node in wave.nodes:
                 actual = await self.store.actual(node)
-                if actual and actual.state == "failed" and actual.target == plan.version:
+                # A failure reported before this wave was applied is an old attempt's.
+                if (
+                    actual
+                    and actual.state == "failed"
+                    and actual.target == plan.version
+                    and actual.updated_at >= s.step_started_at
+                ):
                     failed.append(f"{node}: {actual.error}")
                 elif not (actual and actual.state == "serving" and actual.version == plan.version):
                     waiting.append(node)

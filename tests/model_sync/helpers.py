@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from model_sync.records import ArtifactRecord
 
 Scope = dict[str, Any]
@@ -68,3 +70,19 @@ class CutConnection:
             await send(message)
 
         await self.app(scope, receive, cut_send)
+
+
+class SlowBody:
+    """ASGI wrapper that sleeps before every response body chunk (a slow link)."""
+
+    def __init__(self, app: Any, delay_s: float) -> None:
+        self.app = app
+        self.delay_s = delay_s
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        async def slow_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                await anyio.sleep(self.delay_s)
+            await send(message)
+
+        await self.app(scope, receive, slow_send)

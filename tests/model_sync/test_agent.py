@@ -9,14 +9,16 @@ import anyio.to_thread
 import pytest
 
 from model_sync.agent import Reconciler
+from model_sync.artifacts import create_app
 from model_sync.download import Downloader
 from model_sync.modeldir import ModelDir
 from model_sync.records import ActualState
 from model_sync.store import SyncStore
 from servekit.engine.protocol import LoadReport
 from servekit.modelfetch import sha256_file
-from tests.model_sync.helpers import make_artifact, record_for
+from tests.model_sync.helpers import SlowBody, make_artifact, record_for
 from tests.model_sync.memregistry import MemRegistry
+from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 
@@ -170,3 +172,23 @@ async def test_rollback_uses_kept_version_and_gc_drops_older(tmp_path: Path) -> 
     assert [v for v, _ in swap.calls] == ["v2", "v3", "v2", "v4"]
     # Serving v4, previous v2 kept for instant rollback, v3 collected.
     assert sorted(ModelDir(tmp_path / "models").installed("tiny")) == ["v2", "v4"]
+
+
+async def test_rollback_during_download_abandons_it(tmp_path: Path) -> None:
+    reg = MemRegistry()
+    store = SyncStore(reg)
+    root = tmp_path / "served"
+    data, _ = make_artifact(root / "m.gguf", 2_000_000)
+    swap = RecordingSwap()
+    with UvicornThread(SlowBody(create_app(root), delay_s=0.05)) as server:
+        await store.register(record_for("tiny", "v2", f"{server.url}/m.gguf", data))
+        async with running(reconciler(reg, tmp_path, swap)):
+            await store.set_desired("edge-1", "tiny", "v2")
+            await wait_actual(store, "edge-1", lambda a: a.state == "downloading")
+            await store.set_desired("edge-1", "tiny", "v1")
+            actual = await wait_actual(
+                store, "edge-1", lambda a: a.state == "serving" and a.target is None
+            )
+    assert actual.version == "v1"
+    assert swap.calls == []
+    assert not (tmp_path / "models" / "tiny" / "v2").exists()

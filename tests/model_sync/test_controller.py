@@ -20,7 +20,7 @@ from tests.model_sync.test_agent import wait_actual
 
 pytestmark = pytest.mark.anyio
 
-GATES = GateSettings(min_requests=20, max_error_rate=0.05, max_error_rate_increase=0.02)
+GATES = GateSettings(min_requests=10, max_error_rate=0.05, max_error_rate_increase=0.02)
 
 
 @asynccontextmanager
