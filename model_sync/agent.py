@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
 from model_sync import keys
 from model_sync.download import Downloader, InsufficientSpace, SourceUnavailable
@@ -32,12 +34,25 @@ from model_sync.store import SyncStore
 from servekit.engine.protocol import LoadReport
 from servekit.registry.protocol import KVStore, RegistryError
 
-__all__ = ["Reconciler", "StatsFn", "SwapFn"]
+__all__ = ["Reconciler", "ReconcilerSettings", "StatsFn", "SwapFn"]
 
 log = logging.getLogger(__name__)
 
 SwapFn = Callable[[Path, str], Awaitable[None]]
 StatsFn = Callable[[], LoadReport]
+
+
+class ReconcilerSettings(BaseModel):
+    """The ``model_sync:`` block of an edge agent's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="Follow nodes/<id>/desired from the registry.")
+    model_dir: Path = Field(Path("var/models"), description="Versioned model directory.")
+    keep_versions: int = Field(2, ge=1, description="Installed versions kept (serving + previous).")
+    reserve_bytes: int = Field(0, ge=0, description="Disk space left free beyond the artifact.")
+    watch_timeout_s: float = Field(10.0, gt=0, description="Blocking watch on desired.")
+    report_interval_s: float = Field(5.0, gt=0, description="Refresh of actual's load figures.")
+    retry_after_s: float = Field(30.0, gt=0, description="Retry after source or disk errors.")
 
 
 class Reconciler:
@@ -82,6 +97,36 @@ class Reconciler:
         self._handled_index = 0
         self._retry_at: float | None = None
         self._last_report = 0.0
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: ReconcilerSettings,
+        kv: KVStore,
+        node_id: str,
+        swap: SwapFn,
+        *,
+        model: str,
+        version: str,
+        stats: StatsFn | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> Reconciler:
+        """Build one from an edge agent's settings; ``client`` is borrowed for downloads."""
+        models = ModelDir(settings.model_dir)
+        return cls(
+            kv,
+            node_id,
+            settings.model_dir,
+            swap,
+            model=model,
+            version=version,
+            downloader=Downloader(models, client=client, reserve_bytes=settings.reserve_bytes),
+            stats=stats,
+            keep_versions=settings.keep_versions,
+            watch_timeout_s=settings.watch_timeout_s,
+            report_interval_s=settings.report_interval_s,
+            retry_after_s=settings.retry_after_s,
+        )
 
     async def run(self) -> None:
         """Watch and reconcile until cancelled; registry outages are waited out."""
