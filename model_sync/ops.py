@@ -131,16 +131,16 @@ async def start_rollout(store: SyncStore, plan: RolloutPlan) -> RolloutState:
     if not await store.kv.put_if(keys.ACTIVE_ROLLOUT, claim.dump(), marker[1] if marker else 0):
         raise ConflictError("another rollout was started at the same moment; try again")
     await store.put(keys.plan_key(plan.model), plan)
-    entry = store.entry(
+    state = RolloutState(rollout_id=plan.id, model=plan.model, version=plan.version)
+    await store.put(keys.rollout_state_key(plan.model), state)
+    await store.set_alias(plan.model, "canary", plan.version)
+    await store.record(
         "rollout-started",
         model=plan.model,
         version=plan.version,
         rollout_id=plan.id,
         detail=" → ".join(f"{w.name} ({len(w.nodes)})" for w in plan.waves),
     )
-    state = RolloutState(rollout_id=plan.id, model=plan.model, version=plan.version, outbox=[entry])
-    await store.put(keys.rollout_state_key(plan.model), state)
-    await store.set_alias(plan.model, "canary", plan.version)
     return state
 
 
@@ -152,20 +152,13 @@ async def _steer(
     def apply(state: RolloutState | None) -> RolloutState | None:
         if state is None or plan is None or not state.active:
             raise ConflictError(f"no active rollout of {model}")
-        new = change(state.model_copy(deep=True))
-        new.outbox.append(
-            store.entry(
-                action,
-                model=model,
-                version=state.version,
-                rollout_id=state.rollout_id,
-                detail=detail,
-            )
-        )
-        return new
+        return change(state.model_copy(deep=True))
 
     result = await store.update(keys.rollout_state_key(model), RolloutState, apply)
     assert result is not None
+    await store.record(
+        action, model=model, version=result.version, rollout_id=result.rollout_id, detail=detail
+    )
     return result
 
 
