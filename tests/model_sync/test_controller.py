@@ -6,10 +6,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from model_sync import ops
 from model_sync.controller import Controller
+from model_sync.gates import PrometheusGate
 from model_sync.plan import build_plan
 from model_sync.records import GateSettings
 from model_sync.store import ConflictError
@@ -17,6 +19,7 @@ from servekit.registry.protocol import Registry
 from tests.model_sync.fleet import Fleet, actions, wait_state
 from tests.model_sync.memregistry import MemRegistry
 from tests.model_sync.test_agent import wait_actual
+from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 
@@ -222,3 +225,32 @@ async def test_operator_abort_and_fleet_rollback(tmp_path: Path) -> None:
     assert (await fleet.store.traffic("tiny")).shares == {"v1": 1.0}
     entries = await fleet.store.history("tiny")
     assert [e.actor for e in entries if e.action in ("abort", "rollback")] == ["alice", "alice"]
+
+
+async def test_prometheus_figures_drive_the_gate(tmp_path: Path) -> None:
+    from tests.model_sync.test_plan_gates import _prometheus_double
+
+    seen: list[str] = []
+    # The registry's counters look perfect; Prometheus says v2 fails 20 %.
+    app = _prometheus_double({'"v2"}[': 0.2, '"v1"}[': 0.0}, seen)
+    fleet = new_fleet(tmp_path)
+    await fleet.publish("v1", "v2")
+    with UvicornThread(app) as server:
+        async with httpx.AsyncClient() as client, fleet.running():
+            gate = PrometheusGate(
+                server.url,
+                'err{version="$version"}[$window]',
+                'ttft{version="$version"}[$window]',
+                client,
+            )
+            controller = Controller(fleet.registry, tick_s=0.03, prometheus=gate)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(controller.run)
+                await start(fleet, "v2", bake_s=0.1)
+                state = await wait_state(fleet.store, "tiny", lambda s: not s.active)
+                tg.cancel_scope.cancel()
+    assert state.status == "rolled_back"
+    assert state.last_gate["source"] == "prometheus"
+    assert state.last_gate["new_error_rate"] == 0.2
+    assert 'err{version="v2"}[1s]' in seen
+    assert fleet.versions() == dict.fromkeys(fleet.versions(), "v1")
