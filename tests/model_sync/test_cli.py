@@ -162,3 +162,19 @@ async def test_rollout_from_the_cli_survives_a_killed_controller(tmp_path: Path)
     assert all(n == 1 for n in counts.values()), counts
     drivers = {e.actor for e in history if e.action.startswith(("wave", "gate"))}
     assert len(drivers) == 2, drivers  # two controller processes, no step done twice
+
+
+def test_serve_artifacts_command(tmp_path: Path) -> None:
+    import httpx
+
+    from tests.support.servers import free_port, service_process
+
+    data, _ = make_artifact(tmp_path / "v2" / "tiny.gguf", 50_000)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["model_sync", "serve-artifacts", str(tmp_path), "--port", str(port)]
+    with service_process(args, url, ready_timeout=60):
+        r = httpx.get(f"{url}/v2/tiny.gguf", headers={"Range": "bytes=10-19"})
+        assert r.status_code == 206
+        assert r.content == data[10:20]
+        assert httpx.get(f"{url}/../etc/passwd").status_code == 404
