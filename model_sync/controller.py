@@ -268,8 +268,9 @@ class Controller:
             return s
         pending = []
         for node in s.touched:
+            back = plan.previous.get(node) or plan.from_version
             actual = await self.store.actual(node)
-            if actual is None or actual.version == plan.version or actual.state != "serving":
+            if actual is None or actual.version != back or actual.state != "serving":
                 pending.append(node)
         timed_out = time.time() - s.step_started_at > plan.converge_timeout_s
         if pending and not timed_out:
