@@ -86,6 +86,17 @@ async def test_prompt_longer_than_context_is_rejected_before_any_event(
     assert info.value.param == "max_tokens"
 
 
+async def test_max_tokens_past_the_remaining_window_is_clamped(engine: LlamaCppEngine) -> None:
+    req = GenerationRequest(
+        "w", SamplingParams(max_tokens=100, temperature=0.0), prompt="one " * 500
+    )
+    _, fin = await run(engine, req)
+    assert fin.prompt_tokens + fin.completion_tokens <= 512
+    assert fin.completion_tokens == 512 - fin.prompt_tokens or fin.reason == "stop"
+    if fin.completion_tokens == 512 - fin.prompt_tokens:
+        assert fin.reason == "length"
+
+
 async def test_closing_the_stream_frees_the_engine_within_a_token(engine: LlamaCppEngine) -> None:
     events = engine.generate(chat("Tell me a very long story.", max_tokens=400))
     got = 0
