@@ -50,7 +50,11 @@ def versions_table(
 ) -> Table:
     table = Table(title="model versions")
     for col in ("model", "version", "aliases", "traffic", "format", "size", "sha256", "pushed"):
-        table.add_column(col, justify="right" if col in ("size", "traffic") else "left")
+        table.add_column(
+            col,
+            justify="right" if col in ("size", "traffic") else "left",
+            no_wrap=col in ("model", "version", "sha256", "size"),
+        )
     for r in records:
         names = sorted(a for a, v in aliases.get(r.name, {}).items() if v == r.version)
         share = shares.get(r.name, {}).get(r.version)
@@ -107,19 +111,11 @@ def status_tables(console: Console, status: FleetStatus) -> None:
             "traffic: " + ", ".join(f"{v} {f:.0%}" for v, f in sorted(status.shares.items()))
         )
     table = Table(title="edge nodes")
-    for col in (
-        "node",
-        "region",
-        "model",
-        "desired",
-        "actual",
-        "state",
-        "health",
-        "ttft p95",
-        "ok/failed",
-        "error",
-    ):
-        table.add_column(col)
+    columns = ("node", "region", "model", "desired", "actual", "state", "health", "ttft p95")
+    for col in columns:
+        table.add_column(col, no_wrap=True)
+    table.add_column("ok/failed", justify="right")
+    table.add_column("error", overflow="fold")
     for n in status.nodes:
         style = _STATE_STYLE.get(n.state, "")
         state = n.state

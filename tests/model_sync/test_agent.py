@@ -16,8 +16,8 @@ from model_sync.records import ActualState
 from model_sync.store import SyncStore
 from servekit.engine.protocol import LoadReport
 from servekit.modelfetch import sha256_file
+from servekit.registry import Registry
 from tests.model_sync.helpers import SlowBody, make_artifact, record_for
-from tests.model_sync.memregistry import MemRegistry
 from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
@@ -65,7 +65,7 @@ async def publish(store: SyncStore, tmp: Path, version: str, size: int = 200_000
     return digest
 
 
-def reconciler(reg: MemRegistry, tmp: Path, swap: RecordingSwap, **kw: object) -> Reconciler:
+def reconciler(reg: Registry, tmp: Path, swap: RecordingSwap, **kw: object) -> Reconciler:
     return Reconciler(
         reg,
         "edge-1",
@@ -80,8 +80,8 @@ def reconciler(reg: MemRegistry, tmp: Path, swap: RecordingSwap, **kw: object) -
     )
 
 
-async def test_swaps_to_desired_and_reports(tmp_path: Path) -> None:
-    reg = MemRegistry()
+async def test_swaps_to_desired_and_reports(tmp_path: Path, registry: Registry) -> None:
+    reg = registry
     store = SyncStore(reg)
     digest = await publish(store, tmp_path, "v2")
     swap = RecordingSwap()
@@ -98,8 +98,8 @@ async def test_swaps_to_desired_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "models" / "tiny" / "v2" / "model.gguf").is_file()
 
 
-async def test_corrupt_artifact_is_never_swapped_in(tmp_path: Path) -> None:
-    reg = MemRegistry()
+async def test_corrupt_artifact_is_never_swapped_in(tmp_path: Path, registry: Registry) -> None:
+    reg = registry
     store = SyncStore(reg)
     await publish(store, tmp_path, "v2")
     (tmp_path / "src" / "v2" / "m.gguf").write_bytes(b"\0" * 200_000)  # same size, wrong bytes
@@ -115,8 +115,8 @@ async def test_corrupt_artifact_is_never_swapped_in(tmp_path: Path) -> None:
     assert not (tmp_path / "models" / "tiny" / "v2").exists()
 
 
-async def test_failed_load_keeps_old_version_serving(tmp_path: Path) -> None:
-    reg = MemRegistry()
+async def test_failed_load_keeps_old_version_serving(tmp_path: Path, registry: Registry) -> None:
+    reg = registry
     store = SyncStore(reg)
     await publish(store, tmp_path, "v2")
     swap = RecordingSwap(fail={"v2"})
@@ -127,8 +127,10 @@ async def test_failed_load_keeps_old_version_serving(tmp_path: Path) -> None:
     assert actual.error == "RuntimeError: failed to load model from file: model.gguf"
 
 
-async def test_disk_full_reported_and_old_version_serves(tmp_path: Path) -> None:
-    reg = MemRegistry()
+async def test_disk_full_reported_and_old_version_serves(
+    tmp_path: Path, registry: Registry
+) -> None:
+    reg = registry
     store = SyncStore(reg)
     await publish(store, tmp_path, "v2", size=300_000)
     swap = RecordingSwap()
@@ -144,8 +146,8 @@ async def test_disk_full_reported_and_old_version_serves(tmp_path: Path) -> None
     assert "0.3 MiB" in actual.error
 
 
-async def test_unregistered_version_fails_clearly(tmp_path: Path) -> None:
-    reg = MemRegistry()
+async def test_unregistered_version_fails_clearly(tmp_path: Path, registry: Registry) -> None:
+    reg = registry
     store = SyncStore(reg)
     async with running(reconciler(reg, tmp_path, RecordingSwap())):
         await store.set_desired("edge-1", "tiny", "v9")
@@ -153,8 +155,10 @@ async def test_unregistered_version_fails_clearly(tmp_path: Path) -> None:
     assert actual.error == "LookupError: tiny v9 is not a registered version"
 
 
-async def test_rollback_uses_kept_version_and_gc_drops_older(tmp_path: Path) -> None:
-    reg = MemRegistry()
+async def test_rollback_uses_kept_version_and_gc_drops_older(
+    tmp_path: Path, registry: Registry
+) -> None:
+    reg = registry
     store = SyncStore(reg)
     for v in ("v2", "v3", "v4"):
         await publish(store, tmp_path, v, size=50_000)
@@ -174,8 +178,8 @@ async def test_rollback_uses_kept_version_and_gc_drops_older(tmp_path: Path) -> 
     assert sorted(ModelDir(tmp_path / "models").installed("tiny")) == ["v2", "v4"]
 
 
-async def test_rollback_during_download_abandons_it(tmp_path: Path) -> None:
-    reg = MemRegistry()
+async def test_rollback_during_download_abandons_it(tmp_path: Path, registry: Registry) -> None:
+    reg = registry
     store = SyncStore(reg)
     root = tmp_path / "served"
     data, _ = make_artifact(root / "m.gguf", 2_000_000)

@@ -13,7 +13,7 @@ from edge_agent.settings import EdgeSettings
 from model_sync import ops
 from model_sync.store import SyncStore
 from servekit.engine.protocol import Finish, GenerationRequest, SamplingParams
-from tests.model_sync.memregistry import MemRegistry
+from servekit.registry import Registry
 from tests.model_sync.test_agent import running, wait_actual
 
 pytestmark = [pytest.mark.anyio, pytest.mark.model]
@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.model]
 PROMPT = GenerationRequest("t", SamplingParams(max_tokens=4, temperature=0.0), prompt="1, 2, 3,")
 
 
-async def test_reconciler_hot_swaps_a_real_engine(model_path: Path, tmp_path: Path) -> None:
+async def test_reconciler_hot_swaps_a_real_engine(
+    model_path: Path, tmp_path: Path, registry: Registry
+) -> None:
     from model_sync.agent import Reconciler
 
     settings = EdgeSettings.model_validate(
@@ -39,7 +41,6 @@ async def test_reconciler_hot_swaps_a_real_engine(model_path: Path, tmp_path: Pa
     )
     agent = EdgeAgent(settings)
     await agent.start()
-    registry = MemRegistry()
     store = SyncStore(registry, actor="ops")
     await ops.push(store, str(model_path), model="smollm2", version="v2")
     bad = tmp_path / "bad.gguf"

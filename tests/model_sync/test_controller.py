@@ -17,7 +17,6 @@ from model_sync.records import GateSettings
 from model_sync.store import ConflictError
 from servekit.registry.protocol import Registry
 from tests.model_sync.fleet import Fleet, actions, wait_state
-from tests.model_sync.memregistry import MemRegistry
 from tests.model_sync.test_agent import wait_actual
 from tests.support.servers import UvicornThread
 
@@ -55,13 +54,13 @@ async def start(
     return plan.id
 
 
-def new_fleet(tmp_path: Path, **behaviour: object) -> Fleet:
+def new_fleet(registry: Registry, tmp_path: Path, **behaviour: object) -> Fleet:
     defaults: dict[str, object] = {"error_rate": {}, "ttft_ms": {}, "broken": set()}
-    return Fleet(MemRegistry(), tmp_path, **(defaults | behaviour))
+    return Fleet(registry, tmp_path, **(defaults | behaviour))
 
 
-async def test_full_rollout_canary_then_regions(tmp_path: Path) -> None:
-    fleet = new_fleet(tmp_path)
+async def test_full_rollout_canary_then_regions(tmp_path: Path, registry: Registry) -> None:
+    fleet = new_fleet(registry, tmp_path)
     await fleet.publish("v2")
     async with fleet.running(), controlling(fleet.registry):
         await start(fleet, "v2")
@@ -95,8 +94,8 @@ async def test_full_rollout_canary_then_regions(tmp_path: Path) -> None:
     ]
 
 
-async def test_bad_version_fails_gate_and_rolls_back(tmp_path: Path) -> None:
-    fleet = new_fleet(tmp_path, error_rate={"v3": 0.3})
+async def test_bad_version_fails_gate_and_rolls_back(tmp_path: Path, registry: Registry) -> None:
+    fleet = new_fleet(registry, tmp_path, error_rate={"v3": 0.3})
     await fleet.publish("v2", "v3")
     async with fleet.running(), controlling(fleet.registry):
         await start(fleet, "v2", bake_s=0.2)
@@ -120,8 +119,10 @@ async def test_bad_version_fails_gate_and_rolls_back(tmp_path: Path) -> None:
     ]
 
 
-async def test_version_that_fails_to_load_is_rolled_back(tmp_path: Path) -> None:
-    fleet = new_fleet(tmp_path, broken={"v3"})
+async def test_version_that_fails_to_load_is_rolled_back(
+    tmp_path: Path, registry: Registry
+) -> None:
+    fleet = new_fleet(registry, tmp_path, broken={"v3"})
     await fleet.publish("v3")
     async with fleet.running(), controlling(fleet.registry):
         await start(fleet, "v3", bake_s=0.1)
@@ -136,8 +137,8 @@ async def test_version_that_fails_to_load_is_rolled_back(tmp_path: Path) -> None
     assert actual.version == "v1"
 
 
-async def test_controller_restart_mid_rollout_continues(tmp_path: Path) -> None:
-    fleet = new_fleet(tmp_path)
+async def test_controller_restart_mid_rollout_continues(tmp_path: Path, registry: Registry) -> None:
+    fleet = new_fleet(registry, tmp_path)
     await fleet.publish("v2")
     async with fleet.running():
         async with controlling(fleet.registry, "first"):
@@ -167,8 +168,8 @@ async def test_controller_restart_mid_rollout_continues(tmp_path: Path) -> None:
     assert a_started.actor == "controller:first"
 
 
-async def test_only_the_lock_holder_drives(tmp_path: Path) -> None:
-    fleet = new_fleet(tmp_path)
+async def test_only_the_lock_holder_drives(tmp_path: Path, registry: Registry) -> None:
+    fleet = new_fleet(registry, tmp_path)
     await fleet.publish("v2")
     async with (
         fleet.running(),
@@ -181,8 +182,8 @@ async def test_only_the_lock_holder_drives(tmp_path: Path) -> None:
     assert actors == {"controller:one"}
 
 
-async def test_one_rollout_at_a_time(tmp_path: Path) -> None:
-    fleet = new_fleet(tmp_path)
+async def test_one_rollout_at_a_time(tmp_path: Path, registry: Registry) -> None:
+    fleet = new_fleet(registry, tmp_path)
     await fleet.publish("v2", "v3")
     async with fleet.running():
         await start(fleet, "v2")
@@ -190,8 +191,10 @@ async def test_one_rollout_at_a_time(tmp_path: Path) -> None:
             await start(fleet, "v3")
 
 
-async def test_inconclusive_gate_pauses_then_promote_continues(tmp_path: Path) -> None:
-    fleet = new_fleet(tmp_path)
+async def test_inconclusive_gate_pauses_then_promote_continues(
+    tmp_path: Path, registry: Registry
+) -> None:
+    fleet = new_fleet(registry, tmp_path)
     await fleet.publish("v2")
     async with fleet.running(), controlling(fleet.registry):
         # Far more requests wanted than a short bake sees.
@@ -205,8 +208,8 @@ async def test_inconclusive_gate_pauses_then_promote_continues(tmp_path: Path) -
     assert "promote:all remaining waves" in actions(await fleet.store.history("tiny"))
 
 
-async def test_operator_abort_and_fleet_rollback(tmp_path: Path) -> None:
-    fleet = new_fleet(tmp_path)
+async def test_operator_abort_and_fleet_rollback(tmp_path: Path, registry: Registry) -> None:
+    fleet = new_fleet(registry, tmp_path)
     await fleet.publish("v1", "v2", "v3")
     async with fleet.running(), controlling(fleet.registry):
         await start(fleet, "v2", bake_s=0.3)
@@ -227,13 +230,13 @@ async def test_operator_abort_and_fleet_rollback(tmp_path: Path) -> None:
     assert [e.actor for e in entries if e.action in ("abort", "rollback")] == ["alice", "alice"]
 
 
-async def test_prometheus_figures_drive_the_gate(tmp_path: Path) -> None:
+async def test_prometheus_figures_drive_the_gate(tmp_path: Path, registry: Registry) -> None:
     from tests.model_sync.test_plan_gates import _prometheus_double
 
     seen: list[str] = []
     # The registry's counters look perfect; Prometheus says v2 fails 20 %.
     app = _prometheus_double({'"v2"}[': 0.2, '"v1"}[': 0.0}, seen)
-    fleet = new_fleet(tmp_path)
+    fleet = new_fleet(registry, tmp_path)
     await fleet.publish("v1", "v2")
     with UvicornThread(app) as server:
         async with httpx.AsyncClient() as client, fleet.running():

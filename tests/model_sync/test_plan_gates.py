@@ -15,9 +15,9 @@ from model_sync.gates import GateUnavailable, PrometheusGate, evaluate
 from model_sync.plan import PlanError, build_plan, parse_duration
 from model_sync.records import GateSettings, NodeCounters
 from model_sync.store import SyncStore, VersionExists
+from servekit.registry import Registry
 from servekit.registry.protocol import InstanceInfo
 from tests.model_sync.helpers import make_artifact
-from tests.model_sync.memregistry import MemRegistry
 from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
@@ -37,8 +37,7 @@ def test_parse_duration_rejects(text: str) -> None:
         parse_duration(text)
 
 
-async def _fleet(tmp_path: Path) -> tuple[MemRegistry, SyncStore]:
-    reg = MemRegistry()
+async def _fleet(tmp_path: Path, reg: Registry) -> tuple[Registry, SyncStore]:
     store = SyncStore(reg, actor="bob")
     for nid, region in (("n1", "eu"), ("n2", "eu"), ("n3", "us"), ("n4", "us"), ("n5", "ap")):
         await reg.register(
@@ -51,8 +50,8 @@ async def _fleet(tmp_path: Path) -> tuple[MemRegistry, SyncStore]:
     return reg, store
 
 
-async def test_plan_percent_canary_and_ordered_regions(tmp_path: Path) -> None:
-    reg, store = await _fleet(tmp_path)
+async def test_plan_percent_canary_and_ordered_regions(tmp_path: Path, registry: Registry) -> None:
+    reg, store = await _fleet(tmp_path, registry)
     plan = await build_plan(reg, store, "tiny", "v2", canary="20%", waves="us,eu", bake_s=5)
     assert [(w.name, w.nodes) for w in plan.waves] == [
         ("canary", ["n3"]),
@@ -65,8 +64,8 @@ async def test_plan_percent_canary_and_ordered_regions(tmp_path: Path) -> None:
     assert {w.bake_s for w in plan.waves} == {5}
 
 
-async def test_plan_named_canary_and_single_wave(tmp_path: Path) -> None:
-    reg, store = await _fleet(tmp_path)
+async def test_plan_named_canary_and_single_wave(tmp_path: Path, registry: Registry) -> None:
+    reg, store = await _fleet(tmp_path, registry)
     plan = await build_plan(reg, store, "tiny", "v2", canary="n5,n2")
     assert [(w.name, w.nodes) for w in plan.waves] == [
         ("canary", ["n5", "n2"]),
@@ -83,15 +82,19 @@ async def test_plan_named_canary_and_single_wave(tmp_path: Path) -> None:
         ({"waves": "mars"}, "no nodes of this model in region"),
     ],
 )
-async def test_plan_errors(tmp_path: Path, kw: dict[str, Any], message: str) -> None:
-    reg, store = await _fleet(tmp_path)
+async def test_plan_errors(
+    tmp_path: Path, kw: dict[str, Any], message: str, registry: Registry
+) -> None:
+    reg, store = await _fleet(tmp_path, registry)
     version = kw.pop("version", "v2")
     with pytest.raises(PlanError, match=message):
         await build_plan(reg, store, "tiny", version, **kw)
 
 
-async def test_push_is_idempotent_and_versions_are_immutable(tmp_path: Path) -> None:
-    _reg, store = await _fleet(tmp_path)
+async def test_push_is_idempotent_and_versions_are_immutable(
+    tmp_path: Path, registry: Registry
+) -> None:
+    _reg, store = await _fleet(tmp_path, registry)
     again = await ops.push(store, str(tmp_path / "m.gguf"), model="tiny", version="v2")
     assert again.size == 1000
     assert again.filename == "m.gguf"
@@ -103,11 +106,11 @@ async def test_push_is_idempotent_and_versions_are_immutable(tmp_path: Path) -> 
     assert [e.action for e in await store.history()] == ["push"]
 
 
-async def test_push_from_url_hashes_the_served_bytes(tmp_path: Path) -> None:
+async def test_push_from_url_hashes_the_served_bytes(tmp_path: Path, registry: Registry) -> None:
     from model_sync.artifacts import create_app
 
     data, digest = make_artifact(tmp_path / "served" / "x.gguf", 70_000)
-    store = SyncStore(MemRegistry())
+    store = SyncStore(registry)
     with UvicornThread(create_app(tmp_path / "served")) as server:
         rec = await ops.push(store, f"{server.url}/x.gguf", model="tiny", version="v3")
     assert (rec.sha256, rec.size, rec.filename, rec.uri) == (
