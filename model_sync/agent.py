@@ -16,6 +16,7 @@ error; a failed target is not retried until the desired document changes
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -146,11 +147,12 @@ class Reconciler:
                     await self._report()
             except RegistryError as exc:
                 log.warning("registry unavailable (%s); retrying", exc)
-                index = 0
+                index = self._handled_index = 0  # reconciling again is idempotent
                 await anyio.sleep(min(self.watch_timeout_s, 2.0))
             except ValueError as exc:  # an unreadable desired document
                 log.error("%s: invalid desired state: %s", key, exc)
-                await self._report(state="failed", error=f"invalid desired state: {exc}")
+                with contextlib.suppress(RegistryError):
+                    await self._report(state="failed", error=f"invalid desired state: {exc}")
 
     async def reconcile(self, desired: DesiredState) -> None:
         """Bring the node to ``desired`` once; never raises for a failed attempt."""

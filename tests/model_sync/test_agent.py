@@ -196,3 +196,21 @@ async def test_rollback_during_download_abandons_it(tmp_path: Path, registry: Re
     assert actual.version == "v1"
     assert swap.calls == []
     assert not (tmp_path / "models" / "tiny" / "v2").exists()
+
+
+async def test_unreadable_desired_is_reported_then_recovered(
+    tmp_path: Path, registry: Registry
+) -> None:
+    from model_sync.keys import desired_key
+
+    store = SyncStore(registry)
+    digest = await publish(store, tmp_path, "v2")
+    swap = RecordingSwap()
+    async with running(reconciler(registry, tmp_path, swap)):
+        await registry.put(desired_key("edge-1"), b'{"model": "tiny"}')
+        bad = await wait_actual(store, "edge-1", lambda a: a.state == "failed")
+        assert bad.error is not None
+        assert bad.error.startswith("invalid desired state")
+        await store.set_desired("edge-1", "tiny", "v2")
+        await wait_actual(store, "edge-1", lambda a: a.version == "v2")
+    assert swap.calls == [("v2", digest)]
