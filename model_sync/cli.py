@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from model_sync import ops, render
@@ -36,7 +37,7 @@ from servekit.registry import Registry, RegistryError, open_registry
 
 __all__ = ["main"]
 
-Command = Callable[[argparse.Namespace, Registry, SyncStore, Console], Awaitable[Any]]
+Command = Callable[[argparse.Namespace, Registry, SyncStore, Console], Awaitable[int | None]]
 
 
 def _duration(text: str) -> float:
@@ -78,9 +79,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-ttft-ratio", type=float, default=None)
     s.add_argument("--min-requests", type=int, default=None)
     s.add_argument("--dry-run", action="store_true", help="show the plan, start nothing")
+    s.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow until it ends; exit 0 if completed, 3 if rolled back or aborted",
+    )
 
     s = sub.add_parser("status", help="rollout progress and every node's versions")
     s.add_argument("model", nargs="?")
+    s.add_argument(
+        "--watch", type=_duration, nargs="?", const=1.0, default=None, help="refresh (Ctrl-C ends)"
+    )
     for name, text in (
         ("pause", "pause the active rollout"),
         ("resume", "resume a paused rollout (bakes the wave again)"),
@@ -157,7 +166,7 @@ async def _list(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Co
     _out(c, args, data, render.versions_table(records, aliases, shares))
 
 
-async def _rollout(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> None:
+async def _rollout(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> int:
     gate_args = {
         "max_error_rate": args.max_error_rate,
         "max_error_rate_increase": args.max_error_rate_increase,
@@ -179,16 +188,50 @@ async def _rollout(args: argparse.Namespace, reg: Registry, store: SyncStore, c:
     if not args.dry_run:
         await ops.start_rollout(store, plan)
     _out(c, args, plan.model_dump(), render.plan_table(plan))
-    if not args.dry_run and not args.json:
-        c.print(f"started; the controller advances it (`model-sync status {args.model}` to follow)")
+    if args.dry_run:
+        return 0
+    if not args.wait:
+        if not args.json:
+            c.print(f"started; the controller advances it (`model-sync status {args.model}`)")
+        return 0
+    return await _follow(store, args.model, plan.id, c, quiet=args.json)
 
 
-async def _status(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> None:
+async def _follow(store: SyncStore, model: str, rollout_id: str, c: Console, quiet: bool) -> int:
+    """Print each history entry of the rollout until it ends; the exit code says how."""
+    seen: set[str] = set()
+    while True:
+        state = await store.state(model)
+        for entry in await store.history(model, limit=200):
+            if entry.rollout_id == rollout_id and entry.id not in seen:
+                seen.add(entry.id)
+                if not quiet:
+                    c.print(f"{render.when(entry.at)}  {entry.action}  {entry.detail}")
+        if state is None or state.rollout_id != rollout_id or not state.active:
+            break
+        await asyncio.sleep(0.5)
+    status = state.status if state else "unknown"
+    if not quiet:
+        c.print(
+            f"rollout of {model} ended: {status}"
+            + (f" ({state.reason})" if state and state.reason else "")
+        )
+    return 0 if status == "completed" else 3
+
+
+async def _status(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> int:
     status = await fleet_status(reg, store, args.model)
     if args.json:
         _out(c, args, status.to_dict())
+    elif args.watch is None:
+        c.print(render.status_view(status))
     else:
-        render.status_tables(c, status)
+        with Live(render.status_view(status), console=c, auto_refresh=False) as live:
+            while True:
+                await asyncio.sleep(args.watch)
+                status = await fleet_status(reg, store, args.model)
+                live.update(render.status_view(status), refresh=True)
+    return 0
 
 
 async def _steer(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> None:
@@ -263,14 +306,14 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-async def _run(args: argparse.Namespace, cfg: ModelSyncSettings, console: Console) -> None:
+async def _run(args: argparse.Namespace, cfg: ModelSyncSettings, console: Console) -> int:
     registry = await open_registry(cfg.registry)
     try:
         store = SyncStore(registry, actor=args.actor or _whoami())
         if args.command == "controller":
             await _controller(args, registry, store, console, cfg)
-        else:
-            await COMMANDS[args.command](args, registry, store, console)
+            return 0
+        return await COMMANDS[args.command](args, registry, store, console) or 0
     finally:
         await registry.aclose()
 
@@ -284,7 +327,8 @@ def _whoami() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    console = Console(stderr=args.json)
+    # Piped output is not cut to 80 columns: tables stay whole for grep and logs.
+    console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     if args.command == "serve-artifacts":
         import uvicorn
@@ -298,13 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         cfg = load(args.config, args.registry_db)
-        asyncio.run(_run(args, cfg, console))
+        return asyncio.run(_run(args, cfg, console))
     except (ConfigError, StoreError, DownloadError, RegistryError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
 if __name__ == "__main__":

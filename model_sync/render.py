@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from rich.console import Console
+from rich.console import Group, RenderableType
 from rich.table import Table
 
 from model_sync.records import ArtifactRecord, HistoryEntry, RolloutPlan, RolloutState
 from model_sync.status import FleetStatus
 
-__all__ = ["history_table", "plan_table", "rollout_line", "status_tables", "versions_table"]
+__all__ = ["history_table", "plan_table", "rollout_line", "status_view", "versions_table"]
 
 _STATE_STYLE = {
     "serving": "green",
@@ -50,11 +50,8 @@ def versions_table(
 ) -> Table:
     table = Table(title="model versions")
     for col in ("model", "version", "aliases", "traffic", "format", "size", "sha256", "pushed"):
-        table.add_column(
-            col,
-            justify="right" if col in ("size", "traffic") else "left",
-            no_wrap=col in ("model", "version", "sha256", "size"),
-        )
+        table.add_column(col, justify="right" if col in ("size", "traffic") else "left")
+    table.add_column("by")
     for r in records:
         names = sorted(a for a, v in aliases.get(r.name, {}).items() if v == r.version)
         share = shares.get(r.name, {}).get(r.version)
@@ -66,8 +63,11 @@ def versions_table(
             r.format,
             size(r.size),
             r.sha256[:12],
-            f"{when(r.created_at)} by {r.created_by}",
+            time.strftime("%m-%d %H:%M", time.localtime(r.created_at)),
+            r.created_by,
         )
+    for column in table.columns:
+        column.no_wrap = True
     return table
 
 
@@ -103,11 +103,13 @@ def rollout_line(state: RolloutState, plan: RolloutPlan | None) -> str:
     return line
 
 
-def status_tables(console: Console, status: FleetStatus) -> None:
+def status_view(status: FleetStatus) -> Group:
+    """Rollout line, traffic split and the node table, as one renderable."""
+    parts: list[RenderableType] = []
     if status.rollout is not None:
-        console.print(rollout_line(status.rollout, status.plan))
+        parts.append(rollout_line(status.rollout, status.plan))
     if status.shares:
-        console.print(
+        parts.append(
             "traffic: " + ", ".join(f"{v} {f:.0%}" for v, f in sorted(status.shares.items()))
         )
     table = Table(title="edge nodes")
@@ -137,7 +139,7 @@ def status_tables(console: Console, status: FleetStatus) -> None:
             f"{n.requests_ok}/{n.requests_failed}",
             n.error or "",
         )
-    console.print(table)
+    return Group(*parts, table)
 
 
 def history_table(entries: Sequence[HistoryEntry]) -> Table:

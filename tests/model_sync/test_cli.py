@@ -122,7 +122,7 @@ async def test_push_list_history_and_errors(tmp_path: Path) -> None:
 @pytest.mark.slow
 async def test_rollout_from_the_cli_survives_a_killed_controller(tmp_path: Path) -> None:
     async with embedded(tmp_path) as (registry, config):
-        fleet = Fleet(registry, tmp_path, error_rate={}, ttft_ms={}, broken=set())
+        fleet = Fleet(registry, tmp_path, error_rate={}, ttft_ms={}, broken={"v3"})
         await fleet.publish("v1", "v2")
         store = SyncStore(registry)
         async with fleet.running():
@@ -148,9 +148,23 @@ async def test_rollout_from_the_cli_survives_a_killed_controller(tmp_path: Path)
                 first.send_signal(signal.SIGKILL)  # no clean-up, the lease just lapses
             async with controller_process(config):
                 state = await wait_state(store, "tiny", lambda s: not s.active, within=90)
-            status = await cli_json(config, "status", "tiny")
-            _, table, _ = await cli(config, "status", "tiny")
-        history = await store.history("tiny")
+                status = await cli_json(config, "status", "tiny")
+                _, table, _ = await cli(config, "status", "tiny")
+                history = await store.history("tiny")
+                # A version that cannot load: --wait follows it to the automatic rollback.
+                await fleet.publish("v3")
+                code, followed, _ = await cli(
+                    config,
+                    "rollout",
+                    "tiny",
+                    "v3",
+                    "--canary",
+                    "1",
+                    "--bake",
+                    "1s",
+                    "--wait",
+                    check=False,
+                )
     assert state.status == "completed"
     assert {n["node"]: n["version"] for n in status["nodes"]} == dict.fromkeys(
         ["edge-a1", "edge-a2", "edge-b1", "edge-b2"], "v2"
@@ -163,6 +177,11 @@ async def test_rollout_from_the_cli_survives_a_killed_controller(tmp_path: Path)
     assert len(counts) == 11
     drivers = {e.actor for e in history if e.action.startswith(("wave", "gate"))}
     assert len(drivers) == 2, drivers  # two controller processes, no step done twice
+    assert code == 3
+    assert "auto-abort" in followed
+    assert "llama_model_load: invalid magic" in followed
+    assert "rollout of tiny ended: rolled_back" in followed
+    assert fleet.versions() == dict.fromkeys(fleet.versions(), "v2")
 
 
 def test_serve_artifacts_command(tmp_path: Path) -> None:
