@@ -186,7 +186,7 @@ class LlamaCppEngine:
             if settings.prefix_cache.enabled
             else None
         )
-        self._counters = {"query": 0, "hit": 0, "draft": 0, "accepted": 0}
+        self._counters = {"query": 0, "hit": 0, "draft": 0, "accepted": 0, "draft_calls": 0}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -224,7 +224,18 @@ class LlamaCppEngine:
         if s.prompt_lookup.enabled:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            draft = LlamaPromptLookupDecoding(
+            counters = self._counters
+
+            class CountingDraft(LlamaPromptLookupDecoding):
+                """Prompt lookup that counts what it proposes, for the metrics."""
+
+                def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
+                    drafted = super().__call__(input_ids, **kwargs)
+                    counters["draft"] += len(drafted)
+                    counters["draft_calls"] += 1
+                    return drafted
+
+            draft = CountingDraft(
                 max_ngram_size=s.prompt_lookup.max_ngram_size,
                 num_pred_tokens=s.prompt_lookup.num_pred_tokens,
             )
@@ -433,6 +444,7 @@ class LlamaCppEngine:
             presence_penalty=sp.presence_penalty,
         )
         stream = TextStream(sp.stop)
+        calls_before = self._counters["draft_calls"]
         produced = 0
         pending_tokens = 0
         reason = "length"
@@ -469,6 +481,10 @@ class LlamaCppEngine:
             emit(TextDelta(tail, pending_tokens))
         if produced > 1:
             self._rates.decode(produced - 1, time.perf_counter() - t_first)
+        if self.settings.prompt_lookup.enabled:
+            # Each decode step yields one sampled token plus the drafts it accepted.
+            steps = self._counters["draft_calls"] - calls_before
+            self._counters["accepted"] += max(0, produced - steps)
         emit(Finish(reason, len(tokens), produced, reused))  # type: ignore[arg-type]
 
 
