@@ -96,17 +96,6 @@ class ReplicaPool:
     async def ready(self) -> bool:
         return any(r.healthy for r in self.replicas)
 
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until at least one replica is healthy (or the time is up)."""
-        deadline = time.monotonic() + timeout_s
-        while not await self.ready():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), left)
-        return True
-
     def load(self) -> LoadReport:
         healthy = [r for r in self.replicas if r.healthy]
         reports = [r.load.report for r in healthy if r.load and r.load.report]
