@@ -68,7 +68,7 @@ class CentralGateway:
     def _resize(self, slots: int) -> None:
         # The gateway queue holds what the healthy replicas cannot run, so
         # priorities still apply while a replica is down.
-        self.admission.slots = slots
+        self.admission.resize(slots)
 
     async def start(self) -> None:
         await self.pool.start()
