@@ -13,28 +13,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from servekit.api.openapi import ERROR_SCHEMA
 from servekit.wire import ChatCompletionRequest, CompletionRequest
 
 __all__ = ["ERROR_RESPONSES", "STREAM_RESPONSES", "install_openapi", "request_body"]
 
 _REF = "#/components/schemas/{model}"
-
-_ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["message", "type"],
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-        }
-    },
-}
 
 _ERROR_CONTENT = {"application/json": {"schema": {"$ref": _REF.format(model="ErrorResponse")}}}
 
@@ -84,7 +68,7 @@ def install_openapi(app: FastAPI) -> None:
             schemas[model.__name__] = schema
         # The wire type rejects echo=true (unsupported); say so in the schema.
         schemas["CompletionRequest"]["properties"]["echo"] = {"type": "boolean", "enum": [False]}
-        schemas["ErrorResponse"] = _ERROR_SCHEMA
+        schemas["ErrorResponse"] = ERROR_SCHEMA
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         paths = doc.setdefault("paths", {})
         for path, name, summary in (
