@@ -2,8 +2,8 @@
 
 Pure Python on a heap of events: users in regions, an RTT table, edge and
 center instances with engine profiles (prefill rate, batch-dependent decode
-step), and a routing policy behind a small seam (:class:`Policy`, with the
-candidate :data:`Scorer` pluggable) so the router's own scoring drives it.
+step), and a routing policy behind a small seam (:class:`Policy`); the hybrid
+policies call the router's own scoring (``geo_router.scoring``).
 """
 
 from hybrid_llm.sim.config import (
@@ -15,15 +15,7 @@ from hybrid_llm.sim.config import (
     WorkloadSpec,
 )
 from hybrid_llm.sim.instance import Instance, LoadView
-from hybrid_llm.sim.policy import (
-    AllToCenter,
-    CenterPool,
-    Fleet,
-    Hybrid,
-    Policy,
-    Scorer,
-    predict_ttft_s,
-)
+from hybrid_llm.sim.policy import AllToCenter, CenterPool, Fleet, Policy
 from hybrid_llm.sim.profiles import PRESETS, EngineProfile
 from hybrid_llm.sim.report import size_edges, summarize_result
 from hybrid_llm.sim.simulation import SimResult, Simulation
@@ -35,19 +27,16 @@ __all__ = [
     "CenterSpec",
     "EngineProfile",
     "Fleet",
-    "Hybrid",
     "Instance",
     "LengthDist",
     "LoadView",
     "Policy",
     "PolicySpec",
     "RegionSpec",
-    "Scorer",
     "SimConfig",
     "SimResult",
     "Simulation",
     "WorkloadSpec",
-    "predict_ttft_s",
     "size_edges",
     "summarize_result",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -81,11 +81,12 @@ class PolicySpec(BaseModel):
     name: PolicyName = "hybrid"
     hedge_after_ms: float = Field(150.0, gt=0, description="race a second candidate after this")
     router_overhead_ms: float = Field(1.0, ge=0, description="router's own cost per request")
-    choices: int = Field(2, ge=1, description="edges sampled per request (power of d choices)")
-    spill_ms: float = Field(
-        100.0,
-        ge=0,
-        description="send simple requests to the center when edges predict this much worse",
+    choices: int = Field(
+        2, ge=1, description="edges sampled per region and request (a router scores all)"
+    )
+    router: dict[str, Any] = Field(
+        default_factory=dict,
+        description="geo_router RoutingSettings overrides (center_bias_ms, p2c_window_ms, ...)",
     )
 
 

@@ -13,40 +13,34 @@ and the loser is cancelled when the winner's first token reaches the router.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from hybrid_llm.sim.config import SimConfig
 from hybrid_llm.sim.events import EventLoop
 from hybrid_llm.sim.instance import Instance
-from hybrid_llm.sim.policy import (
-    AllToCenter,
-    CenterPool,
-    Fleet,
-    Hybrid,
-    Policy,
-    Scorer,
-    Target,
-    predict_ttft_s,
-)
+from hybrid_llm.sim.policy import AllToCenter, CenterPool, Fleet, Policy, Target
 from hybrid_llm.sim.profiles import EngineProfile
 from hybrid_llm.sim.request import Job, SimRequest
 
 __all__ = ["SimResult", "Simulation", "build_policy"]
 
 
-def build_policy(config: SimConfig, rng: random.Random, scorer: Scorer | None = None) -> Policy:
+def build_policy(config: SimConfig, rng: random.Random, clock: Callable[[], float]) -> Policy:
+    """The configured policy; the hybrid ones route with the router's own scoring."""
     spec = config.policy
     if spec.name == "all-center":
         return AllToCenter()
-    hedge = spec.hedge_after_ms / 1000.0 if spec.name == "hybrid-hedge" else None
-    return Hybrid(
+    from hybrid_llm.sim.router_policy import RouterPolicy, router_routing
+
+    return RouterPolicy(
+        config.rtt,
         rng,
-        config.workload.output_tokens.mean(),
+        router_routing(config.workload.output_tokens.mean(), **spec.router),
+        clock,
         choices=spec.choices,
-        hedge_after_s=hedge,
-        spill_s=spec.spill_ms / 1000.0,
-        scorer=scorer or predict_ttft_s,
+        hedge_after_s=spec.hedge_after_ms / 1000.0 if spec.name == "hybrid-hedge" else None,
     )
 
 
@@ -65,13 +59,13 @@ class SimResult:
 class Simulation:
     """Build the fleet from ``config`` and run it; :meth:`run` returns the result."""
 
-    def __init__(
-        self, config: SimConfig, policy: Policy | None = None, scorer: Scorer | None = None
-    ) -> None:
+    def __init__(self, config: SimConfig, policy: Policy | None = None) -> None:
         self.config = config
         self.loop = EventLoop()
         self.rng = random.Random(config.seed)
-        self.policy = policy or build_policy(config, random.Random(config.seed + 1), scorer)
+        self.policy = policy or build_policy(
+            config, random.Random(config.seed + 1), lambda: self.loop.now
+        )
         edges: dict[str, list[Instance]] = {}
         self.instances: list[Instance] = []
         for region in config.regions:

@@ -138,7 +138,7 @@ def test_hedging_races_slow_edges_and_never_loses_requests() -> None:
         edge_profile=slow,
         regions=[RegionSpec(name="a", edges=1, rate=1.5)],
         # Keep simple requests on the edge even when it queues, so hedges must fire.
-        policy=PolicySpec(hedge_after_ms=200, spill_ms=5000),
+        policy=PolicySpec(hedge_after_ms=200, router={"center_bias_ms": 5000}),
     )
     plain, hedged = _run(config, "hybrid"), _run(config, "hybrid-hedge")
     assert hedged["hedged"] > 0  # type: ignore[operator]
