@@ -22,10 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hybrid_llm.bench import LoadStep, RunPlan, Variant, Workload, parse_bucket, run_plan
+from hybrid_llm.bench import (
+    LoadStep,
+    RequestRecord,
+    RunPlan,
+    Variant,
+    Workload,
+    parse_bucket,
+    run_plan,
+)
 from hybrid_llm.bench.stats import percentile
 from hybrid_llm.profile import measure_profile
-from hybrid_llm.sim import SimConfig, Simulation, summarize_result
+from hybrid_llm.sim import EngineProfile, SimConfig, Simulation, summarize_result
 from servekit.config import load_settings
 
 
@@ -39,6 +47,59 @@ def _edge_only(rtt_ms: float, rate: float) -> dict[str, Any]:
     }
 
 
+async def _ttfts(url: str, model: str, args: argparse.Namespace, n: int) -> list[RequestRecord]:
+    plan = RunPlan(
+        url=url,
+        workload=Workload(model, [parse_bucket(args.bucket)]),
+        steps=[LoadStep("concurrency", 1)],
+        variants=[Variant("path")],
+        duration=600,
+        max_requests=n,
+    )
+    return [r for r in (await run_plan(plan))[0].records if r.ok and r.ttft is not None]
+
+
+async def _path_overhead_ms(args: argparse.Namespace, region: str | None, n: int = 8) -> float:
+    """Median TTFT through ``--bench-url`` (same-city routes only) minus direct,
+    minus the same-city RTT the simulator adds itself."""
+    engine = await _ttfts(args.engine_url, args.engine_model, args, n)
+    direct = [r.ttft for r in engine if r.ttft is not None]
+    routed = await _ttfts(args.bench_url, args.model, args, 2 * n)
+    same_city = [r.ttft for r in routed if r.ttft is not None and region in (None, r.region)]
+    overhead = (statistics.median(same_city) - statistics.median(direct)) * 1000 - args.rtt_ms
+    print(
+        f"path: direct TTFT p50 {statistics.median(direct) * 1000:.1f} ms, through "
+        f"{args.bench_url} (same city) {statistics.median(same_city) * 1000:.1f} ms: "
+        f"{overhead:.1f} ms added beyond the RTT"
+    )
+    return overhead
+
+
+async def _profile(url: str, lengths: list[int], repeats: int) -> EngineProfile:
+    t0 = time.perf_counter()
+    measured = await measure_profile(url, prompt_lengths=lengths, repeats=repeats)
+    profile: EngineProfile = measured["profile"]
+    points = ", ".join(f"{x:.0f}:{y * 1000:.0f}" for x, y in profile.prefill_points)
+    print(
+        f"profile ({time.perf_counter() - t0:.0f}s): TTFT by prompt tokens (ms) {points}; "
+        f"decode step {profile.decode_base_ms:.1f} ms, slots {profile.slots}"
+    )
+    return profile
+
+
+def _mean_profile(a: EngineProfile, b: EngineProfile) -> EngineProfile:
+    by_tokens: dict[int, list[float]] = {}
+    for x, y in [*a.prefill_points, *b.prefill_points]:
+        by_tokens.setdefault(x, []).append(y)
+    return a.model_copy(
+        update={
+            "decode_base_ms": (a.decode_base_ms + b.decode_base_ms) / 2,
+            "decode_per_seq_ms": (a.decode_per_seq_ms + b.decode_per_seq_ms) / 2,
+            "prefill_points": sorted((x, statistics.mean(ys)) for x, ys in by_tokens.items()),
+        }
+    )
+
+
 async def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--engine-url", required=True, help="an edge agent, for the profile")
@@ -49,22 +110,28 @@ async def main() -> None:
     p.add_argument("--rate", type=float, default=1.0)
     p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--bucket", default="48:24")
-    p.add_argument("--model", default="auto")
+    p.add_argument("--model", default="auto", help="model sent to --bench-url")
+    p.add_argument("--engine-model", default="edge", help="model sent to --engine-url")
     p.add_argument("--repeats", type=int, default=3, help="profile: requests per prompt length")
+    p.add_argument(
+        "--calibrate-path",
+        action="store_true",
+        help="measure what the path (router, proxies) adds to TTFT over the engine alone, "
+        "one request at a time, and give it to the simulator as the router's overhead",
+    )
+    p.add_argument(
+        "--decode-from-bench",
+        action="store_true",
+        help="take the decode step from the bench's TPOT (on one machine the router, proxies "
+        "and client share the cores with the engines while the bench runs)",
+    )
     args = p.parse_args()
 
-    t0 = time.perf_counter()
-    measured = await measure_profile(
-        args.engine_url, prompt_lengths=(16, 64, 128, 256), repeats=args.repeats
-    )
-    points = ", ".join(f"{x:.0f}:{y * 1000:.0f}" for x, y in measured["ttft_points"])
-    print(f"TTFT by prompt tokens (ms): {points}")
-    profile = measured["profile"]
-    print(
-        f"profile ({time.perf_counter() - t0:.0f}s): prefill {profile.prefill_tokens_per_s:.0f} "
-        f"tok/s + {profile.overhead_ms:.1f} ms, decode step {profile.decode_base_ms:.1f} ms, "
-        f"slots {profile.slots}"
-    )
+    words = int(args.bucket.split(":")[0])
+    lengths = sorted({1, words, 2 * words, 64, 128})  # cover the bench's prompts
+    before = await _profile(args.engine_url, lengths, args.repeats)
+    users = load_settings(SimConfig, args.sim_config).regions[0].name if args.sim_config else None
+    path_ms = await _path_overhead_ms(args, users) if args.calibrate_path else None
 
     plan = RunPlan(
         url=args.bench_url,
@@ -80,6 +147,15 @@ async def main() -> None:
     tpot = [r.tpot * 1000 for r in records if r.tpot is not None]
     e2e = [r.e2e * 1000 for r in records if r.e2e is not None]
     prompt = statistics.mean(r.prompt_tokens for r in records if r.prompt_tokens) if records else 0
+    # A shared machine drifts: profile again and take the mean of both.
+    after = await _profile(args.engine_url, lengths, args.repeats)
+    profile = _mean_profile(before, after)
+    if args.decode_from_bench and tpot:
+        profile = profile.model_copy(update={"decode_base_ms": statistics.median(tpot)})
+    print(
+        f"profile (mean of before/after): decode step {profile.decode_base_ms:.1f} ms, "
+        f"prefill points {[(x, round(y * 1000)) for x, y in profile.prefill_points]}"
+    )
     output = statistics.mean(r.output_tokens for r in records) if records else 0
     print(
         f"bench: {len(records)} ok requests at {args.rate}/s; prompt {prompt:.0f} tokens, "
@@ -97,6 +173,8 @@ async def main() -> None:
     config["center"]["profile"] = profile.model_dump()
     config["workload"]["prompt_tokens"] = {"kind": "fixed", "value": max(1, round(prompt))}
     config["workload"]["output_tokens"] = {"kind": "fixed", "value": max(1, round(output))}
+    if path_ms is not None:
+        config.setdefault("policy", {})["router_overhead_ms"] = max(0.0, path_ms)
     config["duration_s"] = max(args.duration, 400 / max(args.rate, 1e-3))  # enough samples
     config["warmup_s"] = 5.0
     sim = summarize_result(Simulation(SimConfig.model_validate(config)).run())

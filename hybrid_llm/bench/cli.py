@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, help="JSON report path (default bench-results/...)")
+    p.add_argument("--out", type=Path, help="JSON report path (default bench/results/...)")
     p.add_argument("--plot", type=Path, help="PNG path (default beside the JSON)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--knee-metric", default="ttft_ms.p99")
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
     runs = asyncio.run(run_plan(plan, progress))
     report = build_report(plan, runs, args.knee_metric)
-    out: Path = args.out or Path("bench-results") / time.strftime("bench-%Y%m%d-%H%M%S.json")
+    out: Path = args.out or Path("bench") / "results" / time.strftime("bench-%Y%m%d-%H%M%S.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     print_report(report, Console(width=max(Console().width, 160)))
     code = 0

@@ -8,6 +8,7 @@ about one token for the usual BPE tokenizers, so ``prompt_tokens`` is a close
 from __future__ import annotations
 
 import random
+import secrets
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -69,6 +70,9 @@ class Workload:
             raise ValueError("a workload needs at least one bucket")
         self._rng = random.Random(self.seed)
         self._serial = 0
+        # Unique per workload object, so a rerun (same seed) misses the server's
+        # prefix cache just like the first run did.
+        self._nonce = secrets.token_hex(3)
 
     @property
     def path(self) -> str:
@@ -81,7 +85,7 @@ class Workload:
     def body(self, bucket: Bucket) -> dict[str, Any]:
         self._serial += 1
         # A unique head defeats prefix caches, so every request pays its prefill.
-        words = [f"q{self._serial}"]
+        words = [f"q{self._nonce}{self._serial}"]
         words += self._rng.choices(_WORDS, k=max(0, bucket.prompt_tokens - 1))
         text = " ".join(words)
         body: dict[str, Any] = {
