@@ -1,0 +1,341 @@
+"""The continuous-batching scheduler: one worker thread drives every llama.cpp call.
+
+Each step of the loop:
+
+1. takes new jobs and cancellations from the inbox (never blocking while
+   work is running);
+2. frees the slots of cancelled sequences (their KV cache is dropped);
+3. admits waiting jobs into free slots, preferring the slot whose cached
+   tokens share the longest prefix with the new prompt (only the differing
+   tail of that slot's cache is removed);
+4. builds one batch: the next token of every decoding sequence, then up to
+   ``chunk_tokens`` prompt tokens of prefilling sequences (chunked prefill:
+   a long prompt is spread over several steps instead of stalling everyone);
+5. runs one ``llama_decode`` and samples, per sequence, with its own chain;
+   text goes to the job's sink (which hands it to the event loop).
+
+A finished sequence leaves its tokens in its slot's cache for prefix reuse;
+a cancelled one (client gone) has its cache dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
+from servekit.engine.batching_sampler import SamplerChain
+from servekit.engine.batching_stats import BatchingStats
+from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
+from servekit.errors import EngineFailure, ServeError
+from servekit.wire import FinishReason
+
+__all__ = ["Job", "Prepared", "Scheduler", "TokenText"]
+
+
+class TokenText(Protocol):
+    """Turns one sequence's tokens into text: UTF-8 safe, stop sequences held back."""
+
+    @property
+    def stopped(self) -> bool:
+        """A stop sequence was produced; text up to it has been returned."""
+        ...
+
+    def feed(self, token: int) -> str:
+        """Add a generated token; return text that is now safe to emit."""
+        ...
+
+    def flush(self) -> str:
+        """The end of the sequence: return whatever is still held back."""
+        ...
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A job's prompt tokens, token budget and text sink, made on the worker."""
+
+    tokens: list[int]
+    max_new_tokens: int
+    text: TokenText
+
+
+Emit = Callable[[TextDelta | Finish | BaseException], None]
+Prepare = Callable[[GenerationRequest], Prepared]
+
+
+@dataclass(eq=False)
+class Job:
+    """A request handed to the scheduler; ``emit`` must be thread-safe."""
+
+    request: GenerationRequest
+    emit: Emit
+    submitted: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class _Seq:
+    job: Job
+    prompt: list[int]
+    max_new: int
+    text: TokenText
+    sampler: SamplerChain
+    slot: _Slot
+    n_past: int  # tokens of this sequence already in the slot's cache
+    cached_prompt: int
+    generated: int = 0
+    next_token: int | None = None  # sampled, not yet in the cache
+    out_index: int = -1  # batch index of this sequence's logits in the current step
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)
+
+
+@dataclass(eq=False)
+class _Slot:
+    seq_id: int
+    cached: list[int] = field(default_factory=list)
+    seq: _Seq | None = None
+    last_used: float = 0.0
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    """Owns the worker thread, the slots and the waiting queue."""
+
+    def __init__(
+        self, model: LlamaBatchModel, prepare: Prepare, *, chunk_tokens: int, stats: BatchingStats
+    ) -> None:
+        if chunk_tokens < 1 or model.n_slots + chunk_tokens > model.n_batch:
+            raise ValueError("need 1 <= chunk_tokens <= n_batch - n_slots")
+        self._model = model
+        self._prepare = prepare
+        self._chunk = chunk_tokens
+        self.stats = stats
+        self._slots = [_Slot(i) for i in range(model.n_slots)]
+        self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._waiting: list[tuple[int, int, Job, Prepared]] = []
+        self._order = itertools.count()
+        self._running: list[_Seq] = []  # admission order: prefill goes first-come first-served
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- any thread -------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="llama-batching", daemon=True)
+            self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        self._inbox.put(job)
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: stop the job and drop its cache at the next step."""
+        job.cancelled = True
+        self._inbox.put(None)  # wake the loop if it is idle
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; unfinished jobs get :class:`EngineFailure`."""
+        self._stopping = True
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise EngineFailure("batching worker did not stop")
+            self._thread = None
+
+    # -- worker thread ----------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._intake(block=not self._running and not self._waiting)
+                self._reap_cancelled()
+                self._admit()
+                if self._running:
+                    self._step()
+        except BaseException as exc:  # the worker must never die silently
+            self._fail_all(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
+            raise
+        self._fail_all(EngineFailure("engine stopped"))
+
+    def _intake(self, *, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=1.0) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if item is not None:
+                self._accept(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _accept(self, job: Job) -> None:
+        if job.cancelled:
+            return
+        try:
+            prepared = self._prepare(job.request)
+        except ServeError as exc:
+            job.emit(exc)
+            self.stats.requests_failed += 1
+            return
+        entry = (int(job.request.priority), next(self._order), job, prepared)
+        heapq.heappush(self._waiting, entry)
+        self.stats.waiting = len(self._waiting)
+
+    def _reap_cancelled(self) -> None:
+        if any(e[2].cancelled for e in self._waiting):
+            self._waiting = [e for e in self._waiting if not e[2].cancelled]
+            heapq.heapify(self._waiting)
+            self.stats.waiting = len(self._waiting)
+        for seq in [s for s in self._running if s.job.cancelled]:
+            self._release(seq, keep_cache=False)
+            self.stats.requests_cancelled += 1
+
+    def _admit(self) -> None:
+        while self._waiting:
+            free = [s for s in self._slots if s.seq is None]
+            if not free:
+                return
+            _, _, job, prepared = heapq.heappop(self._waiting)
+            self.stats.waiting = len(self._waiting)
+            prompt = prepared.tokens
+            # Longest shared prefix wins; among equals, the least recently used slot.
+            slot = max(free, key=lambda s: (_common_prefix(s.cached, prompt), -s.last_used))
+            # The last prompt token is always evaluated again: its logits start the answer.
+            keep = min(_common_prefix(slot.cached, prompt), len(prompt) - 1)
+            keep = self._model.forget(slot.seq_id, keep)
+            slot.cached = prompt[:keep]
+            self.stats.reused_prompt_tokens += keep
+            seq = _Seq(
+                job=job,
+                prompt=prompt,
+                max_new=prepared.max_new_tokens,
+                text=prepared.text,
+                sampler=SamplerChain(job.request.sampling, self._model.n_vocab),
+                slot=slot,
+                n_past=keep,
+                cached_prompt=keep,
+            )
+            slot.seq = seq
+            self._running.append(seq)
+            self.stats.running = len(self._running)
+
+    def _step(self) -> None:
+        items: list[BatchItem] = []
+        decoding = [s for s in self._running if s.next_token is not None]
+        for seq in decoding:
+            assert seq.next_token is not None
+            seq.out_index = len(items)
+            items.append(BatchItem(seq.next_token, seq.n_past, seq.slot.seq_id, True))
+        budget = self._chunk
+        finishing_prefill: list[_Seq] = []
+        for seq in self._running:
+            if budget <= 0:
+                break
+            if not seq.prefilling:
+                continue
+            take = min(budget, len(seq.prompt) - seq.n_past)
+            for j in range(seq.n_past, seq.n_past + take):
+                last = j == len(seq.prompt) - 1
+                if last:
+                    seq.out_index = len(items)
+                    finishing_prefill.append(seq)
+                items.append(BatchItem(seq.prompt[j], j, seq.slot.seq_id, last))
+            budget -= take
+        prefill_tokens = len(items) - len(decoding)
+        started = time.perf_counter()
+        try:
+            self._model.decode(items)
+        except EngineFailure as exc:
+            for seq in list(self._running):
+                self._fail(seq, exc)
+            return
+        self.stats.record_step(
+            len({it.seq for it in items}),
+            len(decoding),
+            prefill_tokens,
+            time.perf_counter() - started,
+        )
+        # Advance cache bookkeeping for everything that went into the batch.
+        for it in items:
+            slot = self._slots[it.seq]
+            slot.cached.append(it.token)
+            assert slot.seq is not None
+            slot.seq.n_past = it.pos + 1
+        for seq in decoding + finishing_prefill:
+            self._sample(seq)
+
+    def _sample(self, seq: _Seq) -> None:
+        token = seq.sampler.sample(self._model.ctx, seq.out_index)
+        if seq.generated == 0:
+            self.stats.record_ttft(time.monotonic() - seq.job.submitted)
+        seq.generated += 1
+        if self._model.is_eog(token):
+            self._finish(seq, "stop", seq.text.flush(), tokens=1)
+            return
+        text = seq.text.feed(token)
+        if seq.text.stopped:
+            self._finish(seq, "stop", text, tokens=1)
+            return
+        if seq.generated >= seq.max_new or seq.n_past + 1 >= self._model.ctx_per_slot:
+            self._finish(seq, "length", text + seq.text.flush(), tokens=1)
+            return
+        seq.job.emit(TextDelta(text, 1))
+        seq.next_token = token
+
+    def _finish(self, seq: _Seq, reason: FinishReason, text: str, *, tokens: int) -> None:
+        # Release first, so that load() never counts a sequence its client saw finish.
+        self._release(seq, keep_cache=True)
+        self.stats.requests_ok += 1
+        if text or tokens:
+            seq.job.emit(TextDelta(text, tokens))
+        seq.job.emit(
+            Finish(
+                reason=reason,
+                prompt_tokens=len(seq.prompt),
+                completion_tokens=seq.generated,
+                cached_prompt_tokens=seq.cached_prompt,
+            )
+        )
+
+    def _fail(self, seq: _Seq, exc: BaseException) -> None:
+        self._release(seq, keep_cache=False)
+        self.stats.requests_failed += 1
+        seq.job.emit(exc)
+
+    def _release(self, seq: _Seq, *, keep_cache: bool) -> None:
+        seq.sampler.close()
+        slot = seq.slot
+        if not keep_cache:
+            self._model.forget(slot.seq_id)
+            slot.cached = []
+        slot.seq = None
+        slot.last_used = time.monotonic()
+        self._running.remove(seq)
+        self.stats.running = len(self._running)
+
+    def _fail_all(self, exc: ServeError) -> None:
+        for seq in list(self._running):
+            self._fail(seq, exc)
+        for _, _, job, _ in self._waiting:
+            job.emit(exc)
+        self._waiting.clear()
+        self.stats.waiting = 0
