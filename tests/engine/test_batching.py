@@ -87,7 +87,7 @@ async def test_limits_stop_and_overflow_under_concurrency(engine: BatchingLlamaE
         collect(engine, chat("Name a color.", max_tokens=1)),
         overflow(),
     )
-    (short, short_fin, _), (stopped, stop_fin, _), (one, one_fin, _), _ = results
+    (short, short_fin, _), (stopped, stop_fin, _), (_, one_fin, _), _ = results
     assert (short_fin.reason, short_fin.completion_tokens) == ("length", 5)
     assert free.startswith(short)
     assert stop_fin.reason == "stop"
