@@ -180,6 +180,11 @@ class LoadReport:
     # Cumulative request outcomes since start, for rollout gates (error rate).
     requests_ok: int = 0
     requests_failed: int = 0
+    # Cumulative engine counters (tokens), exported as metrics.
+    prefix_cache_query_tokens: int = 0
+    prefix_cache_hit_tokens: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

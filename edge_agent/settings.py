@@ -1,0 +1,61 @@
+"""The edge agent's settings tree, loaded once from YAML."""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from servekit.engine.llama import LlamaSettings
+
+__all__ = ["AdmissionSettings", "EdgeSettings", "InstanceSettings", "ServerSettings"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Section):
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8001, ge=0, le=65535, description="Port to listen on.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger bodies get 413.")
+    graceful_shutdown_s: float = Field(30.0, ge=0, description="Time to finish in-flight work.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class InstanceSettings(_Section):
+    id: str = Field(default_factory=socket.gethostname, description="Unique instance id.")
+    region: str = Field("local", min_length=1, description="Region this node serves.")
+    version: str = Field("v1", description="Version label of the loaded model.")
+
+
+class AdmissionSettings(_Section):
+    max_waiting: int = Field(16, ge=0, description="Requests that may wait; more get 429.")
+    batch_every: int = Field(4, ge=1, description="One grant in N goes to waiting batch work.")
+
+
+class EngineSettings(LlamaSettings):
+    kind: Literal["llama"] = Field("llama", description="Which engine runs the model.")
+
+
+class EdgeSettings(_Section):
+    """Everything an edge agent needs; see ``configs/edge-*.yaml``."""
+
+    server: ServerSettings = ServerSettings()
+    instance: InstanceSettings = InstanceSettings()
+    engine: EngineSettings
+    admission: AdmissionSettings = AdmissionSettings()
+    aliases: list[str] = Field(
+        default_factory=lambda: ["edge"], description="Extra names accepted in `model`."
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _model_exists(cls, engine: EngineSettings) -> EngineSettings:
+        if not engine.model_path.is_file():
+            raise ValueError(
+                f"model file {engine.model_path} does not exist "
+                "(run `.venv/bin/hybrid-llm fetch-models`)"
+            )
+        return engine

@@ -1,0 +1,69 @@
+"""What a serving instance needs to answer OpenAI requests from an engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from servekit.admission import AdmissionQueue
+from servekit.engine.protocol import Engine, LoadReport
+from servekit.errors import ModelNotFound
+from servekit.metrics import ServingMetrics
+
+__all__ = ["EngineSource", "FixedEngine", "ServingCore"]
+
+
+class EngineSource(Protocol):
+    """Hands out the engine that new requests should use (hot swap changes it)."""
+
+    def current(self) -> Engine: ...
+
+
+@dataclass
+class FixedEngine:
+    engine: Engine
+
+    def current(self) -> Engine:
+        return self.engine
+
+
+@dataclass
+class ServingCore:
+    engines: EngineSource
+    admission: AdmissionQueue
+    metrics: ServingMetrics
+    aliases: frozenset[str] = frozenset()
+    version: str = ""
+    draining: bool = False
+    requests_ok: int = field(default=0, init=False)
+    requests_failed: int = field(default=0, init=False)
+
+    def model_names(self) -> list[str]:
+        return [self.engines.current().model_name, *sorted(self.aliases)]
+
+    def check_model(self, name: str) -> None:
+        if name not in self.model_names():
+            raise ModelNotFound(
+                f"The model '{name}' does not exist; this server serves "
+                f"{', '.join(repr(n) for n in self.model_names())}.",
+                param="model",
+            )
+
+    async def ready(self) -> bool:
+        return not self.draining and await self.engines.current().ready()
+
+    def load(self) -> LoadReport:
+        engine = self.engines.current()
+        report = engine.load()
+        return replace(
+            report,
+            draining=self.draining,
+            ready=report.ready and not self.draining,
+            waiting=self.admission.waiting,
+            running=self.admission.running,
+            capacity=self.admission.slots,
+            queue_limit=self.admission.max_waiting,
+            version=report.version or self.version,
+            requests_ok=self.requests_ok,
+            requests_failed=self.requests_failed,
+        )

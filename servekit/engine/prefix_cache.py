@@ -1,0 +1,89 @@
+"""A prompt-prefix cache of llama.cpp context states.
+
+``Llama.generate`` already reuses the common prefix with whatever is in the
+context from the previous request. This cache keeps the states of earlier,
+different prompts (system prompts, earlier turns) so that interleaved
+conversations also skip their prefill. States come from llama.cpp's own state
+API; only the bytes llama.cpp reports as used are kept, and the least recently
+used entries are evicted past a byte budget.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["PrefixStateCache", "SavedState", "common_prefix"]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    tokens: tuple[int, ...]
+    data: bytes
+
+
+class PrefixStateCache:
+    def __init__(self, capacity_bytes: int, min_tokens: int = 32) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.min_tokens = min_tokens
+        self._entries: OrderedDict[tuple[int, ...], SavedState] = OrderedDict()
+        self._size = 0
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, tokens: Sequence[int]) -> tuple[SavedState | None, int]:
+        """The entry sharing the longest prefix with ``tokens``, and that length."""
+        best: SavedState | None = None
+        best_len = 0
+        for key, entry in self._entries.items():
+            n = common_prefix(key, tokens)
+            if n > best_len:
+                best, best_len = entry, n
+        if best is not None:
+            self._entries.move_to_end(best.tokens)
+        return best, best_len
+
+    def store(self, tokens: Sequence[int], data: bytes) -> None:
+        key = tuple(tokens)
+        if len(key) < self.min_tokens or len(data) > self.capacity_bytes:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._size -= len(old.data)
+        self._entries[key] = SavedState(key, data)
+        self._size += len(data)
+        while self._size > self.capacity_bytes and self._entries:
+            _, evicted = self._entries.popitem(last=False)
+            self._size -= len(evicted.data)
+
+
+def read_context_state(llama_cpp_module: object, ctx: object) -> bytes:
+    """Copy a llama.cpp context's state (KV cells in use, last logits) out."""
+    lib = llama_cpp_module
+    size = int(lib.llama_state_get_size(ctx))  # type: ignore[attr-defined]
+    buf = (ctypes.c_uint8 * size)()
+    n = int(lib.llama_state_get_data(ctx, buf, size))  # type: ignore[attr-defined]
+    return ctypes.string_at(buf, n)
+
+
+def write_context_state(llama_cpp_module: object, ctx: object, data: bytes) -> None:
+    lib = llama_cpp_module
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    if int(lib.llama_state_set_data(ctx, buf, len(data))) != len(data):  # type: ignore[attr-defined]
+        raise RuntimeError("llama.cpp refused the saved state")

@@ -1,0 +1,154 @@
+"""Prometheus metrics shared by the serving tiers (edge agent, central gateway).
+
+Names follow vLLM's where one exists (``vllm:time_to_first_token_seconds``
+and friends) so existing dashboards work; every series carries ``model``,
+``version``, ``region`` and ``tier`` labels. Each app owns its own
+:class:`~prometheus_client.CollectorRegistry`; nothing is global.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from servekit.engine.protocol import LoadReport
+
+__all__ = ["LATENCY_BUCKETS", "ServingMetrics"]
+
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+LABELS = ("model", "version", "region", "tier")
+
+
+class _LoadCollector(Collector):
+    """Engine-reported counters and gauges, read from the load report at scrape time."""
+
+    def __init__(self, load: Callable[[], LoadReport], labels: dict[str, str]) -> None:
+        self._load = load
+        self._labels = labels
+
+    def collect(self) -> Iterable[Metric]:
+        report = self._load()
+        names = list(self._labels)
+        values = [self._labels[n] for n in names]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            fam = CounterMetricFamily(name, doc, labels=names)
+            fam.add_metric(values, value)
+            return fam
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            fam = GaugeMetricFamily(name, doc, labels=names)
+            fam.add_metric(values, value)
+            return fam
+
+        yield gauge("vllm:num_requests_running", "Requests running on the engine.", report.running)
+        yield gauge("vllm:num_requests_waiting", "Requests admitted, waiting.", report.waiting)
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            report.prefix_cache_query_tokens,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens served from the prefix cache.",
+            report.prefix_cache_hit_tokens,
+        )
+        yield counter(
+            "vllm:spec_decode_num_draft_tokens",
+            "Draft tokens proposed by speculative decoding.",
+            report.spec_draft_tokens,
+        )
+        yield counter(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Draft tokens accepted by speculative decoding.",
+            report.spec_accepted_tokens,
+        )
+        if report.decode_tokens_per_s is not None:
+            yield gauge(
+                "hybrid_decode_tokens_per_second",
+                "Recent per-sequence decode rate.",
+                report.decode_tokens_per_s,
+            )
+        yield gauge("hybrid_ready", "1 when the instance serves traffic.", int(report.ready))
+        yield gauge("hybrid_draining", "1 while draining before stop.", int(report.draining))
+
+
+class ServingMetrics:
+    """The metrics one serving instance exports."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        model: str,
+        version: str,
+        region: str,
+        tier: str,
+        load: Callable[[], LoadReport],
+    ) -> None:
+        self.registry = registry
+        self.labels = {"model": model, "version": version, "region": region, "tier": tier}
+        lv = self.labels
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time from request arrival to first output token.",
+            LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(**lv)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between consecutive output tokens.",
+            LABELS,
+            buckets=ITL_BUCKETS,
+            registry=registry,
+        ).labels(**lv)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Time from request arrival to its last token.",
+            LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(**lv)
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Time a request waited for admission.",
+            LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        ).labels(**lv)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens processed.", LABELS, registry=registry
+        ).labels(**lv)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens generated.", LABELS, registry=registry
+        ).labels(**lv)
+        self._success = Counter(
+            "vllm:request_success",
+            "Requests finished, by finish reason.",
+            (*LABELS, "finished_reason"),
+            registry=registry,
+        )
+        self._outcomes = Counter(
+            "hybrid_requests",
+            "Requests by outcome: ok, client_error, rejected, cancelled, error.",
+            (*LABELS, "outcome"),
+            registry=registry,
+        )
+        registry.register(_LoadCollector(load, lv))
+
+    def finished(self, reason: str) -> None:
+        self._success.labels(**self.labels, finished_reason=reason).inc()
+
+    def outcome(self, outcome: str) -> None:
+        self._outcomes.labels(**self.labels, outcome=outcome).inc()

@@ -1,0 +1,54 @@
+"""Running a service under uvicorn, with draining announced on SIGTERM.
+
+On the first SIGINT/SIGTERM the service is marked draining *before* uvicorn
+stops accepting connections, so `/ready` turns 503 and the registry hears
+about it while in-flight requests finish within the grace period.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+__all__ = ["run_service"]
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_drain = on_drain
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        try:
+            self._on_drain()
+        finally:
+            super().handle_exit(sig, frame)
+
+
+def run_service(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    on_drain: Callable[[], None] = lambda: None,
+    log_level: str = "info",
+    graceful_s: float = 30.0,
+) -> None:
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(graceful_s),
+        http="httptools",
+        loop="uvloop",
+        access_log=False,
+    )
+    _DrainingServer(config, on_drain).run()
