@@ -16,45 +16,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servekit.engine.batching_llama import LlamaBatchModel
-from servekit.engine.batching_prompt import PromptMaker
 from servekit.engine.batching_sched import Job, Prepared, Scheduler
 from servekit.engine.batching_stats import BatchingSnapshot, BatchingStats
+from servekit.engine.prompting import ChatTemplate, tokenize_request
 from servekit.engine.protocol import (
     Finish,
     GenerationEvent,
     GenerationRequest,
     LoadReport,
+    Message,
     SamplingParams,
 )
 from servekit.errors import ContextLengthExceeded, NotReady
 
-__all__ = ["BatchingLlamaEngine", "BatchingSettings"]
+__all__ = ["BatchingLlamaEngine", "BatchingSettings", "completion_budget"]
 
 
 class BatchingSettings(BaseModel):
-    """Settings of the batching llama.cpp engine (``engine: llama-batching``)."""
+    """Settings of the batching llama.cpp engine (``engine: llama-batching``).
 
-    model_path: Path = Field(description="The GGUF file to load.")
-    model_name: str = Field(min_length=1, description="The name clients use for the model.")
-    version: str = Field("", description="The model version reported in load reports.")
+    Field names shared with :class:`~servekit.engine.llama.LlamaSettings` mean
+    the same thing; ``slots`` x ``ctx_per_slot`` replaces its ``n_ctx``.
+    """
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_path: Path = Field(description="GGUF file to load.")
+    model_name: str = Field(min_length=1, description="Name clients address the model by.")
     slots: int = Field(4, ge=1, le=64, description="Sequences decoded together (n_seq_max).")
     ctx_per_slot: int = Field(
-        2048, ge=64, description="KV cache per slot: prompt plus completion must fit."
+        2048, ge=64, description="KV cache per slot in tokens: prompt plus completion must fit."
     )
     chunk_tokens: int = Field(
         128,
         ge=1,
-        description="Prompt tokens prefilled per step, interleaved with decoding; "
-        "smaller keeps running streams smoother, larger gives faster first tokens.",
+        description="Prompt tokens prefilled per step, interleaved with decoding; smaller keeps "
+        "running streams smoother, larger gives new requests their first token sooner.",
     )
     n_threads: int = Field(2, ge=1, description="CPU threads for llama.cpp.")
+    seed: int | None = Field(None, description="Default sampling seed.")
+    warmup_tokens: int = Field(4, ge=0, description="Tokens generated before ready.")
+    chat_template: str | None = Field(None, description="Override the GGUF's chat template.")
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> BatchingSettings:
@@ -64,20 +71,41 @@ class BatchingSettings(BaseModel):
 
     @property
     def n_batch(self) -> int:
-        """Largest batch one step can build: one token per slot plus a prefill chunk."""
+        """Largest batch one step builds: one token per slot plus a prefill chunk."""
         return self.slots + self.chunk_tokens
+
+
+def completion_budget(prompt_tokens: int, max_tokens: int | None, n_ctx: int) -> int:
+    """How many tokens a completion may have, or the same 400 the single-sequence engine gives."""
+    if prompt_tokens >= n_ctx:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {n_ctx} tokens; the prompt has "
+            f"{prompt_tokens} tokens.",
+            param="messages",
+        )
+    room = n_ctx - prompt_tokens
+    if max_tokens is None:
+        return room
+    if max_tokens > room:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {n_ctx} tokens; the prompt has "
+            f"{prompt_tokens} tokens and max_tokens asks for {max_tokens} more.",
+            param="max_tokens",
+        )
+    return max_tokens
 
 
 class BatchingLlamaEngine:
     """The :class:`~servekit.engine.protocol.Engine` over a batching llama.cpp context."""
 
-    def __init__(self, settings: BatchingSettings) -> None:
+    def __init__(self, settings: BatchingSettings, *, version: str = "") -> None:
         self._settings = settings
+        self.version = version
         self._model: LlamaBatchModel | None = None
         self._scheduler: Scheduler | None = None
         self._stats = BatchingStats(slots=settings.slots)
         self._start_lock = asyncio.Lock()
-        self._ids = itertools.count()
+        self._ready = False
         self._closed = False
 
     @property
@@ -107,37 +135,39 @@ class BatchingLlamaEngine:
                 n_batch=s.n_batch,
                 n_threads=s.n_threads,
             )
-            prompts = PromptMaker(model)
+            source = s.chat_template or model.metadata("tokenizer.chat_template")
+            meta = {"tokenizer.chat_template": source} if source else {}
+            template = ChatTemplate.from_metadata(
+                meta, model.special_text("bos"), model.special_text("eos")
+            )
             scheduler = Scheduler(
                 model,
-                lambda request: self._prepare(prompts, request),
+                lambda request: self._prepare(model, template, request),
                 chunk_tokens=s.chunk_tokens,
                 stats=self._stats,
+                seed=s.seed,
             )
             scheduler.start()
             self._model, self._scheduler = model, scheduler
-            # Warm up: the first decode allocates compute buffers.
-            async for _ in self.generate(
-                GenerationRequest(
-                    "warmup", SamplingParams(max_tokens=1, temperature=0.0), prompt="Hi"
+            if s.warmup_tokens > 0:  # the first decodes allocate compute buffers
+                warm = GenerationRequest(
+                    "warmup",
+                    SamplingParams(max_tokens=s.warmup_tokens, temperature=0.0),
+                    messages=(Message("user", "Hello"),),
                 )
-            ):
-                pass
+                async for _ in self.generate(warm):
+                    pass
+            self._ready = True
 
-    def _prepare(self, prompts: PromptMaker, request: GenerationRequest) -> Prepared:
-        """On the worker: prompt tokens, token budget and detokenizer, or a 400."""
-        tokens = prompts.tokens(request)
-        limit = self._settings.ctx_per_slot
-        wanted = request.sampling.max_tokens
-        room = limit - len(tokens)
-        if room < 1 or (wanted is not None and wanted > room):
-            need = len(tokens) + (wanted or 1)
-            raise ContextLengthExceeded(
-                f"This model's context per sequence is {limit} tokens; the request needs "
-                f"{need} ({len(tokens)} in the prompt, {wanted or 1} for the completion).",
-                param="messages" if request.messages is not None else "prompt",
-            )
-        return Prepared(tokens, wanted or room, prompts.text_stream(request))
+    def _prepare(
+        self, model: LlamaBatchModel, template: ChatTemplate, request: GenerationRequest
+    ) -> Prepared:
+        """On the worker: prompt tokens and completion budget, or a 400."""
+        tokens = tokenize_request(request, template, model, model.add_bos())
+        limit = completion_budget(
+            len(tokens), request.sampling.max_tokens, self._settings.ctx_per_slot
+        )
+        return Prepared(tokens, limit)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         scheduler = self._scheduler
@@ -176,7 +206,7 @@ class BatchingLlamaEngine:
     def load(self) -> LoadReport:
         snap = self._stats.snapshot()
         return LoadReport(
-            ready=self._scheduler is not None and not self._closed,
+            ready=self._ready and not self._closed,
             waiting=snap.waiting,
             running=snap.running,
             capacity=self.capacity,
@@ -185,16 +215,19 @@ class BatchingLlamaEngine:
             decode_tokens_per_s=snap.decode_tokens_per_s,
             prefill_tokens_per_s=snap.prefill_tokens_per_s,
             model=self.model_name,
-            version=self._settings.version,
+            version=self.version,
             requests_ok=snap.requests_ok,
             requests_failed=snap.requests_failed,
+            prefix_cache_query_tokens=snap.prompt_tokens,
+            prefix_cache_hit_tokens=snap.reused_prompt_tokens,
         )
 
     async def ready(self) -> bool:
-        return self._scheduler is not None and not self._closed
+        return self._ready and not self._closed
 
     async def aclose(self) -> None:
         self._closed = True
+        self._ready = False
         scheduler, model = self._scheduler, self._model
         self._scheduler = self._model = None
         if scheduler is not None:

@@ -73,7 +73,7 @@ class LlamaBatchModel:
         self.n_slots = n_slots
         self.ctx_per_slot = int(llama_cpp.llama_n_ctx_seq(self._ctx))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self._piece = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
 
     @property
     def ctx(self) -> Any:
@@ -89,34 +89,46 @@ class LlamaBatchModel:
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return None if n < 0 else buf.value.decode("utf-8", "replace")
 
-    def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(
-            self._vocab, data, len(data), buf, cap, add_special, parse_special
-        )
-        if n < 0:
-            cap = -n
+    # -- the servekit.engine.prompting.Tokenizer protocol -----------------
+
+    def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
+        cap = len(text) + 16
+        while True:
             buf = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(
-                self._vocab, data, len(data), buf, cap, add_special, parse_special
-            )
-        return list(buf[:n])
+            n = llama_cpp.llama_tokenize(self._vocab, text, len(text), buf, cap, add_bos, special)
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n
 
     def piece(self, token: int) -> bytes:
         """The bytes one token renders to (special tokens render as nothing)."""
-        n = llama_cpp.llama_token_to_piece(
-            self._vocab, token, self._piece, len(self._piece), 0, False
-        )
-        if n < 0:
-            big = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, big, len(big), 0, False)
-            return big.raw[:n]
-        return self._piece.raw[:n]
+        cached = self._pieces.get(token)
+        if cached is None:
+            cached = self._pieces[token] = self._render(token, special=False)
+        return cached
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # ----------------------------------------------------------------------
+
+    def add_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    def special_text(self, which: str) -> str:
+        """The text of the ``bos`` or ``eos`` token, as chat templates see it."""
+        fn = llama_cpp.llama_vocab_bos if which == "bos" else llama_cpp.llama_vocab_eos
+        token = int(fn(self._vocab))
+        return "" if token < 0 else self._render(token, special=True).decode("utf-8", "replace")
+
+    def _render(self, token: int, *, special: bool) -> bytes:
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = int(llama_cpp.llama_token_to_piece(self._vocab, token, buf, size, 0, special))
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
 
     def decode(self, items: Sequence[BatchItem]) -> None:
         """Evaluate one batch; the logits of item ``i`` (if requested) are at index ``i``."""

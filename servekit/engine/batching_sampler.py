@@ -17,37 +17,45 @@ from servekit.engine.protocol import SamplingParams
 
 __all__ = ["SamplerChain"]
 
-# How many recent tokens presence/frequency penalties look at (llama.cpp's default).
+# How many recent tokens presence/frequency penalties look at (as ``Llama``'s default).
 PENALTY_LAST_N = 64
 
 
 class SamplerChain:
-    """A llama.cpp sampler chain for one sequence; free it with :meth:`close`."""
+    """A llama.cpp sampler chain for one sequence; free it with :meth:`close`.
 
-    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+    The chain is the one llama-cpp-python's ``Llama.generate`` builds for the
+    single-sequence engine's arguments (penalties, then greedy, or the no-op
+    top-k/typical/min-p stages around top-p, temperature and a seeded draw),
+    so a seeded request samples the same tokens in both engines.
+    """
+
+    def __init__(self, params: SamplingParams, n_vocab: int, seed: int | None = None) -> None:
         self._chain: Any = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
         )
-        add = llama_cpp.llama_sampler_chain_add
-        if params.presence_penalty or params.frequency_penalty:
-            add(
-                self._chain,
-                llama_cpp.llama_sampler_init_penalties(
-                    n_vocab,
-                    PENALTY_LAST_N,
-                    1.0,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                ),
+        stages = [
+            llama_cpp.llama_sampler_init_penalties(
+                n_vocab, PENALTY_LAST_N, 1.0, params.frequency_penalty, params.presence_penalty
             )
+        ]
         if params.greedy:
-            add(self._chain, llama_cpp.llama_sampler_init_greedy())
-            return
-        if params.top_p < 1.0:
-            add(self._chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-        add(self._chain, llama_cpp.llama_sampler_init_temp(params.temperature))
-        seed = params.seed if params.seed is not None else random.getrandbits(32)
-        add(self._chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+            stages.append(llama_cpp.llama_sampler_init_greedy())
+        else:
+            if params.seed is not None:
+                seed = params.seed
+            if seed is None:
+                seed = random.getrandbits(32)
+            stages += [
+                llama_cpp.llama_sampler_init_top_k(0),
+                llama_cpp.llama_sampler_init_typical(1.0, 1),
+                llama_cpp.llama_sampler_init_top_p(params.top_p, 1),
+                llama_cpp.llama_sampler_init_min_p(0.0, 1),
+                llama_cpp.llama_sampler_init_temp(params.temperature),
+                llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF),
+            ]
+        for stage in stages:
+            llama_cpp.llama_sampler_chain_add(self._chain, stage)
 
     def sample(self, ctx: Any, index: int) -> int:
         """Pick (and accept into the chain's history) the next token from batch item ``index``."""

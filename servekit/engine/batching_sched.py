@@ -27,42 +27,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_sampler import SamplerChain
 from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
+from servekit.engine.textstream import TextStream
 from servekit.errors import EngineFailure, ServeError
 from servekit.wire import FinishReason
 
-__all__ = ["Job", "Prepared", "Scheduler", "TokenText"]
-
-
-class TokenText(Protocol):
-    """Turns one sequence's tokens into text: UTF-8 safe, stop sequences held back."""
-
-    @property
-    def stopped(self) -> bool:
-        """A stop sequence was produced; text up to it has been returned."""
-        ...
-
-    def feed(self, token: int) -> str:
-        """Add a generated token; return text that is now safe to emit."""
-        ...
-
-    def flush(self) -> str:
-        """The end of the sequence: return whatever is still held back."""
-        ...
+__all__ = ["Job", "Prepared", "Scheduler"]
 
 
 @dataclass(slots=True)
 class Prepared:
-    """A job's prompt tokens, token budget and text sink, made on the worker."""
+    """A job's prompt tokens and completion budget, made on the worker."""
 
     tokens: list[int]
     max_new_tokens: int
-    text: TokenText
 
 
 Emit = Callable[[TextDelta | Finish | BaseException], None]
@@ -84,12 +66,14 @@ class _Seq:
     job: Job
     prompt: list[int]
     max_new: int
-    text: TokenText
+    text: TextStream
     sampler: SamplerChain
     slot: _Slot
     n_past: int  # tokens of this sequence already in the slot's cache
     cached_prompt: int
-    generated: int = 0
+    generated: int = 0  # completion tokens (an end-of-generation token is not one)
+    unsent: int = 0  # tokens whose text is still held back by the text stream
+    started: float = 0.0
     next_token: int | None = None  # sampled, not yet in the cache
     out_index: int = -1  # batch index of this sequence's logits in the current step
 
@@ -118,13 +102,20 @@ class Scheduler:
     """Owns the worker thread, the slots and the waiting queue."""
 
     def __init__(
-        self, model: LlamaBatchModel, prepare: Prepare, *, chunk_tokens: int, stats: BatchingStats
+        self,
+        model: LlamaBatchModel,
+        prepare: Prepare,
+        *,
+        chunk_tokens: int,
+        stats: BatchingStats,
+        seed: int | None = None,
     ) -> None:
         if chunk_tokens < 1 or model.n_slots + chunk_tokens > model.n_batch:
             raise ValueError("need 1 <= chunk_tokens <= n_batch - n_slots")
         self._model = model
         self._prepare = prepare
         self._chunk = chunk_tokens
+        self._seed = seed
         self.stats = stats
         self._slots = [_Slot(i) for i in range(model.n_slots)]
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
@@ -223,16 +214,18 @@ class Scheduler:
             keep = min(_common_prefix(slot.cached, prompt), len(prompt) - 1)
             keep = self._model.forget(slot.seq_id, keep)
             slot.cached = prompt[:keep]
+            self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep
             seq = _Seq(
                 job=job,
                 prompt=prompt,
                 max_new=prepared.max_new_tokens,
-                text=prepared.text,
-                sampler=SamplerChain(job.request.sampling, self._model.n_vocab),
+                text=TextStream(job.request.sampling.stop),
+                sampler=SamplerChain(job.request.sampling, self._model.n_vocab, self._seed),
                 slot=slot,
                 n_past=keep,
                 cached_prompt=keep,
+                started=time.monotonic(),
             )
             slot.seq = seq
             self._running.append(seq)
@@ -284,37 +277,34 @@ class Scheduler:
             self._sample(seq)
 
     def _sample(self, seq: _Seq) -> None:
+        # Token accounting, text and finish reasons follow the single-sequence engine.
         token = seq.sampler.sample(self._model.ctx, seq.out_index)
-        if seq.generated == 0:
-            self.stats.record_ttft(time.monotonic() - seq.job.submitted)
-        seq.generated += 1
+        if seq.next_token is None:  # the first token: prefill just ended
+            self.stats.record_ttft(time.monotonic() - seq.started)
         if self._model.is_eog(token):
-            self._finish(seq, "stop", seq.text.flush(), tokens=1)
+            self._finish(seq, "stop")
             return
-        text = seq.text.feed(token)
+        seq.generated += 1
+        seq.unsent += 1
+        text = seq.text.push(self._model.piece(token))
+        if text:
+            seq.job.emit(TextDelta(text, seq.unsent))
+            seq.unsent = 0
         if seq.text.stopped:
-            self._finish(seq, "stop", text, tokens=1)
-            return
-        if seq.generated >= seq.max_new or seq.n_past + 1 >= self._model.ctx_per_slot:
-            self._finish(seq, "length", text + seq.text.flush(), tokens=1)
-            return
-        seq.job.emit(TextDelta(text, 1))
-        seq.next_token = token
+            self._finish(seq, "stop")
+        elif seq.generated >= seq.max_new:
+            self._finish(seq, "length")
+        else:
+            seq.next_token = token
 
-    def _finish(self, seq: _Seq, reason: FinishReason, text: str, *, tokens: int) -> None:
+    def _finish(self, seq: _Seq, reason: FinishReason) -> None:
         # Release first, so that load() never counts a sequence its client saw finish.
         self._release(seq, keep_cache=True)
         self.stats.requests_ok += 1
-        if text or tokens:
-            seq.job.emit(TextDelta(text, tokens))
-        seq.job.emit(
-            Finish(
-                reason=reason,
-                prompt_tokens=len(seq.prompt),
-                completion_tokens=seq.generated,
-                cached_prompt_tokens=seq.cached_prompt,
-            )
-        )
+        tail = seq.text.flush()
+        if tail or seq.unsent:
+            seq.job.emit(TextDelta(tail, seq.unsent))
+        seq.job.emit(Finish(reason, len(seq.prompt), seq.generated, seq.cached_prompt))
 
     def _fail(self, seq: _Seq, exc: BaseException) -> None:
         self._release(seq, keep_cache=False)
@@ -338,4 +328,11 @@ class Scheduler:
         for _, _, job, _ in self._waiting:
             job.emit(exc)
         self._waiting.clear()
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None and not item.cancelled:
+                item.emit(exc)
         self.stats.waiting = 0

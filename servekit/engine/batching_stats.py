@@ -30,6 +30,7 @@ class BatchingSnapshot:
     steps: int
     decode_tokens: int
     prefill_tokens: int
+    prompt_tokens: int
     reused_prompt_tokens: int
     last_batch_sequences: int
     last_batch_tokens: int
@@ -63,6 +64,7 @@ class BatchingStats:
     steps: int = 0
     decode_tokens: int = 0
     prefill_tokens: int = 0
+    prompt_tokens: int = 0  # of admitted requests; reused ones were not prefilled
     reused_prompt_tokens: int = 0
     last_batch_sequences: int = 0
     last_batch_tokens: int = 0
@@ -110,6 +112,7 @@ class BatchingStats:
                 steps=self.steps,
                 decode_tokens=self.decode_tokens,
                 prefill_tokens=self.prefill_tokens,
+                prompt_tokens=self.prompt_tokens,
                 reused_prompt_tokens=self.reused_prompt_tokens,
                 last_batch_sequences=self.last_batch_sequences,
                 last_batch_tokens=self.last_batch_tokens,
