@@ -61,6 +61,9 @@ class LlamaBatchModel:
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.kv_unified = False
+        # As llama-cpp-python's Llama (the single-sequence engine) sets it: the same
+        # attention kernels, so both engines compute the same logits.
+        cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.no_perf = True
         self._ctx: Any = llama_cpp.llama_init_from_model(self._model, cparams)
         if not self._ctx:
