@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
@@ -22,6 +23,7 @@ from servekit.admission import AdmissionQueue
 from servekit.api import ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
+from servekit.sysinfo import fits_beside
 
 __all__ = ["EdgeAgent", "create_app"]
 
@@ -69,6 +71,31 @@ class EdgeAgent:
         except Exception as exc:
             self.load_error = exc
             log.error("model failed to load: %s", exc)
+
+    async def swap_model(self, model_path: Path, version: str) -> None:
+        """Load ``model_path`` as ``version`` beside the current model, warm it, swap.
+
+        When memory is too tight to hold both, drain first: new requests get
+        503 (the router sends them elsewhere) while in-flight ones finish.
+        Raises if the new model fails to load; the old one keeps serving.
+        """
+        engine_settings = self.settings.engine.model_copy(update={"model_path": model_path})
+        engine = build_engine(engine_settings, version)
+        if fits_beside(model_path):
+            await self.slot.swap(engine, version)
+        else:
+            log.warning("not enough memory to load %s beside the current model: draining", version)
+            self.core.draining = True
+            old_settings, old_version = self.settings.engine, self.slot.version
+            try:
+                await self.slot.replace_when_idle(
+                    engine, version, rebuild_old=lambda: build_engine(old_settings, old_version)
+                )
+            finally:
+                self.core.draining = False
+        self.settings = self.settings.model_copy(update={"engine": engine_settings})
+        self.core.version = version
+        self.metrics.set_version(version)
 
     def drain(self) -> None:
         self.core.draining = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from servekit.engine.protocol import Engine, GenerationEvent, GenerationRequest, LoadReport
 
@@ -102,6 +102,32 @@ class ModelSlot:
             task = asyncio.create_task(self._retire(old, drain_timeout))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
+
+    async def replace_when_idle(
+        self,
+        engine: Engine,
+        version: str,
+        *,
+        rebuild_old: Callable[[], Engine],
+        drain_timeout: float = 120.0,
+    ) -> None:
+        """Swap when memory cannot hold two models: wait for in-flight requests,
+        close the old engine, then load the new one. If the new one fails, the
+        old model is loaded again so the node keeps serving."""
+        async with self._swap_lock:
+            old = self._current
+            await old.wait_idle(drain_timeout)
+            await old.aclose()
+            new = LeasedEngine(engine, version)
+            try:
+                await new.start()
+            except BaseException:
+                await engine.aclose()
+                restored = LeasedEngine(rebuild_old(), old.version)
+                await restored.start()
+                self._current = restored
+                raise
+            self._current = new
 
     async def _retire(self, old: LeasedEngine, within_s: float) -> None:
         if not await old.wait_idle(within_s):

@@ -181,7 +181,7 @@ def error_from_body(status: int, body: Any, *, retry_after: float | None = None)
     elif isinstance(body, dict) and isinstance(body.get("detail"), str):
         message = body["detail"]
     if code == "context_length_exceeded":
-        return ContextLengthExceeded(message, param=param)
+        return ContextLengthExceeded(message, param=param, retry_after=retry_after)
     if code == "queue_full":
         return QueueFull(message, retry_after=retry_after)
     cls = _BY_STATUS.get(status)

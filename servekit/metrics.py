@@ -34,12 +34,12 @@ class _LoadCollector(Collector):
 
     def __init__(self, load: Callable[[], LoadReport], labels: dict[str, str]) -> None:
         self._load = load
-        self._labels = labels
+        self.labels = labels
 
     def collect(self) -> Iterable[Metric]:
         report = self._load()
-        names = list(self._labels)
-        values = [self._labels[n] for n in names]
+        names = list(self.labels)
+        values = [self.labels[n] for n in names]
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             fam = CounterMetricFamily(name, doc, labels=names)
@@ -98,41 +98,40 @@ class ServingMetrics:
     ) -> None:
         self.registry = registry
         self.labels = {"model": model, "version": version, "region": region, "tier": tier}
-        lv = self.labels
-        self.ttft = Histogram(
+        self._ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time from request arrival to first output token.",
             LABELS,
             buckets=LATENCY_BUCKETS,
             registry=registry,
-        ).labels(**lv)
-        self.itl = Histogram(
+        )
+        self._itl = Histogram(
             "vllm:inter_token_latency_seconds",
             "Time between consecutive output tokens.",
             LABELS,
             buckets=ITL_BUCKETS,
             registry=registry,
-        ).labels(**lv)
-        self.e2e = Histogram(
+        )
+        self._e2e = Histogram(
             "vllm:e2e_request_latency_seconds",
             "Time from request arrival to its last token.",
             LABELS,
             buckets=LATENCY_BUCKETS,
             registry=registry,
-        ).labels(**lv)
-        self.queue_time = Histogram(
+        )
+        self._queue_time = Histogram(
             "vllm:request_queue_time_seconds",
             "Time a request waited for admission.",
             LABELS,
             buckets=LATENCY_BUCKETS,
             registry=registry,
-        ).labels(**lv)
-        self.prompt_tokens = Counter(
+        )
+        self._prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens processed.", LABELS, registry=registry
-        ).labels(**lv)
-        self.generation_tokens = Counter(
+        )
+        self._generation_tokens = Counter(
             "vllm:generation_tokens", "Tokens generated.", LABELS, registry=registry
-        ).labels(**lv)
+        )
         self._success = Counter(
             "vllm:request_success",
             "Requests finished, by finish reason.",
@@ -145,7 +144,24 @@ class ServingMetrics:
             (*LABELS, "outcome"),
             registry=registry,
         )
-        registry.register(_LoadCollector(load, lv))
+        self._load_collector = _LoadCollector(load, self.labels)
+        registry.register(self._load_collector)
+        self._bind()
+
+    def _bind(self) -> None:
+        lv = self.labels
+        self.ttft = self._ttft.labels(**lv)
+        self.itl = self._itl.labels(**lv)
+        self.e2e = self._e2e.labels(**lv)
+        self.queue_time = self._queue_time.labels(**lv)
+        self.prompt_tokens = self._prompt_tokens.labels(**lv)
+        self.generation_tokens = self._generation_tokens.labels(**lv)
+
+    def set_version(self, version: str) -> None:
+        """New series carry ``version``; the old version's series stay as they were."""
+        self.labels = {**self.labels, "version": version}
+        self._load_collector.labels = self.labels
+        self._bind()
 
     def finished(self, reason: str) -> None:
         self._success.labels(**self.labels, finished_reason=reason).inc()

@@ -1,0 +1,305 @@
+"""An engine that streams from any OpenAI-compatible server over HTTP.
+
+vLLM (``vllm serve``), TensorRT-LLM (``trtllm-serve``), llama.cpp's server
+and this project's own edge agent and central gateway all qualify. Every
+request is sent streaming with ``include_usage`` so token accounting comes
+from the upstream itself. :func:`translate_httpx_error` is the one place
+where httpx failures become project errors.
+
+Load is learned by a :class:`LoadProbe` polled in the background: by default
+the project's ``/load`` JSON; the central tier plugs in probes that scrape
+vLLM's or TensorRT-LLM's metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from servekit.engine.protocol import (
+    Finish,
+    GenerationEvent,
+    GenerationRequest,
+    LoadReport,
+    Priority,
+    TextDelta,
+)
+from servekit.errors import (
+    ServeError,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_from_body,
+)
+from servekit.sse import DONE, SSEDecoder
+
+__all__ = [
+    "LoadProbe",
+    "OpenAIHTTPEngine",
+    "OpenAIHTTPSettings",
+    "probe_load_json",
+    "translate_httpx_error",
+]
+
+log = logging.getLogger(__name__)
+
+LoadProbe = Callable[[httpx.AsyncClient, str], Awaitable[LoadReport]]
+
+
+class OpenAIHTTPSettings(BaseModel):
+    """Where the upstream is and how to talk to it."""
+
+    model_config = ConfigDict(extra="forbid")
+    base_url: str = Field(description="Server root, e.g. http://10.0.0.5:8000 (no /v1).")
+    model: str = Field(description="Model name the upstream serves.")
+    served_name: str | None = Field(None, description="Name we expose; default `model`.")
+    api_key: str | None = Field(None, description="Bearer token for the upstream.")
+    capacity: int = Field(8, ge=1, description="Concurrent requests to send it.")
+    connect_timeout_s: float = Field(2.0, gt=0)
+    read_timeout_s: float = Field(120.0, gt=0, description="Longest silence between chunks.")
+    health_path: str = Field("/health", description="GET path that answers 200 when alive.")
+    probe_interval_s: float = Field(1.0, gt=0)
+
+
+def translate_httpx_error(exc: httpx.HTTPError, where: str) -> ServeError:
+    """The single mapping from httpx failures to the project's errors."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return UpstreamUnavailable(f"cannot connect to {where}: {exc}")
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(f"{where} timed out: {type(exc).__name__}")
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+        return UpstreamError(f"connection to {where} broke: {exc}", code="upstream_disconnected")
+    return UpstreamError(f"{where} failed: {type(exc).__name__}: {exc}")
+
+
+async def probe_load_json(client: httpx.AsyncClient, base_url: str) -> LoadReport:
+    """The project's own ``GET /load`` (edge agents, central gateway)."""
+    resp = await client.get(f"{base_url}/load", timeout=2.0)
+    resp.raise_for_status()
+    return LoadReport.from_dict(resp.json())
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+class OpenAIHTTPEngine:
+    def __init__(
+        self,
+        settings: OpenAIHTTPSettings,
+        *,
+        client: httpx.AsyncClient | None = None,
+        probe: LoadProbe | None = probe_load_json,
+        version: str = "",
+    ) -> None:
+        self.settings = settings
+        self.base_url = settings.base_url.rstrip("/").removesuffix("/v1")
+        self.version = version
+        self._own_client = client is None
+        self._client = client
+        self._probe = probe
+        self._probe_task: asyncio.Task[None] | None = None
+        self._last_load = LoadReport(capacity=settings.capacity, model=self.model_name)
+        self._healthy = False
+        self._in_flight = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.served_name or self.settings.model
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.capacity
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            s = self.settings
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
+                limits=httpx.Limits(max_connections=s.capacity * 2 + 4),
+            )
+        return self._client
+
+    async def start(self) -> None:
+        await self.check_health()
+        if self._probe is not None and self._probe_task is None:
+            self._probe_task = asyncio.create_task(self._probe_loop())
+
+    async def check_health(self) -> bool:
+        try:
+            resp = await self._http().get(
+                self.base_url + self.settings.health_path, timeout=self.settings.connect_timeout_s
+            )
+            self._healthy = resp.status_code == 200
+        except httpx.HTTPError:
+            self._healthy = False
+        return self._healthy
+
+    async def _probe_loop(self) -> None:
+        assert self._probe is not None
+        while True:
+            try:
+                report = await self._probe(self._http(), self.base_url)
+                self._last_load = report
+                self._healthy = True
+            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                log.debug("load probe of %s failed: %s", self.base_url, exc)
+                self._healthy = await self.check_health()
+            await asyncio.sleep(self.settings.probe_interval_s)
+
+    async def ready(self) -> bool:
+        return self._healthy
+
+    def load(self) -> LoadReport:
+        r = self._last_load
+        return LoadReport(
+            **{
+                **r.to_dict(),
+                "ready": self._healthy,
+                "running": max(r.running, self._in_flight),
+                "capacity": r.capacity or self.capacity,
+                "model": self.model_name,
+                "version": r.version or self.version,
+            }
+        )
+
+    async def aclose(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+            self._probe_task = None
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # ------------------------------------------------------------ generation
+
+    def request_body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        sp = request.sampling
+        body: dict[str, Any] = dict(request.extra)
+        body.update(model=self.settings.model, stream=True)
+        body["stream_options"] = {"include_usage": True}
+        if request.messages is not None:
+            path = "/v1/chat/completions"
+            body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+            if request.continue_final_message:
+                body["continue_final_message"] = True
+                body["add_generation_prompt"] = False
+        else:
+            path = "/v1/completions"
+            body["prompt"] = request.prompt or ""
+        if sp.max_tokens is not None:
+            body["max_tokens"] = sp.max_tokens
+        body["temperature"] = sp.temperature
+        body["top_p"] = sp.top_p
+        if sp.seed is not None:
+            body["seed"] = sp.seed
+        if sp.stop:
+            body["stop"] = list(sp.stop)
+        if sp.presence_penalty:
+            body["presence_penalty"] = sp.presence_penalty
+        if sp.frequency_penalty:
+            body["frequency_penalty"] = sp.frequency_penalty
+        return path, body
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        return self._generate(request)
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        path, body = self.request_body(request)
+        headers = {"X-Request-Id": request.request_id}
+        if request.priority is Priority.BATCH:
+            headers["X-Priority"] = "batch"
+        if self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"
+        where = self.base_url
+        self._in_flight += 1
+        try:
+            async with self._http().stream(
+                "POST", self.base_url + path, json=body, headers=headers
+            ) as resp:
+                if resp.status_code != 200:
+                    raw = await resp.aread()
+                    raise _error_from_response(resp.status_code, raw, _retry_after(resp))
+                async for event in _events(resp, request.kind):
+                    yield event
+        except httpx.HTTPError as exc:
+            raise translate_httpx_error(exc, where) from None
+        finally:
+            self._in_flight -= 1
+
+
+def _error_from_response(status: int, raw: bytes, retry_after: float | None) -> ServeError:
+    try:
+        payload: Any = json.loads(raw)
+    except ValueError:
+        payload = None
+    return error_from_body(status, payload, retry_after=retry_after)
+
+
+async def _events(
+    resp: httpx.Response, kind: Literal["chat", "completion"]
+) -> AsyncIterator[GenerationEvent]:
+    decoder = SSEDecoder()
+    reason: str | None = None
+    usage: dict[str, Any] = {}
+    produced = 0
+    finished = False
+    async for chunk in resp.aiter_bytes():
+        for data in decoder.feed(chunk):
+            if data == DONE:
+                finished = True
+                break
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                raise UpstreamError(f"upstream sent a malformed event: {data[:80]!r}") from None
+            if not isinstance(obj, dict):
+                continue
+            if "error" in obj:
+                raise error_from_body(502, obj)
+            if isinstance(obj.get("usage"), dict):
+                usage = obj["usage"]
+            for choice in obj.get("choices") or []:
+                text = _choice_text(choice, kind)
+                if text:
+                    produced += 1
+                    yield TextDelta(text, 1)
+                if choice.get("finish_reason"):
+                    reason = choice["finish_reason"]
+        if finished:
+            break
+    if not finished and reason is None:
+        raise UpstreamError(
+            "upstream closed the stream before it finished", code="upstream_disconnected"
+        )
+    details = usage.get("prompt_tokens_details") or {}
+    yield Finish(
+        "length" if reason == "length" else "stop",
+        int(usage.get("prompt_tokens") or 0),
+        int(usage.get("completion_tokens") or produced),
+        int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+    )
+
+
+def _choice_text(choice: dict[str, Any], kind: str) -> str:
+    if kind == "chat":
+        delta = choice.get("delta") or {}
+        content = delta.get("content") if isinstance(delta, dict) else None
+        return content if isinstance(content, str) else ""
+    text = choice.get("text")
+    return text if isinstance(text, str) else ""

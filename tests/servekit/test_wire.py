@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import pytest
+
+from servekit.errors import InvalidRequest
+from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request
+
+
+def chat(**fields: object) -> dict[str, object]:
+    body: dict[str, object] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    body.update(fields)
+    return body
+
+
+def test_valid_request_keeps_unknown_fields_for_proxies() -> None:
+    req = parse_request(ChatCompletionRequest, chat(top_k=5, logit_bias={"1": 2}))
+    assert req.model_extra == {"top_k": 5, "logit_bias": {"1": 2}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"max_tokens": 5.5}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"temperature": 3}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"n": 2}, "n"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"content": "x"}]}, "messages[0].role"),
+        ({"model": ""}, "model"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ],
+)
+def test_invalid_values_name_the_parameter(fields: dict[str, object], param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(ChatCompletionRequest, chat(**fields))
+    assert info.value.param == param
+    assert info.value.status == 400
+    assert info.value.body()["error"]["param"] == param
+
+
+def test_missing_model_is_named() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}]})
+    assert info.value.param == "model"
+    assert info.value.code == "missing_required_parameter"
+
+
+def test_malformed_json_and_non_object() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(ChatCompletionRequest, b"{not json")
+    assert info.value.code == "invalid_json"
+    with pytest.raises(InvalidRequest):
+        parse_request(ChatCompletionRequest, b"[1, 2]")
+
+
+def test_max_completion_tokens_supersedes_max_tokens() -> None:
+    req = parse_request(ChatCompletionRequest, chat(max_tokens=10, max_completion_tokens=3))
+    assert req.token_limit() == 3
+    assert parse_request(ChatCompletionRequest, chat(max_tokens=10)).token_limit() == 10
+
+
+def test_text_parts_and_stop_forms() -> None:
+    req = parse_request(
+        ChatCompletionRequest,
+        chat(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+            stop="x",
+        ),
+    )
+    assert req.messages[0].text() == "ab"
+    assert req.stop_list() == ["x"]
+    assert parse_request(ChatCompletionRequest, chat(stop=["", "y"])).stop_list() == ["y"]
+
+
+def test_include_usage_only_when_streaming() -> None:
+    opts = {"stream_options": {"include_usage": True}}
+    assert parse_request(ChatCompletionRequest, chat(stream=True, **opts)).include_usage()
+    assert not parse_request(ChatCompletionRequest, chat(**opts)).include_usage()
+
+
+def test_completion_prompt_forms() -> None:
+    one = parse_request(CompletionRequest, {"model": "m", "prompt": ["only"]})
+    assert one.prompt_text() == "only"
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(CompletionRequest, {"model": "m", "prompt": ["a", "b"]})
+    assert info.value.param == "prompt"
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(CompletionRequest, {"model": "m", "prompt": [1, 2]})
+    assert info.value.param is not None
+    assert info.value.param.startswith("prompt")
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(CompletionRequest, {"model": "m", "prompt": "x", "echo": True})
+    assert info.value.param == "echo"
