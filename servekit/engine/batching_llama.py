@@ -149,10 +149,6 @@ class LlamaBatchModel:
         if rc != 0:
             raise EngineFailure(f"llama_decode failed with status {rc}")
 
-    def logits(self, index: int) -> Any:
-        """The raw logits row (``float *``, ``n_vocab`` long) of batch item ``index``."""
-        return llama_cpp.llama_get_logits_ith(self._ctx, index)
-
     def forget(self, seq: int, keep: int = 0) -> int:
         """Drop a sequence's cache from position ``keep`` on; return how many tokens remain."""
         if keep > 0 and llama_cpp.llama_memory_seq_rm(self._mem, seq, keep, -1):

@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 import llama_cpp
+import numpy as np
 
 from servekit.engine.protocol import SamplingParams
 
@@ -31,6 +32,11 @@ class SamplerChain:
     """
 
     def __init__(self, params: SamplingParams, n_vocab: int, seed: int | None = None) -> None:
+        self._n_vocab = n_vocab
+        # Plain greedy needs no chain: argmax straight off the logits row is the same
+        # choice (the first of equal maxima, as llama.cpp's greedy sampler) without
+        # copying the whole vocabulary into a candidate array for every token.
+        self._argmax = params.greedy and not (params.frequency_penalty or params.presence_penalty)
         self._chain: Any = llama_cpp.llama_sampler_chain_init(
             llama_cpp.llama_sampler_chain_default_params()
         )
@@ -59,6 +65,9 @@ class SamplerChain:
 
     def sample(self, ctx: Any, index: int) -> int:
         """Pick (and accept into the chain's history) the next token from batch item ``index``."""
+        if self._argmax:
+            row = llama_cpp.llama_get_logits_ith(ctx, index)
+            return int(np.ctypeslib.as_array(row, shape=(self._n_vocab,)).argmax())
         return int(llama_cpp.llama_sampler_sample(self._chain, ctx, index))
 
     def close(self) -> None:

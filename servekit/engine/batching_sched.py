@@ -133,6 +133,8 @@ class Scheduler:
             self._thread.start()
 
     def submit(self, job: Job) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineFailure("the batching worker is not running")
         self._inbox.put(job)
 
     def cancel(self, job: Job) -> None:
@@ -183,8 +185,8 @@ class Scheduler:
             return
         try:
             prepared = self._prepare(job.request)
-        except ServeError as exc:
-            job.emit(exc)
+        except Exception as exc:  # a bad prompt fails its own request, not the loop
+            job.emit(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
             self.stats.requests_failed += 1
             return
         entry = (int(job.request.priority), next(self._order), job, prepared)

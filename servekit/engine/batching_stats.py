@@ -28,6 +28,7 @@ class BatchingSnapshot:
     running: int
     waiting: int
     steps: int
+    busy_seconds: float  # inside llama_decode
     decode_tokens: int
     prefill_tokens: int
     prompt_tokens: int
@@ -62,6 +63,7 @@ class BatchingStats:
     running: int = 0
     waiting: int = 0
     steps: int = 0
+    busy_seconds: float = 0.0
     decode_tokens: int = 0
     prefill_tokens: int = 0
     prompt_tokens: int = 0  # of admitted requests; reused ones were not prefilled
@@ -82,6 +84,7 @@ class BatchingStats:
         now = time.monotonic()
         with self._lock:
             self.steps += 1
+            self.busy_seconds += seconds
             self.decode_tokens += decode
             self.prefill_tokens += prefill
             self.last_batch_sequences = sequences
@@ -110,6 +113,7 @@ class BatchingStats:
                 running=self.running,
                 waiting=self.waiting,
                 steps=self.steps,
+                busy_seconds=self.busy_seconds,
                 decode_tokens=self.decode_tokens,
                 prefill_tokens=self.prefill_tokens,
                 prompt_tokens=self.prompt_tokens,
