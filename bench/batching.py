@@ -1,9 +1,12 @@
 """Continuous batching vs. the single-sequence engine, on the real model, in one run.
 
 Prints:
-- the machine's limit, measured first: ``llama_decode`` of 1 token (one
-  sequence) vs. one 8-token batch (8 sequences), medians of interleaved
-  repetitions; the limit is the 8-token batch's tokens/s;
+- the machine's limit: ``llama_decode`` of 1 token (one sequence) vs. one
+  8-token batch (8 sequences), medians of interleaved repetitions on a separate
+  context ("probe", measured first and again around every row), and the median
+  of the batching engine's own full 8-sequence decode steps in the same run
+  ("in-run"); the limit is the 8-token batch's tokens/s. On a CPU shared with
+  other work the in-run figure is the fair one: same minutes, same contention;
 - for 1, 4 and 8 concurrent streams (closed loop: each stream sends its next
   request when the previous one finishes) and each engine: aggregate decode
   tokens/s, TTFT p50/p99, and for the batching engine its mean batch size;
@@ -145,6 +148,7 @@ class Row:
     ttft_p99: float
     mean_batch: float | None
     busy: float | None  # share of the run's wall time spent inside llama_decode
+    step: float | None  # median llama_decode of this run's full decode-only steps
     limit: tuple[float, float]  # (t1, t8) measured around this row's run
 
 
@@ -162,7 +166,7 @@ async def bench_engine(
             wall = time.perf_counter() - started
             l2 = probe.measure()
             ttft = [(s.first - s.submitted) * 1000 for s in samples]
-            batch = busy = None
+            batch = busy = step = None
             if isinstance(engine, BatchingLlamaEngine) and before is not None:
                 after = engine.stats()
                 steps = after.steps - before.steps
@@ -170,12 +174,15 @@ async def bench_engine(
                 seqs -= before.mean_batch_sequences * before.steps
                 batch = seqs / steps if steps else None
                 busy = (after.busy_seconds - before.busy_seconds) / wall
+                full = engine.decode_step_seconds(n)
+                step = statistics.median(full) if full else None
             rows[n] = Row(
                 aggregate_decode(samples),
                 pct(ttft, 0.5),
                 pct(ttft, 0.99),
                 batch,
                 busy,
+                step,
                 ((l1[0] + l2[0]) / 2, (l1[1] + l2[1]) / 2),
             )
             print(f"  {name:<9} {n} streams done", file=sys.stderr)
@@ -227,29 +234,37 @@ async def main() -> None:
     )
     probe.model.close()
     print(
-        f"{args.rounds} requests per stream, max_tokens={args.tokens}, temperature 0; "
-        "limit = 8-token batch tok/s measured just before and after each row\n"
-        f"{'streams':>7}  {'engine':<9} {'agg decode tok/s':>16} {'limit tok/s':>11} "
-        f"{'x limit':>7} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'mean batch':>10} "
-        f"{'in decode':>9}"
+        f"{args.rounds} requests per stream, max_tokens={args.tokens}, temperature 0\n"
+        "probe limit: a separate context's 8-token batch, measured just before and after the row;\n"
+        "in-run: the same engine's own full decode-only steps in that row (n tokens, one call)\n"
+        f"{'streams':>7}  {'engine':<9} {'agg decode':>10} {'probe limit':>11} {'x probe':>7} "
+        f"{'in-run':>7} {'x in-run':>8} {'TTFT p50':>8} {'TTFT p99':>8} {'batch':>5} "
+        f"{'in decode':>9}\n"
+        f"{'':>7}  {'':<9} {'tok/s':>10} {'tok/s':>11} {'':>7} {'tok/s':>7} {'':>8} "
+        f"{'ms':>8} {'ms':>8}"
     )
     for n in STREAMS:
         for name, rows in (("single", single), ("batching", batching)):
             row = rows[n]
             lim = 8 / row.limit[1]
+            inrun = "" if row.step is None else f"{n / row.step:.1f}"
+            x_inrun = "" if row.step is None else f"{row.agg_decode * row.step / n:.2f}"
             batch = "" if row.mean_batch is None else f"{row.mean_batch:.1f}"
             busy = "" if row.busy is None else f"{row.busy:.1%}"
             print(
-                f"{n:>7}  {name:<9} {row.agg_decode:>16.1f} {lim:>11.1f} "
-                f"{row.agg_decode / lim:>7.2f} {row.ttft_p50:>11.0f} {row.ttft_p99:>11.0f} "
-                f"{batch:>10} {busy:>9}"
+                f"{n:>7}  {name:<9} {row.agg_decode:>10.1f} {lim:>11.1f} "
+                f"{row.agg_decode / lim:>7.2f} {inrun:>7} {x_inrun:>8} "
+                f"{row.ttft_p50:>8.0f} {row.ttft_p99:>8.0f} {batch:>5} {busy:>9}"
             )
     b8, s8 = batching[8], single[8]
     lim8 = 8 / b8.limit[1]
+    inrun8 = 8 / b8.step if b8.step else float("nan")
     print(
         f"target: batching aggregate decode at 8 streams {b8.agg_decode:.1f} tok/s = "
-        f"{b8.agg_decode / lim8:.2f}x the limit {lim8:.1f} (>= 0.85x: "
-        f"{verdict(b8.agg_decode >= 0.85 * lim8)})\n"
+        f"{b8.agg_decode / inrun8:.2f}x the in-run limit {inrun8:.1f} "
+        f"(>= 0.85x: {verdict(b8.agg_decode >= 0.85 * inrun8)}), "
+        f"{b8.agg_decode / lim8:.2f}x the probe limit {lim8:.1f} "
+        f"(>= 0.85x: {verdict(b8.agg_decode >= 0.85 * lim8)})\n"
         f"target: P99 TTFT at 8 streams batching {b8.ttft_p99:.0f} ms vs single "
         f"{s8.ttft_p99:.0f} ms (lower: {verdict(b8.ttft_p99 < s8.ttft_p99)})"
     )

@@ -203,6 +203,10 @@ class BatchingLlamaEngine:
         """Scheduler figures for metrics: slots, running/waiting, batch sizes, rates."""
         return self._stats.snapshot()
 
+    def decode_step_seconds(self, sequences: int) -> list[float]:
+        """How long recent decode-only steps of ``sequences`` sequences took (TPOT)."""
+        return self._stats.decode_step_seconds(sequences)
+
     def load(self) -> LoadReport:
         snap = self._stats.snapshot()
         return LoadReport(

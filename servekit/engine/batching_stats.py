@@ -77,6 +77,8 @@ class BatchingStats:
     _bucket_counts: list[int] = field(default_factory=lambda: [0] * len(BATCH_SIZE_BUCKETS))
     _ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=512))
     _recent: deque[tuple[float, float, int, int]] = field(default_factory=deque)
+    # (sequences, seconds) of recent decode-only steps: the engine's own TPOT.
+    _decode_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_step(self, sequences: int, decode: int, prefill: int, seconds: float) -> None:
@@ -94,12 +96,19 @@ class BatchingStats:
                 if sequences <= bound:
                     self._bucket_counts[i] += 1
             self._recent.append((now, seconds, decode, prefill))
+            if not prefill:
+                self._decode_steps.append((sequences, seconds))
             while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
                 self._recent.popleft()
 
     def record_ttft(self, seconds: float) -> None:
         with self._lock:
             self._ttft_ms.append(seconds * 1000.0)
+
+    def decode_step_seconds(self, sequences: int) -> list[float]:
+        """Durations of recent decode-only steps (no prefill) of ``sequences`` sequences."""
+        with self._lock:
+            return [sec for n, sec in self._decode_steps if n == sequences]
 
     def snapshot(self) -> BatchingSnapshot:
         with self._lock:
