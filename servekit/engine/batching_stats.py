@@ -35,6 +35,7 @@ class BatchingSnapshot:
     reused_prompt_tokens: int
     last_batch_sequences: int
     last_batch_tokens: int
+    batch_sequences_total: int  # summed over steps; / steps = mean batch size
     mean_batch_sequences: float
     # Cumulative counts of steps with at most BATCH_SIZE_BUCKETS[i] sequences.
     batch_size_counts: tuple[int, ...]
@@ -129,6 +130,7 @@ class BatchingStats:
                 reused_prompt_tokens=self.reused_prompt_tokens,
                 last_batch_sequences=self.last_batch_sequences,
                 last_batch_tokens=self.last_batch_tokens,
+                batch_sequences_total=self._batch_sequences_total,
                 mean_batch_sequences=mean,
                 batch_size_counts=tuple(self._bucket_counts),
                 ttft_p50_ms=_percentile(ttft, 0.50),

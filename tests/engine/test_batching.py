@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
+from servekit.engine.batching_metrics import BatchingCollector
 from servekit.engine.protocol import (
     Finish,
     GenerationRequest,
@@ -177,3 +179,13 @@ async def test_load_report_and_stats(engine: BatchingLlamaEngine) -> None:
     assert snap.mean_batch_sequences >= 1.0
     # Two streams at once were decoded in one batch at least once.
     assert snap.batch_size_counts[-1] - snap.batch_size_counts[0] > 0
+    # The same figures as Prometheus series.
+    registry = CollectorRegistry()
+    registry.register(BatchingCollector(engine.stats, {"model": "smollm2"}))
+    text = generate_latest(registry).decode()
+    assert f'servekit:batch_slots{{model="smollm2"}} {float(SLOTS)}' in text
+    assert 'servekit:batch_size_sequences_bucket{le="1",model="smollm2"}' in text
+    labels = {"model": "smollm2"}
+    steps = registry.get_sample_value("servekit:batch_size_sequences_count", labels)
+    assert steps is not None
+    assert steps >= snap.steps
