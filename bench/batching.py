@@ -53,6 +53,7 @@ from servekit.engine.protocol import (  # noqa: E402
 THREADS = 2
 STREAMS = (1, 4, 8)
 CTX = 1024
+PROBE_POSITION = 72
 TOPICS = [
     "a lighthouse keeper", "a lost dog", "a city on Mars", "an old clock", "a dragon",
     "a rainy night", "a chess master", "a river", "a baker", "a robot gardener",
@@ -70,29 +71,37 @@ class Sample:
 
 
 class LimitProbe:
-    """A second context on the same model, for timing raw llama_decode calls."""
+    """A second context on the same model, for timing raw llama_decode calls.
 
-    def __init__(self, model_path: Path) -> None:
+    Laid out like the benchmarked engine (8 slots of CTX tokens) and with its
+    sequences at the context length the benchmark's streams are at on average
+    (a ~40-token prompt plus half of 64 generated tokens), so that attention
+    costs the same as in the engine's steps.
+    """
+
+    def __init__(self, model_path: Path, chunk: int, position: int = PROBE_POSITION) -> None:
         self.model = LlamaBatchModel(
-            model_path, n_slots=8, ctx_per_slot=512, n_batch=64, n_threads=THREADS
+            model_path, n_slots=8, ctx_per_slot=CTX, n_batch=8 + chunk, n_threads=THREADS
         )
-        prompt = list(range(1000, 1032))
+        self.position = position
+        prompt = [1000 + i % 500 for i in range(position)]
         for seq in range(8):
-            self.model.decode([BatchItem(t, i, seq, i == 31) for i, t in enumerate(prompt)])
+            self.model.decode([BatchItem(t, i, seq, False) for i, t in enumerate(prompt)])
 
     def measure(self, reps: int = 30) -> tuple[float, float]:
         """Median seconds of llama_decode for 1 token and for an 8-sequence batch."""
         one: list[float] = []
         eight: list[float] = []
+        pos = self.position
         for r in range(reps):  # interleaved, so both see the same machine
             t = time.perf_counter()
-            self.model.decode([BatchItem(2000, 32, 0, True)])
+            self.model.decode([BatchItem(2000, pos, 0, True)])
             one.append(time.perf_counter() - t)
             t = time.perf_counter()
-            self.model.decode([BatchItem(2000 + r, 32 + (s == 0), s, True) for s in range(8)])
+            self.model.decode([BatchItem(2000 + r, pos + (s == 0), s, True) for s in range(8)])
             eight.append(time.perf_counter() - t)
             for seq in range(8):
-                self.model.forget(seq, 32)
+                self.model.forget(seq, pos)
         return statistics.median(one), statistics.median(eight)
 
 
@@ -200,7 +209,7 @@ async def main() -> None:
     parser.add_argument("--chunk", type=int, default=128, help="batching prefill chunk")
     args = parser.parse_args()
 
-    probe = LimitProbe(args.model)
+    probe = LimitProbe(args.model, args.chunk)
     t1, t8 = probe.measure()
     print(
         f"machine limit ({THREADS} threads), at start: llama_decode 1 token {t1 * 1000:.1f} ms, "
