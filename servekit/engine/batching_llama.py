@@ -75,6 +75,12 @@ class LlamaBatchModel:
         self.n_batch = n_batch
         self.n_slots = n_slots
         self.ctx_per_slot = int(llama_cpp.llama_n_ctx_seq(self._ctx))
+        if self.ctx_per_slot < ctx_per_slot:  # llama.cpp pads and rounds n_ctx
+            llama_cpp.llama_free(self._ctx)
+            llama_cpp.llama_model_free(self._model)
+            raise EngineFailure(
+                f"llama.cpp gave {self.ctx_per_slot} tokens per sequence, not {ctx_per_slot}"
+            )
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._pieces: dict[int, bytes] = {}
 
