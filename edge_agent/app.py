@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,6 +24,12 @@ from servekit.admission import AdmissionQueue
 from servekit.api import ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
+from servekit.registry import (
+    Heartbeater,
+    InstanceInfo,
+    Registry,
+    open_registry,
+)
 from servekit.sysinfo import fits_beside
 
 __all__ = ["EdgeAgent", "create_app"]
@@ -43,9 +50,9 @@ class EdgeAgent:
             settings.admission.max_waiting,
             batch_every=settings.admission.batch_every,
         )
-        self.registry = CollectorRegistry()
+        self.prometheus = CollectorRegistry()
         self.metrics = ServingMetrics(
-            self.registry,
+            self.prometheus,
             model=engine.model_name,
             version=version,
             region=settings.instance.region,
@@ -58,8 +65,42 @@ class EdgeAgent:
             self.metrics,
             aliases=frozenset(settings.aliases),
             version=version,
+            max_tokens_limit=settings.engine.n_ctx,
         )
         self.load_error: BaseException | None = None
+        self.registry: Registry | None = None
+        self.heartbeater: Heartbeater | None = None
+
+    def instance_info(self) -> InstanceInfo:
+        s = self.settings
+        address = s.instance.advertise_address or s.server.host
+        if address in ("0.0.0.0", "::"):
+            address = socket.gethostname()
+        return InstanceInfo(
+            id=s.instance.id,
+            tier="edge",
+            region=s.instance.region,
+            address=address,
+            port=s.server.port,
+            model=s.engine.model_name,
+            version=self.slot.version,
+            capacity=self.admission.slots,
+        )
+
+    async def register(self) -> None:
+        """Join the registry (when configured); heartbeats carry the load report."""
+        reg_settings = self.settings.registry
+        if reg_settings is None:
+            return
+        self.registry = await open_registry(reg_settings)
+        self.heartbeater = Heartbeater(
+            self.registry,
+            self.instance_info(),
+            self._load,
+            interval_s=reg_settings.heartbeat_interval_s,
+            ttl_s=reg_settings.ttl_s,
+        )
+        await self.heartbeater.start()
 
     def _load(self) -> LoadReport:
         return self.core.load()
@@ -96,13 +137,22 @@ class EdgeAgent:
         self.settings = self.settings.model_copy(update={"engine": engine_settings})
         self.core.version = version
         self.metrics.set_version(version)
+        if self.heartbeater is not None:
+            self.heartbeater.update_info(self.instance_info())
 
     def drain(self) -> None:
+        """Stop taking new work and tell the fleet, before connections close."""
         self.core.draining = True
+        if self.heartbeater is not None:
+            self.heartbeater.mark_draining()
 
     async def aclose(self) -> None:
         self.drain()
         await self.slot.aclose(self.settings.server.graceful_shutdown_s)
+        if self.heartbeater is not None:
+            await self.heartbeater.stop()
+        if self.registry is not None:
+            await self.registry.aclose()
 
 
 def create_app(settings: EdgeSettings) -> FastAPI:
@@ -112,6 +162,7 @@ def create_app(settings: EdgeSettings) -> FastAPI:
         app.state.agent = agent
         app.state.core = agent.core
         loading = asyncio.create_task(agent.start())
+        await agent.register()
         try:
             yield
         finally:
@@ -126,4 +177,6 @@ def create_app(settings: EdgeSettings) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         max_body_bytes=settings.server.max_body_bytes,
+        example_model=settings.engine.model_name,
+        max_tokens_limit=settings.engine.n_ctx,
     )

@@ -45,9 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(settings)
 
     def drain() -> None:
-        core = getattr(app.state, "core", None)
-        if core is not None:
-            core.draining = True
+        agent = getattr(app.state, "agent", None)
+        if agent is not None:
+            agent.drain()
 
     run_service(
         app,

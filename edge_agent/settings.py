@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from servekit.engine.llama import LlamaSettings
+from servekit.registry import RegistrySettings
 
 __all__ = ["AdmissionSettings", "EdgeSettings", "InstanceSettings", "ServerSettings"]
 
@@ -28,6 +29,9 @@ class InstanceSettings(_Section):
     id: str = Field(default_factory=socket.gethostname, description="Unique instance id.")
     region: str = Field("local", min_length=1, description="Region this node serves.")
     version: str = Field("v1", description="Version label of the loaded model.")
+    advertise_address: str | None = Field(
+        None, description="Address others reach this node at (default: server.host)."
+    )
 
 
 class AdmissionSettings(_Section):
@@ -46,6 +50,9 @@ class EdgeSettings(_Section):
     instance: InstanceSettings = InstanceSettings()
     engine: EngineSettings
     admission: AdmissionSettings = AdmissionSettings()
+    registry: RegistrySettings | None = Field(
+        None, description="Register and heartbeat here; none means standalone."
+    )
     aliases: list[str] = Field(
         default_factory=lambda: ["edge"], description="Extra names accepted in `model`."
     )

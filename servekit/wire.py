@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from servekit.errors import InvalidRequest
 
@@ -43,6 +43,24 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length"]
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 5.0 as an integer; strict pydantic would not.
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
+def _strict_bool(value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise ValueError("must be a boolean")  # 0 == False must not slip through
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
+OnlyOne = Annotated[int, Field(ge=1, le=1), BeforeValidator(_integral)]
 
 
 class _Strict(BaseModel):
@@ -79,12 +97,14 @@ StopField = Annotated[
 
 class _SamplingFields(_Strict):
     model: str = Field(min_length=1, description="Model name, or a routing alias such as 'auto'.")
-    max_tokens: int | None = Field(None, ge=1, description="Upper bound on generated tokens.")
+    max_tokens: PositiveInt | None = Field(None, description="Upper bound on generated tokens.")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1, description="Only one choice per request is supported.")
+    n: OnlyOne = Field(1, description="Only one choice per request is supported.")
     stop: StopField = None
-    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)
+    seed: Int | None = Field(
+        None, description="Any integer; engines reduce it to their seed width."
+    )
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stream: bool = False
@@ -106,7 +126,7 @@ class _SamplingFields(_Strict):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: PositiveInt | None = None
 
     def token_limit(self) -> int | None:
         # max_completion_tokens supersedes the deprecated max_tokens.
@@ -119,14 +139,9 @@ class CompletionRequest(_SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
         description="The prompt; a list must hold exactly one string."
     )
-    echo: bool = False
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is not supported")
-        return value
+    echo: Annotated[Literal[False], BeforeValidator(_strict_bool)] = Field(
+        False, description="Echoing the prompt is not supported."
+    )
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

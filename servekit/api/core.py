@@ -7,7 +7,7 @@ from typing import Protocol
 
 from servekit.admission import AdmissionQueue
 from servekit.engine.protocol import Engine, LoadReport
-from servekit.errors import ModelNotFound
+from servekit.errors import ContextLengthExceeded, ModelNotFound
 from servekit.metrics import ServingMetrics
 
 __all__ = ["EngineSource", "FixedEngine", "ServingCore"]
@@ -34,6 +34,7 @@ class ServingCore:
     metrics: ServingMetrics
     aliases: frozenset[str] = frozenset()
     version: str = ""
+    max_tokens_limit: int | None = None
     draining: bool = False
     requests_ok: int = field(default=0, init=False)
     requests_failed: int = field(default=0, init=False)
@@ -48,6 +49,18 @@ class ServingCore:
                 f"{', '.join(repr(n) for n in self.model_names())}.",
                 param="model",
             )
+
+    def check_token_limits(self, **limits: int | None) -> None:
+        """Reject any token bound past the context window, even one a sibling supersedes."""
+        if self.max_tokens_limit is None:
+            return
+        for name, value in limits.items():
+            if value is not None and value > self.max_tokens_limit:
+                raise ContextLengthExceeded(
+                    f"{name} is too large: {value}. This model's context holds "
+                    f"{self.max_tokens_limit} tokens in all.",
+                    param=name,
+                )
 
     async def ready(self) -> bool:
         return not self.draining and await self.engines.current().ready()

@@ -55,6 +55,14 @@ _ERROR_SCHEMA: dict[str, Any] = {
 }
 
 
+# Each server-sent event: a `data:` line holding one JSON chunk, or [DONE].
+_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}},
+}
+
+
 def _error(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
 
@@ -64,7 +72,7 @@ def _generation_responses(model: type[Any]) -> dict[int | str, dict[str, Any]]:
         200: {
             "description": "A completion, or a stream of chunks when `stream` is true.",
             "model": model,
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
         },
         400: _error("Invalid request (bad parameter, prompt longer than the context)."),
         404: _error("Unknown model."),
@@ -98,6 +106,9 @@ def openai_router() -> APIRouter:
     ) -> Response:
         arrival = _arrival(request)
         core.check_model(body.model)
+        core.check_token_limits(
+            max_tokens=body.max_tokens, max_completion_tokens=body.max_completion_tokens
+        )
         rid = request.headers.get("x-request-id") or new_id("chatcmpl")
         gen = GenerationRequest.from_chat(body, rid, _priority(request))
         return await run_generation(
@@ -114,6 +125,7 @@ def openai_router() -> APIRouter:
     async def completions(body: CompletionRequest, request: Request, core: CoreDep) -> Response:
         arrival = _arrival(request)
         core.check_model(body.model)
+        core.check_token_limits(max_tokens=body.max_tokens)
         rid = request.headers.get("x-request-id") or new_id("cmpl")
         gen = GenerationRequest.from_completion(body, rid, _priority(request))
         return await run_generation(
@@ -158,8 +170,45 @@ def ops_router() -> APIRouter:
     return router
 
 
+def _document(app: FastAPI, model: str, max_tokens_limit: int | None) -> None:
+    """Document a working request per endpoint, naming the model actually served,
+    and the largest ``max_tokens`` the context window allows."""
+    examples = {
+        "/v1/chat/completions": {
+            "model": model, "max_tokens": 8, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hello."}],
+        },
+        "/v1/completions": {"model": model, "prompt": "Once upon a time", "max_tokens": 8},
+    }  # fmt: skip
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for path, example in examples.items():
+                content = schema["paths"][path]["post"]["requestBody"]["content"]
+                content["application/json"]["example"] = example
+            if max_tokens_limit is not None:
+                for name in ("ChatCompletionRequest", "CompletionRequest"):
+                    props = schema["components"]["schemas"][name]["properties"]
+                    for field in ("max_tokens", "max_completion_tokens"):
+                        for branch in props.get(field, {}).get("anyOf", []):
+                            if branch.get("type") == "integer":
+                                branch["maximum"] = max_tokens_limit
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def build_serving_app(
-    *, title: str, version: str, lifespan: Any, max_body_bytes: int = 1 << 20
+    *,
+    title: str,
+    version: str,
+    lifespan: Any,
+    max_body_bytes: int = 1 << 20,
+    example_model: str | None = None,
+    max_tokens_limit: int | None = None,
 ) -> FastAPI:
     """A FastAPI app with the OpenAI and ops routes; ``lifespan`` sets ``app.state.core``."""
     app = FastAPI(title=title, version=version, lifespan=lifespan)
@@ -167,4 +216,6 @@ def build_serving_app(
     app.include_router(openai_router())
     app.include_router(ops_router())
     app.add_middleware(RequestLimits, max_body_bytes=max_body_bytes)
+    if example_model is not None:
+        _document(app, example_model, max_tokens_limit)
     return app

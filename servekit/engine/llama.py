@@ -41,7 +41,13 @@ from servekit.engine.protocol import (
     TextDelta,
 )
 from servekit.engine.textstream import TextStream
-from servekit.errors import ContextLengthExceeded, EngineFailure, NotReady, ServeError
+from servekit.errors import (
+    ContextLengthExceeded,
+    EngineFailure,
+    InvalidRequest,
+    NotReady,
+    ServeError,
+)
 
 __all__ = [
     "LlamaCppEngine",
@@ -78,6 +84,9 @@ class LlamaSettings(BaseModel):
     n_batch: int = Field(512, ge=1, description="Prompt tokens per llama_decode call.")
     seed: int | None = Field(None, description="Default sampling seed.")
     warmup_tokens: int = Field(4, ge=0, description="Tokens generated before ready.")
+    default_max_tokens: int | None = Field(
+        None, ge=1, description="Cap when a request sets no max_tokens (default: the context)."
+    )
     chat_template: str | None = Field(None, description="Override the GGUF's chat template.")
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
     prompt_lookup: PromptLookupSettings = PromptLookupSettings()
@@ -177,7 +186,7 @@ class LlamaCppEngine:
             if settings.prefix_cache.enabled
             else None
         )
-        self._counters = {"query": 0, "hit": 0, "draft": 0, "accepted": 0}
+        self._counters = {"query": 0, "hit": 0, "draft": 0, "accepted": 0, "draft_calls": 0}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -215,7 +224,18 @@ class LlamaCppEngine:
         if s.prompt_lookup.enabled:
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-            draft = LlamaPromptLookupDecoding(
+            counters = self._counters
+
+            class CountingDraft(LlamaPromptLookupDecoding):
+                """Prompt lookup that counts what it proposes, for the metrics."""
+
+                def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
+                    drafted = super().__call__(input_ids, **kwargs)
+                    counters["draft"] += len(drafted)
+                    counters["draft_calls"] += 1
+                    return drafted
+
+            draft = CountingDraft(
                 max_ngram_size=s.prompt_lookup.max_ngram_size,
                 num_pred_tokens=s.prompt_lookup.num_pred_tokens,
             )
@@ -296,7 +316,17 @@ class LlamaCppEngine:
         if self._vocab is None or self._template is None:
             raise NotReady("model is still loading", retry_after=1)
         vocab, template = self._vocab, self._template
-        return await asyncio.to_thread(tokenize_request, request, template, vocab, vocab.add_bos())
+        tokens = await asyncio.to_thread(
+            tokenize_request, request, template, vocab, vocab.add_bos()
+        )
+        if not tokens:
+            # An empty prompt still needs one token to condition on, as OpenAI's
+            # <|endoftext|> default does.
+            bos = int(self._llama.token_bos()) if self._llama is not None else -1
+            if bos < 0:
+                raise InvalidRequest("prompt must not be empty", param="prompt")
+            tokens = [bos]
+        return tokens
 
     async def _generate(
         self, request: GenerationRequest, warm: bool = False
@@ -337,14 +367,17 @@ class LlamaCppEngine:
             )
         room = n_ctx - prompt_tokens
         if max_tokens is None:
-            return room
-        if max_tokens > room:
+            cap = self.settings.default_max_tokens
+            return room if cap is None else min(room, cap)
+        if max_tokens > n_ctx:
             raise ContextLengthExceeded(
-                f"This model's maximum context length is {n_ctx} tokens; the prompt has "
-                f"{prompt_tokens} tokens and max_tokens asks for {max_tokens} more.",
+                f"max_tokens is too large: {max_tokens}. This model's context holds "
+                f"{n_ctx} tokens in all.",
                 param="max_tokens",
             )
-        return max_tokens
+        # Within the window but past what the prompt leaves: generate what fits
+        # and finish with "length", as llama.cpp's server does.
+        return min(max_tokens, room)
 
     def _run(
         self,
@@ -411,6 +444,7 @@ class LlamaCppEngine:
             presence_penalty=sp.presence_penalty,
         )
         stream = TextStream(sp.stop)
+        calls_before = self._counters["draft_calls"]
         produced = 0
         pending_tokens = 0
         reason = "length"
@@ -447,6 +481,10 @@ class LlamaCppEngine:
             emit(TextDelta(tail, pending_tokens))
         if produced > 1:
             self._rates.decode(produced - 1, time.perf_counter() - t_first)
+        if self.settings.prompt_lookup.enabled:
+            # Each decode step yields one sampled token plus the drafts it accepted.
+            steps = self._counters["draft_calls"] - calls_before
+            self._counters["accepted"] += max(0, produced - steps)
         emit(Finish(reason, len(tokens), produced, reused))  # type: ignore[arg-type]
 
 

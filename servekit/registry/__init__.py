@@ -1,5 +1,12 @@
-"""Registry: discovery of serving instances and shared desired state."""
+"""Registry: discovery of serving instances and shared desired state.
 
+Open one with :func:`open_registry` from :class:`RegistrySettings`; keep an
+instance registered with :class:`Heartbeater`; read the catalog without
+waiting on the registry through :class:`CatalogView`.
+"""
+
+from servekit.registry.factory import open_registry
+from servekit.registry.heartbeat import Heartbeater
 from servekit.registry.protocol import (
     Catalog,
     InstanceInfo,
@@ -13,9 +20,21 @@ from servekit.registry.protocol import (
     RegistryUnavailable,
     Tier,
 )
+from servekit.registry.settings import (
+    ConsulSettings,
+    EmbeddedSettings,
+    RegistrySettings,
+    StaticEntry,
+    StaticSettings,
+)
+from servekit.registry.view import CatalogView
 
 __all__ = [
     "Catalog",
+    "CatalogView",
+    "ConsulSettings",
+    "EmbeddedSettings",
+    "Heartbeater",
     "InstanceInfo",
     "InstanceState",
     "KVEntry",
@@ -24,6 +43,10 @@ __all__ = [
     "NotRegistered",
     "Registry",
     "RegistryError",
+    "RegistrySettings",
     "RegistryUnavailable",
+    "StaticEntry",
+    "StaticSettings",
     "Tier",
+    "open_registry",
 ]

@@ -86,6 +86,17 @@ async def test_prompt_longer_than_context_is_rejected_before_any_event(
     assert info.value.param == "max_tokens"
 
 
+async def test_max_tokens_past_the_remaining_window_is_clamped(engine: LlamaCppEngine) -> None:
+    req = GenerationRequest(
+        "w", SamplingParams(max_tokens=100, temperature=0.0), prompt="one " * 500
+    )
+    _, fin = await run(engine, req)
+    assert fin.prompt_tokens + fin.completion_tokens <= 512
+    assert fin.completion_tokens == 512 - fin.prompt_tokens or fin.reason == "stop"
+    if fin.completion_tokens == 512 - fin.prompt_tokens:
+        assert fin.reason == "length"
+
+
 async def test_closing_the_stream_frees_the_engine_within_a_token(engine: LlamaCppEngine) -> None:
     events = engine.generate(chat("Tell me a very long story.", max_tokens=400))
     got = 0
@@ -142,3 +153,30 @@ async def test_not_ready_before_start(model_path: Path) -> None:
     with pytest.raises(NotReady):
         await run(eng, chat("hi"))
     await eng.aclose()
+
+
+async def test_prompt_lookup_speculation_matches_plain_greedy_and_counts(model_path: Path) -> None:
+    spec = LlamaCppEngine(
+        LlamaSettings(
+            model_path=model_path, model_name="s", n_ctx=256, n_threads=2,
+            prompt_lookup={"enabled": True, "num_pred_tokens": 4},  # type: ignore[arg-type]
+        )
+    )  # fmt: skip
+    plain = LlamaCppEngine(
+        LlamaSettings(model_path=model_path, model_name="p", n_ctx=256, n_threads=2)
+    )
+    req = GenerationRequest(
+        "s", SamplingParams(max_tokens=24, temperature=0.0), prompt="1, 2, 3, 4, 5, 6,"
+    )
+    try:
+        await spec.start()
+        await plain.start()
+        spec_text, _ = await run(spec, req)
+        plain_text, _ = await run(plain, req)
+        assert spec_text == plain_text
+        report = spec.load()
+        assert report.spec_draft_tokens > 0
+        assert 0 < report.spec_accepted_tokens <= report.spec_draft_tokens
+    finally:
+        await spec.aclose()
+        await plain.aclose()

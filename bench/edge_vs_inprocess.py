@@ -1,0 +1,161 @@
+"""Edge agent over HTTP versus llama-cpp-python in-process, same model and prompt.
+
+Prints, from one run:
+  * TTFT and decode tokens/s: in-process ``Llama`` streaming vs the edge agent
+    (a real ``edge-agent serve`` subprocess, streamed over HTTP);
+  * TTFT with a cached ~1k-token system prompt vs a cold one, through the agent.
+
+Usage: .venv/bin/python bench/edge_vs_inprocess.py [--runs 7] [--tokens 64]
+Targets (issue 2): TTFT ratio <= 1.05, decode ratio >= 0.95, cached/cold <= 0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.servers import free_port, service_process  # noqa: E402
+
+MODEL = REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT = "The history of the printing press begins"
+N_CTX = 2048
+
+
+def inprocess(runs: int, tokens: int) -> tuple[list[float], list[float]]:
+    from llama_cpp import Llama
+
+    llama = Llama(str(MODEL), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, verbose=False)
+    ttfts, rates = [], []
+    for _ in range(runs + 1):
+        start = time.perf_counter()
+        times = []
+        for _chunk in llama.create_completion(
+            PROMPT, max_tokens=tokens, temperature=0.0, top_k=0, min_p=0.0, stream=True
+        ):
+            times.append(time.perf_counter())
+        ttfts.append(times[0] - start)
+        rates.append((len(times) - 1) / (times[-1] - times[0]))
+    llama.close()
+    return ttfts[1:], rates[1:]  # the first run warms up, as the agent's warm-up does
+
+
+def over_http(url: str, runs: int, tokens: int) -> tuple[list[float], list[float]]:
+    ttfts, rates = [], []
+    body = {
+        "model": "edge",
+        "prompt": PROMPT,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.Client(timeout=120) as client:
+        for _ in range(runs + 1):
+            start = time.perf_counter()
+            times = []
+            with client.stream("POST", url + "/v1/completions", json=body) as resp:
+                for line in resp.iter_lines():
+                    if line.startswith("data: {") and '"text":""' not in line:
+                        times.append(time.perf_counter())
+            ttfts.append(times[0] - start)
+            rates.append((len(times) - 1) / (times[-1] - times[0]))
+    return ttfts[1:], rates[1:]
+
+
+def system_prompt(tag: str) -> str:
+    rules = " ".join(
+        f"Rule {i}: answer politely, cite sources, avoid speculation, and keep answers short."
+        for i in range(60)
+    )
+    return f"[{tag}] You are the support assistant of a travel company. {rules}"
+
+
+def chat_ttft(client: httpx.Client, url: str, system: str, question: str) -> float:
+    body = {
+        "model": "edge", "max_tokens": 1, "temperature": 0, "stream": True,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+    }  # fmt: skip
+    start = time.perf_counter()
+    with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {") and '"content":""' not in line and '"content"' in line:
+                return time.perf_counter() - start
+    raise RuntimeError("no token")
+
+
+def cached_vs_cold(url: str, runs: int) -> tuple[list[float], list[float]]:
+    cold, cached = [], []
+    with httpx.Client(timeout=300) as client:
+        for i in range(runs):
+            tag = uuid.uuid4().hex
+            cold.append(chat_ttft(client, url, system_prompt(tag), f"Question {i}: can I rebook?"))
+            # Something else runs in between, so only the saved state can help.
+            chat_ttft(client, url, system_prompt("other-" + tag), "Unrelated question.")
+            cached.append(chat_ttft(client, url, system_prompt(tag), f"Question {i}: refunds?"))
+    return cold, cached
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "edge.yaml"
+        cfg.write_text(
+            f"server: {{host: 127.0.0.1, port: {port}, log_level: warning}}\n"
+            f"engine: {{model_path: {MODEL}, model_name: smol, n_ctx: {N_CTX}, n_threads: 2,"
+            f" warmup_tokens: 4, prefix_cache: {{enabled: true, capacity_mb: 512}}}}\n"
+        )
+        with service_process(["edge_agent", "serve", "--config", str(cfg)], url):
+            http_ttft, http_rate = over_http(url, args.runs, args.tokens)
+            cold, cached = cached_vs_cold(url, max(3, args.runs // 2))
+            with httpx.Client() as client:
+                sys_tokens = client.post(url + "/v1/chat/completions", json={
+                    "model": "edge", "max_tokens": 1,
+                    "messages": [{"role": "system", "content": system_prompt("count")},
+                                 {"role": "user", "content": "hi"}],
+                }, timeout=300).json()["usage"]["prompt_tokens"]  # fmt: skip
+    ip_ttft, ip_rate = inprocess(args.runs, args.tokens)
+
+    med = statistics.median
+    result = {
+        "inprocess_ttft_ms": med(ip_ttft) * 1000,
+        "edge_ttft_ms": med(http_ttft) * 1000,
+        "ttft_ratio": med(http_ttft) / med(ip_ttft),
+        "inprocess_decode_tok_s": med(ip_rate),
+        "edge_decode_tok_s": med(http_rate),
+        "decode_ratio": med(http_rate) / med(ip_rate),
+        "system_prompt_tokens": sys_tokens,
+        "cold_ttft_ms": med(cold) * 1000,
+        "cached_ttft_ms": med(cached) * 1000,
+        "cached_over_cold": med(cached) / med(cold),
+    }
+    r = result
+    print(f"runs={args.runs} tokens={args.tokens} model={MODEL.name} (medians)")
+    print(f"  TTFT    in-process {r['inprocess_ttft_ms']:8.1f} ms  edge {r['edge_ttft_ms']:8.1f} ms"
+          f"  ratio {r['ttft_ratio']:.3f}  (target <= 1.05)")  # fmt: skip
+    print(f"  decode  in-process {r['inprocess_decode_tok_s']:8.1f} t/s edge "
+          f"{r['edge_decode_tok_s']:8.1f} t/s ratio {r['decode_ratio']:.3f}"
+          "  (target >= 0.95)")  # fmt: skip
+    print(f"  {sys_tokens}-token system prompt: cold {r['cold_ttft_ms']:.1f} ms, cached "
+          f"{r['cached_ttft_ms']:.1f} ms, ratio {r['cached_over_cold']:.3f}"
+          "  (target <= 0.1)")  # fmt: skip
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

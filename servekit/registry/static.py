@@ -1,0 +1,199 @@
+"""Static entries: a fixed list of instances for setups without a registry.
+
+The configured list is the whole catalog. Health comes from polling each
+instance's ``/ready`` (200 = healthy) every ``probe_interval_s``, and its
+load from ``/load`` (a JSON :class:`LoadReport`) when that endpoint exists.
+
+Writes are deliberately harmless where they come from instances and loud
+where they need shared state:
+
+* ``register`` / ``heartbeat`` / ``deregister`` are no-ops (an edge agent
+  configured with a static registry keeps running; the list is the truth);
+* KV and locks raise :class:`RegistryError`: desired state and "one rollout
+  at a time" need a real store (embedded or Consul).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import urllib.parse
+from typing import Any
+
+import httpx
+
+from servekit.engine.protocol import LoadReport
+from servekit.registry.protocol import (
+    InstanceInfo,
+    InstanceState,
+    KVEntry,
+    LockHandle,
+    RegistryError,
+    Tier,
+)
+from servekit.registry.settings import StaticEntry, StaticSettings
+
+__all__ = ["StaticRegistry", "entry_info"]
+
+log = logging.getLogger(__name__)
+
+
+def entry_info(entry: StaticEntry) -> InstanceInfo:
+    parsed = urllib.parse.urlparse(entry.url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"static entry url must be http(s)://host[:port], got {entry.url!r}")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    return InstanceInfo(
+        id=entry.id or entry.url.rstrip("/"),
+        tier=entry.tier,
+        region=entry.region,
+        address=parsed.hostname,
+        port=port,
+        model=entry.model,
+        version=entry.version,
+        capacity=entry.capacity,
+        tags=tuple(entry.tags),
+        meta={"url": entry.url.rstrip("/")},
+    )
+
+
+class StaticRegistry:
+    """:class:`~servekit.registry.protocol.Registry` over a configured list."""
+
+    def __init__(self, settings: StaticSettings, client: httpx.AsyncClient | None = None) -> None:
+        self.settings = settings
+        self._infos = [(entry_info(e), e.url.rstrip("/")) for e in settings.entries]
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=settings.probe_timeout_s)
+        self._states: dict[str, InstanceState] = {
+            info.id: InstanceState(info=info, load=LoadReport(), healthy=False, last_heartbeat=0.0)
+            for info, _ in self._infos
+        }
+        self._index = 1
+        self._changed = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Probe every entry once, then keep probing in the background."""
+        if self._task is None:
+            await self.probe_once()
+            self._task = asyncio.create_task(self._run(), name="static-registry-probe")
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._own_client:
+            await self._client.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.probe_interval_s)
+            await self.probe_once()
+
+    async def probe_once(self) -> None:
+        results = await asyncio.gather(*(self._probe(info, url) for info, url in self._infos))
+        changed = False
+        for state in results:
+            old = self._states[state.info.id]
+            if (old.healthy, old.load) != (state.healthy, state.load):
+                changed = True
+            self._states[state.info.id] = state
+        if changed:
+            async with self._changed:
+                self._index += 1
+                self._changed.notify_all()
+
+    async def _probe(self, info: InstanceInfo, url: str) -> InstanceState:
+        old = self._states[info.id]
+        try:
+            ready = await self._client.get(url + "/ready")
+            healthy = ready.status_code == 200
+            load = old.load
+            if self.settings.load_path:
+                load = await self._fetch_load(url + self.settings.load_path, old.load)
+        except httpx.HTTPError as exc:
+            log.debug("static probe of %s failed: %s", url, exc)
+            return dataclasses.replace(old, healthy=False)
+        seen = time.time() if healthy else old.last_heartbeat
+        return InstanceState(info=info, load=load, healthy=healthy, last_heartbeat=seen)
+
+    async def _fetch_load(self, url: str, fallback: LoadReport) -> LoadReport:
+        resp = await self._client.get(url)
+        if resp.status_code != 200:
+            return fallback
+        try:
+            data: Any = resp.json()
+            return LoadReport.from_dict(data) if isinstance(data, dict) else fallback
+        except (ValueError, TypeError):
+            return fallback
+
+    # -- catalog (read side) -------------------------------------------------
+
+    async def instances(
+        self, *, tier: Tier | None = None, region: str | None = None, healthy_only: bool = True
+    ) -> list[InstanceState]:
+        return [
+            s
+            for s in sorted(self._states.values(), key=lambda s: s.info.id)
+            if (tier is None or s.info.tier == tier)
+            and (region is None or s.info.region == region)
+            and (s.healthy or not healthy_only)
+        ]
+
+    async def watch_instances(
+        self, index: int, timeout_s: float
+    ) -> tuple[int, list[InstanceState]]:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self._index != index)
+        return self._index, await self.instances()
+
+    # -- writes: no-ops for instances, errors for shared state ----------------
+
+    async def register(self, info: InstanceInfo, ttl_s: float) -> None:
+        log.debug("static registry: ignoring registration of %s", info.id)
+
+    async def heartbeat(self, instance_id: str, load: LoadReport) -> None:
+        return None
+
+    async def deregister(self, instance_id: str) -> None:
+        return None
+
+    def _no_kv(self) -> RegistryError:
+        return RegistryError("the static registry has no KV store; use embedded or consul")
+
+    async def get(self, key: str) -> KVEntry | None:
+        raise self._no_kv()
+
+    async def put(self, key: str, value: bytes) -> None:
+        raise self._no_kv()
+
+    async def put_if(self, key: str, value: bytes, modify_index: int) -> bool:
+        raise self._no_kv()
+
+    async def delete(self, key: str) -> None:
+        raise self._no_kv()
+
+    async def list_prefix(self, prefix: str) -> list[KVEntry]:
+        raise self._no_kv()
+
+    async def watch_prefix(
+        self, prefix: str, index: int, timeout_s: float
+    ) -> tuple[int, list[KVEntry]]:
+        raise self._no_kv()
+
+    async def acquire_lock(self, key: str, holder: str, ttl_s: float) -> LockHandle | None:
+        raise self._no_kv()
+
+    async def renew_lock(self, lock: LockHandle) -> bool:
+        raise self._no_kv()
+
+    async def release_lock(self, lock: LockHandle) -> None:
+        raise self._no_kv()

@@ -1,0 +1,62 @@
+"""The edge agent joins the embedded registry, beats its load, drains and leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edge_agent.app import create_app
+from servekit.registry import RegistrySettings, open_registry
+from tests.support.servers import UvicornThread, free_port
+
+pytestmark = [pytest.mark.model]
+
+
+def test_registers_heartbeats_and_deregisters(edge_settings: Any, tmp_path: Path) -> None:
+    reg = {"backend": "embedded", "ttl_s": 3, "heartbeat_interval_s": 0.3,
+           "embedded": {"path": str(tmp_path / "registry.db")}}  # fmt: skip
+    port = free_port()
+    settings = edge_settings(
+        registry=reg, instance__id="edge-reg", instance__region="eu", server__port=port
+    )
+
+    async def instances() -> list[Any]:
+        r = await open_registry(RegistrySettings.model_validate(reg))
+        try:
+            return await r.instances(tier="edge", healthy_only=False)
+        finally:
+            await r.aclose()
+
+    app = create_app(settings)
+    with UvicornThread(app, port=port) as server:
+        deadline = time.monotonic() + 60
+        found: list[Any] = []
+        while time.monotonic() < deadline:
+            found = asyncio.run(instances())
+            if found and found[0].load.ready:
+                break
+            time.sleep(0.1)
+        assert [s.info.id for s in found] == ["edge-reg"]
+        state = found[0]
+        assert state.info.region == "eu"
+        assert state.info.port == server.port
+        assert state.info.model == "smollm2-135m-instruct"
+        assert state.load.capacity == 1
+        httpx.post(server.url + "/v1/completions",
+                   json={"model": "edge", "prompt": "Hi", "max_tokens": 2}, timeout=60)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while asyncio.run(instances())[0].load.requests_ok < 1:
+            assert time.monotonic() < deadline, "heartbeat never carried the new load"
+            time.sleep(0.1)
+        app.state.agent.drain()  # what SIGTERM triggers first
+        deadline = time.monotonic() + 10
+        while not asyncio.run(instances())[0].load.draining:
+            assert time.monotonic() < deadline, "draining never reached the registry"
+            time.sleep(0.1)
+        assert httpx.get(server.url + "/ready").status_code == 503
+    assert asyncio.run(instances()) == []

@@ -1,0 +1,235 @@
+"""Consul-specific behaviour: connection settings, ACL, failures, wire shapes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from servekit.engine.protocol import LoadReport
+from servekit.registry.consul import ConsulRegistry, resolve_connection
+from servekit.registry.protocol import InstanceInfo, RegistryError, RegistryUnavailable
+from servekit.registry.settings import ConsulSettings
+from tests.registry.conftest import consul_settings
+from tests.registry.consul_double import ConsulDouble, ConsulState
+from tests.support.servers import UvicornThread, free_port
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        yield client
+
+
+INFO = InstanceInfo(
+    id="edge-eu-1",
+    tier="edge",
+    region="eu",
+    address="10.0.0.5",
+    port=8101,
+    model="smollm2",
+    version="v2",
+    capacity=2,
+    tags=("l4",),
+    meta={"zone": "b"},
+)
+
+
+def test_connection_comes_from_the_environment() -> None:
+    env = {
+        "CONSUL_HTTP_ADDR": "https://consul.internal:8501",
+        "CONSUL_HTTP_TOKEN": "env-token",
+        "CONSUL_CACERT": "/etc/consul/ca.pem",
+        "CONSUL_CLIENT_CERT": "/etc/consul/client.pem",
+        "CONSUL_CLIENT_KEY": "/etc/consul/client-key.pem",
+    }
+    conn = resolve_connection(ConsulSettings(), env)
+    assert (conn.scheme, conn.host, conn.port) == ("https", "consul.internal", 8501)
+    assert conn.token == "env-token"
+    assert conn.verify == "/etc/consul/ca.pem"
+    assert conn.cert == ("/etc/consul/client.pem", "/etc/consul/client-key.pem")
+
+    env = {"CONSUL_HTTP_ADDR": "c:8500", "CONSUL_HTTP_SSL": "true", "CONSUL_HTTP_SSL_VERIFY": "0"}
+    conn = resolve_connection(ConsulSettings(), env)
+    assert (conn.scheme, conn.host, conn.port, conn.verify) == ("https", "c", 8500, False)
+
+    defaults = resolve_connection(ConsulSettings(), {})
+    assert (defaults.scheme, defaults.host, defaults.port) == ("http", "127.0.0.1", 8500)
+    assert defaults.token is None
+    assert defaults.verify is True
+    assert defaults.cert is None
+
+
+def test_settings_win_over_the_environment() -> None:
+    settings = ConsulSettings.model_validate(
+        {"address": "10.1.1.1:9500", "token": "file-token", "ca_cert": "/ca.pem", "scheme": "https"}
+    )
+    conn = resolve_connection(
+        settings, {"CONSUL_HTTP_ADDR": "elsewhere:1", "CONSUL_HTTP_TOKEN": "env-token"}
+    )
+    assert (conn.scheme, conn.host, conn.port) == ("https", "10.1.1.1", 9500)
+    assert conn.token == "file-token"
+    assert conn.verify == "/ca.pem"
+    registry = ConsulRegistry(settings, {"CONSUL_HTTP_TOKEN": "env-token"})
+    assert registry._client.token == "file-token"  # py-consul would have let the env win
+    assert registry._client.http.base_uri == "https://10.1.1.1:9500"
+    assert registry._client.http.verify == "/ca.pem"
+
+
+async def test_acl_token_is_sent_and_a_wrong_one_is_an_error() -> None:
+    state = ConsulState(acl_token="s3cret", deregister_floor_s=0.0, session_ttl_min_s=0.5)
+    with UvicornThread(ConsulDouble(state).app()) as server:
+        good = ConsulRegistry(consul_settings(server.url), {"CONSUL_HTTP_TOKEN": "s3cret"})
+        bad = ConsulRegistry(consul_settings(server.url, token="wrong"), {})
+        try:
+            await good.put("k", b"v")
+            assert (await good.get("k")) is not None
+            with pytest.raises(RegistryError) as caught:
+                await bad.get("k")
+            assert not isinstance(caught.value, RegistryUnavailable)
+        finally:
+            await good.aclose()
+            await bad.aclose()
+
+
+async def test_unreachable_and_leaderless_agents_are_unavailable() -> None:
+    down = ConsulRegistry(consul_settings(f"127.0.0.1:{free_port()}"), {})
+    try:
+        with pytest.raises(RegistryUnavailable):
+            await down.instances()
+        with pytest.raises(RegistryUnavailable):
+            await down.heartbeat("x", LoadReport())
+    finally:
+        await down.aclose()
+
+    state = ConsulState(leader=False)
+    with UvicornThread(ConsulDouble(state).app()) as server:
+        leaderless = ConsulRegistry(consul_settings(server.url), {})
+        try:
+            with pytest.raises(RegistryUnavailable, match="No cluster leader"):
+                await leaderless.watch_instances(0, 1.0)
+            with pytest.raises(RegistryUnavailable):
+                await leaderless.put_if("k", b"v", 0)
+        finally:
+            await leaderless.aclose()
+
+
+async def test_registration_and_heartbeat_on_the_wire(
+    consul_server: UvicornThread, consul_state: ConsulState, http: httpx.AsyncClient
+) -> None:
+    registry = ConsulRegistry(consul_settings(consul_server.url), {})
+    try:
+        await registry.register(INFO, ttl_s=1.5)
+        await registry.heartbeat(INFO.id, LoadReport(ready=True, waiting=4, model="smollm2"))
+        check = consul_state.checks[f"service:{INFO.id}"]
+        assert check.ttl_s == 1.5
+        assert check.deregister_after_s == 1.5
+
+        resp = await http.get(consul_server.url + "/v1/health/service/hybrid-llm?passing=1")
+        assert resp.status_code == 200
+        assert int(resp.headers["X-Consul-Index"]) > 0
+        assert resp.headers["X-Consul-KnownLeader"] == "true"
+        (entry,) = resp.json()
+        service = entry["Service"]
+        assert (service["ID"], service["Service"], service["Address"], service["Port"]) == (
+            INFO.id, "hybrid-llm", "10.0.0.5", 8101)  # fmt: skip
+        assert service["Tags"] == ["l4"]
+        assert service["Meta"] == {"tier": "edge", "region": "eu", "model": "smollm2",
+                                   "version": "v2", "capacity": "2", "x-zone": "b"}  # fmt: skip
+        own = [c for c in entry["Checks"] if c["CheckID"] == f"service:{INFO.id}"]
+        assert own[0]["Status"] == "passing"
+        assert json.loads(own[0]["Output"])["waiting"] == 4
+
+        (state,) = await registry.instances()
+        assert state.info == INFO
+        assert state.load.waiting == 4
+    finally:
+        await registry.aclose()
+
+
+async def test_foreign_service_without_meta_still_lists(
+    consul_server: UvicornThread, http: httpx.AsyncClient
+) -> None:
+    # Registered by hand (no Meta: Consul returns "Meta": null, no Address).
+    body = {"Name": "hybrid-llm", "ID": "hand-made", "Port": 7000,
+            "Check": {"TTL": "30s", "Status": "passing"}}  # fmt: skip
+    assert (
+        await http.put(consul_server.url + "/v1/agent/service/register", json=body)
+    ).status_code == 200
+    entry = (await http.get(consul_server.url + "/v1/health/service/hybrid-llm")).json()[0]
+    assert entry["Service"]["Meta"] is None
+    registry = ConsulRegistry(consul_settings(consul_server.url), {})
+    try:
+        (state,) = await registry.instances()
+        assert state.info.id == "hand-made"
+        assert state.info.address == "127.0.0.1"  # falls back to the node's address
+        assert state.info.region == ""
+        assert state.load == LoadReport()
+    finally:
+        await registry.aclose()
+
+
+async def test_kv_and_lock_on_the_wire(
+    consul_server: UvicornThread, http: httpx.AsyncClient
+) -> None:
+    registry = ConsulRegistry(consul_settings(consul_server.url), {})
+    try:
+        missing = await http.get(consul_server.url + "/v1/kv/desired/x")
+        assert missing.status_code == 404
+        assert "X-Consul-Index" in missing.headers
+
+        await registry.put("desired/x", b"\x00v1")
+        lock = await registry.acquire_lock("locks/rollout", "cli@host", ttl_s=5)
+        assert lock is not None
+        (entry,) = (await http.get(consul_server.url + "/v1/kv/desired/x")).json()
+        assert base64.b64decode(entry["Value"]) == b"\x00v1"
+        assert entry["Flags"] == 0
+        assert entry["LockIndex"] == 0
+        assert "Session" not in entry
+        (held,) = (await http.get(consul_server.url + "/v1/kv/locks/rollout")).json()
+        assert held["Session"] == lock.session
+        assert held["LockIndex"] == 1
+        assert json.loads(base64.b64decode(held["Value"])) == {"holder": "cli@host"}
+        kv = await registry.get("locks/rollout")
+        assert kv is not None
+        assert kv.session == lock.session
+
+        await registry.release_lock(lock)
+        (released,) = (await http.get(consul_server.url + "/v1/kv/locks/rollout")).json()
+        assert "Session" not in released
+        session = await http.put(consul_server.url + f"/v1/session/renew/{lock.session}")
+        assert session.status_code == 404  # destroyed on release
+    finally:
+        await registry.aclose()
+
+
+async def test_watch_index_going_backwards_resets(
+    consul_server: UvicornThread, consul_state: ConsulState
+) -> None:
+    registry = ConsulRegistry(consul_settings(consul_server.url), {})
+    try:
+        await registry.register(INFO, ttl_s=30)
+        index, _ = await registry.watch_instances(0, 1.0)
+        consul_state.rewind(by=1000)
+        lower, states = await registry.watch_instances(index, 0.3)
+        assert 1 <= lower < index
+        assert [s.info.id for s in states] == [INFO.id]
+    finally:
+        await registry.aclose()
+
+
+async def test_session_ttl_below_the_agent_minimum_is_refused(http: httpx.AsyncClient) -> None:
+    state = ConsulState()  # Consul's default session_ttl_min of 10s
+    with UvicornThread(ConsulDouble(state).app()) as server:
+        r = await http.put(server.url + "/v1/session/create", json={"TTL": "5s"})
+        assert r.status_code == 500
+        assert "Invalid Session TTL" in r.text
+        r = await http.put(server.url + "/v1/session/create", json={"TTL": "15s", "LockDelay": 3})
+        (session,) = (await http.get(server.url + f"/v1/session/info/{r.json()['ID']}")).json()
+        assert session["LockDelay"] == 3_000_000_000  # small numbers are seconds
+        assert session["TTL"] == "15s"

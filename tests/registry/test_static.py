@@ -1,0 +1,138 @@
+"""Static entries: health from real /ready and /load endpoints over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from servekit.engine.protocol import LoadReport
+from servekit.registry.protocol import InstanceInfo, RegistryError
+from servekit.registry.settings import StaticEntry, StaticSettings
+from servekit.registry.static import StaticRegistry, entry_info
+from tests.support.servers import UvicornThread, free_port
+
+pytestmark = pytest.mark.anyio
+
+
+class Instance:
+    """A tiny instance exposing /ready and (optionally) /load."""
+
+    def __init__(self, *, with_load: bool) -> None:
+        self.ready = True
+        self.load = LoadReport(ready=True, running=2, capacity=4, model="m", version="v1")
+        routes = [Route("/ready", self._ready)]
+        if with_load:
+            routes.append(Route("/load", self._load))
+        self.app = Starlette(routes=routes)
+
+    async def _ready(self, request: Request) -> Response:
+        if self.ready:
+            return PlainTextResponse("ok")
+        return PlainTextResponse("draining", status_code=503)
+
+    async def _load(self, request: Request) -> Response:
+        return JSONResponse(self.load.to_dict())
+
+
+async def test_static_entries_are_probed_and_watched() -> None:
+    with_load, without_load = Instance(with_load=True), Instance(with_load=False)
+    dead_port = free_port()
+    with UvicornThread(with_load.app) as a, UvicornThread(without_load.app) as b:
+        settings = StaticSettings(
+            entries=[
+                StaticEntry(url=a.url, tier="edge", region="eu", model="m", id="a"),
+                StaticEntry(url=b.url + "/", tier="center", region="us", model="big"),
+                StaticEntry(
+                    url=f"http://127.0.0.1:{dead_port}", tier="edge", region="eu", model="m"
+                ),
+            ],
+            probe_interval_s=0.1,
+            probe_timeout_s=0.5,
+        )
+        registry = StaticRegistry(settings)
+        await registry.start()
+        try:
+            healthy = await registry.instances()
+            assert sorted(s.info.id for s in healthy) == ["a", b.url]
+            assert [s.info.id for s in await registry.instances(tier="center")] == [b.url]
+            everything = await registry.instances(healthy_only=False)
+            assert len(everything) == 3
+            (state_a,) = await registry.instances(region="eu")
+            assert state_a.load.running == 2
+            assert state_a.load.version == "v1"
+            assert abs(state_a.last_heartbeat - time.time()) < 5
+            (state_b,) = await registry.instances(region="us")
+            assert state_b.load == LoadReport()  # no /load endpoint: defaults
+
+            index, _ = await registry.watch_instances(0, 1.0)
+            with_load.ready = False
+            started = time.monotonic()
+            index2, states = await registry.watch_instances(index, 5.0)
+            assert time.monotonic() - started < 2.0
+            assert index2 != index
+            assert [s.info.id for s in states] == [b.url]
+
+            with_load.ready = True
+            with_load.load = LoadReport(ready=True, running=3, capacity=4)
+            index3, states = await registry.watch_instances(index2, 5.0)
+            assert index3 != index2
+            assert sorted(s.info.id for s in states) == ["a", b.url]
+        finally:
+            await registry.aclose()
+
+
+async def test_static_writes_are_noops_and_kv_is_refused() -> None:
+    registry = StaticRegistry(StaticSettings())
+    await registry.start()
+    try:
+        info = InstanceInfo(id="x", tier="edge", region="eu", address="h", port=1, model="m")
+        await registry.register(info, 10)
+        await registry.heartbeat("x", LoadReport())
+        await registry.deregister("x")
+        assert await registry.instances(healthy_only=False) == []
+        with pytest.raises(RegistryError, match="no KV store"):
+            await registry.put("k", b"v")
+        with pytest.raises(RegistryError):
+            await registry.acquire_lock("k", "me", 5)
+        started = time.monotonic()
+        await registry.watch_instances(1, 0.2)  # nothing changes: times out
+        assert time.monotonic() - started >= 0.15
+    finally:
+        await registry.aclose()
+
+
+def test_entry_urls_become_instance_addresses() -> None:
+    info = entry_info(
+        StaticEntry(url="https://edge.example:8443/", tier="edge", region="eu", model="m")
+    )
+    assert (info.id, info.address, info.port) == ("https://edge.example:8443", "edge.example", 8443)
+    assert (
+        entry_info(StaticEntry(url="http://[::1]", tier="edge", region="eu", model="m")).port == 80
+    )
+    with pytest.raises(ValueError, match="http"):
+        entry_info(StaticEntry(url="edge:8000", tier="edge", region="eu", model="m"))
+
+
+async def test_probe_loop_keeps_running() -> None:
+    instance = Instance(with_load=True)
+    with UvicornThread(instance.app) as a:
+        settings = StaticSettings(
+            entries=[StaticEntry(url=a.url, tier="edge", region="eu", model="m")],
+            probe_interval_s=0.05,
+        )
+        registry = StaticRegistry(settings)
+        await registry.start()
+        try:
+            instance.load = LoadReport(ready=True, running=7)
+            deadline = time.monotonic() + 3
+            while (await registry.instances())[0].load.running != 7:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        finally:
+            await registry.aclose()
