@@ -33,7 +33,7 @@ from servekit.engine.protocol import (
     Message,
     SamplingParams,
 )
-from servekit.errors import ContextLengthExceeded, NotReady
+from servekit.errors import ContextLengthExceeded, InvalidRequest, NotReady
 
 __all__ = ["BatchingLlamaEngine", "BatchingSettings", "completion_budget"]
 
@@ -61,6 +61,9 @@ class BatchingSettings(BaseModel):
     n_threads: int = Field(2, ge=1, description="CPU threads for llama.cpp.")
     seed: int | None = Field(None, description="Default sampling seed.")
     warmup_tokens: int = Field(4, ge=0, description="Tokens generated before ready.")
+    default_max_tokens: int | None = Field(
+        None, ge=1, description="Cap when a request sets no max_tokens (default: the slot)."
+    )
     chat_template: str | None = Field(None, description="Override the GGUF's chat template.")
 
     @model_validator(mode="after")
@@ -75,8 +78,14 @@ class BatchingSettings(BaseModel):
         return self.slots + self.chunk_tokens
 
 
-def completion_budget(prompt_tokens: int, max_tokens: int | None, n_ctx: int) -> int:
-    """How many tokens a completion may have, or the same 400 the single-sequence engine gives."""
+def completion_budget(
+    prompt_tokens: int, max_tokens: int | None, n_ctx: int, default_cap: int | None = None
+) -> int:
+    """How many tokens a completion may have, or the 400 the single-sequence engine gives.
+
+    Mirrors ``LlamaCppEngine._check_context`` (the same rules and messages);
+    both belong in one shared function.
+    """
     if prompt_tokens >= n_ctx:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {n_ctx} tokens; the prompt has "
@@ -85,14 +94,16 @@ def completion_budget(prompt_tokens: int, max_tokens: int | None, n_ctx: int) ->
         )
     room = n_ctx - prompt_tokens
     if max_tokens is None:
-        return room
-    if max_tokens > room:
+        return room if default_cap is None else min(room, default_cap)
+    if max_tokens > n_ctx:
         raise ContextLengthExceeded(
-            f"This model's maximum context length is {n_ctx} tokens; the prompt has "
-            f"{prompt_tokens} tokens and max_tokens asks for {max_tokens} more.",
+            f"max_tokens is too large: {max_tokens}. This model's context holds "
+            f"{n_ctx} tokens in all.",
             param="max_tokens",
         )
-    return max_tokens
+    # Within the window but past what the prompt leaves: generate what fits and
+    # finish with "length", as llama.cpp's server does.
+    return min(max_tokens, room)
 
 
 class BatchingLlamaEngine:
@@ -164,8 +175,15 @@ class BatchingLlamaEngine:
     ) -> Prepared:
         """On the worker: prompt tokens and completion budget, or a 400."""
         tokens = tokenize_request(request, template, model, model.add_bos())
+        if not tokens:
+            # An empty prompt still needs a token to condition on (as the
+            # single-sequence engine does: OpenAI's <|endoftext|> default).
+            if model.bos < 0:
+                raise InvalidRequest("prompt must not be empty", param="prompt")
+            tokens = [model.bos]
+        s = self._settings
         limit = completion_budget(
-            len(tokens), request.sampling.max_tokens, self._settings.ctx_per_slot
+            len(tokens), request.sampling.max_tokens, s.ctx_per_slot, s.default_max_tokens
         )
         return Prepared(tokens, limit)
 

@@ -72,6 +72,7 @@ class LlamaBatchModel:
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.bos = int(llama_cpp.llama_vocab_bos(self._vocab))  # -1: none
         self.n_batch = n_batch
         self.n_slots = n_slots
         self.ctx_per_slot = int(llama_cpp.llama_n_ctx_seq(self._ctx))
@@ -126,8 +127,7 @@ class LlamaBatchModel:
 
     def special_text(self, which: str) -> str:
         """The text of the ``bos`` or ``eos`` token, as chat templates see it."""
-        fn = llama_cpp.llama_vocab_bos if which == "bos" else llama_cpp.llama_vocab_eos
-        token = int(fn(self._vocab))
+        token = self.bos if which == "bos" else int(llama_cpp.llama_vocab_eos(self._vocab))
         return "" if token < 0 else self._render(token, special=True).decode("utf-8", "replace")
 
     def _render(self, token: int, *, special: bool) -> bytes:

@@ -79,7 +79,7 @@ async def test_limits_stop_and_overflow_under_concurrency(engine: BatchingLlamaE
     assert stop in free, free
 
     async def overflow() -> None:
-        agen = engine.generate(chat("Hello there.", max_tokens=CTX))
+        agen = engine.generate(chat("Hello there.", max_tokens=CTX + 1))
         with pytest.raises(ContextLengthExceeded) as info:
             await agen.__anext__()
         assert info.value.status == 400

@@ -150,12 +150,12 @@ async def test_same_answers_as_single_sequence_engine(
         assert gap < NEAR_TIE, (want_text, text, gap)
 
 
-async def test_overflow_is_the_same_error(
+async def test_context_limits_are_the_same(
     engines: tuple[LlamaCppEngine, BatchingLlamaEngine],
 ) -> None:
     single, batching = engines
     too_long = chat("Hello " * 600, max_tokens=4)
-    too_many = chat("Hello", max_tokens=CTX)
+    too_many = chat("Hello", max_tokens=CTX + 1)
     for req in (too_long, too_many):
         errors = []
         for engine in (single, batching):
@@ -163,3 +163,30 @@ async def test_overflow_is_the_same_error(
                 await run(engine, req)
             errors.append((info.value.status, info.value.param, info.value.message))
         assert errors[0] == errors[1]
+    # max_tokens within the window but past what the prompt leaves: both engines
+    # generate what fits and finish with "length". Counting keeps greedy decoding
+    # going, so the slot's context really fills up.
+    near_full = await counting_prompt(single, CTX - 6)
+    room = CTX - len(await single.tokenize(near_full))
+    assert 6 <= room <= 12
+    (want_text, want), (text, got) = [await run(e, near_full) for e in (single, batching)]
+    assert (want.reason, want.completion_tokens) == ("length", room)
+    assert got.prompt_tokens == want.prompt_tokens
+    assert got.completion_tokens <= room
+    if text == want_text:
+        assert (got.reason, got.completion_tokens) == (want.reason, want.completion_tokens)
+
+
+async def counting_prompt(engine: LlamaCppEngine, tokens: int) -> GenerationRequest:
+    """A raw prompt "1, 2, 3, ..." just under ``tokens`` tokens long, max_tokens = CTX."""
+
+    def numbers(k: int) -> GenerationRequest:
+        text = ", ".join(str(i) for i in range(1, k + 1)) + ","
+        return GenerationRequest("p", SamplingParams(max_tokens=CTX, temperature=0.0), prompt=text)
+
+    k = 1
+    # Numbers take at most a handful of tokens each: grow by halving steps.
+    for step in (64, 16, 4, 1):
+        while len(await engine.tokenize(numbers(k + step))) <= tokens:
+            k += step
+    return numbers(k)
