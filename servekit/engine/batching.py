@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -112,7 +112,6 @@ class BatchingLlamaEngine:
     def __init__(self, settings: BatchingSettings, *, version: str = "") -> None:
         self._settings = settings
         self.version = version
-        self._model: LlamaBatchModel | None = None
         self._scheduler: Scheduler | None = None
         self._stats = BatchingStats(slots=settings.slots)
         self._start_lock = asyncio.Lock()
@@ -138,28 +137,11 @@ class BatchingLlamaEngine:
             if self._closed:
                 raise NotReady("engine is closed")
             s = self._settings
-            model = await asyncio.to_thread(
-                LlamaBatchModel,
-                s.model_path,
-                n_slots=s.slots,
-                ctx_per_slot=s.ctx_per_slot,
-                n_batch=s.n_batch,
-                n_threads=s.n_threads,
-            )
-            source = s.chat_template or model.metadata("tokenizer.chat_template")
-            meta = {"tokenizer.chat_template": source} if source else {}
-            template = ChatTemplate.from_metadata(
-                meta, model.special_text("bos"), model.special_text("eos")
-            )
             scheduler = Scheduler(
-                model,
-                lambda request: self._prepare(model, template, request),
-                chunk_tokens=s.chunk_tokens,
-                stats=self._stats,
-                seed=s.seed,
+                self._load, chunk_tokens=s.chunk_tokens, stats=self._stats, seed=s.seed
             )
-            scheduler.start()
-            self._model, self._scheduler = model, scheduler
+            await asyncio.wrap_future(scheduler.start())
+            self._scheduler = scheduler
             if s.warmup_tokens > 0:  # the first decodes allocate compute buffers
                 warm = GenerationRequest(
                     "warmup",
@@ -169,6 +151,23 @@ class BatchingLlamaEngine:
                 async for _ in self.generate(warm):
                     pass
             self._ready = True
+
+    def _load(self) -> tuple[LlamaBatchModel, Callable[[GenerationRequest], Prepared]]:
+        """On the worker: load the model and make the request preparer."""
+        s = self._settings
+        model = LlamaBatchModel(
+            s.model_path,
+            n_slots=s.slots,
+            ctx_per_slot=s.ctx_per_slot,
+            n_batch=s.n_batch,
+            n_threads=s.n_threads,
+        )
+        source = s.chat_template or model.metadata("tokenizer.chat_template")
+        meta = {"tokenizer.chat_template": source} if source else {}
+        template = ChatTemplate.from_metadata(
+            meta, model.special_text("bos"), model.special_text("eos")
+        )
+        return model, lambda request: self._prepare(model, template, request)
 
     def _prepare(
         self, model: LlamaBatchModel, template: ChatTemplate, request: GenerationRequest
@@ -250,9 +249,6 @@ class BatchingLlamaEngine:
     async def aclose(self) -> None:
         self._closed = True
         self._ready = False
-        scheduler, model = self._scheduler, self._model
-        self._scheduler = self._model = None
-        if scheduler is not None:
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:  # the worker frees the model on its way out
             await asyncio.to_thread(scheduler.stop)
-        if model is not None:
-            await asyncio.to_thread(model.close)

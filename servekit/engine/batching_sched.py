@@ -26,6 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
@@ -103,21 +104,19 @@ class Scheduler:
 
     def __init__(
         self,
-        model: LlamaBatchModel,
-        prepare: Prepare,
+        load: Callable[[], tuple[LlamaBatchModel, Prepare]],
         *,
         chunk_tokens: int,
         stats: BatchingStats,
         seed: int | None = None,
     ) -> None:
-        if chunk_tokens < 1 or model.n_slots + chunk_tokens > model.n_batch:
-            raise ValueError("need 1 <= chunk_tokens <= n_batch - n_slots")
-        self._model = model
-        self._prepare = prepare
+        self._load = load
+        self._model: LlamaBatchModel
+        self._prepare: Prepare
         self._chunk = chunk_tokens
         self._seed = seed
         self.stats = stats
-        self._slots = [_Slot(i) for i in range(model.n_slots)]
+        self._slots: list[_Slot] = []
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._waiting: list[tuple[int, int, Job, Prepared]] = []
         self._order = itertools.count()
@@ -127,10 +126,15 @@ class Scheduler:
 
     # -- any thread -------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self) -> Future[None]:
+        """Start the worker; it loads the model, and the future resolves once it has."""
+        loaded: Future[None] = Future()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="llama-batching", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(loaded,), name="llama-batching", daemon=True
+            )
             self._thread.start()
+        return loaded
 
     def submit(self, job: Job) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -154,7 +158,24 @@ class Scheduler:
 
     # -- worker thread ----------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, loaded: Future[None]) -> None:
+        # Every llama.cpp call, loading and freeing included, happens on this one
+        # thread. That is also what keeps llama.cpp fast: its OpenMP workers spin
+        # between operations only while one thread team exists per core set;
+        # a second calling thread makes libgomp throttle spinning, and each
+        # decode then pays for sleeping and waking threads at every operation.
+        try:
+            self._model, self._prepare = self._load()
+        except BaseException as exc:
+            loaded.set_exception(exc)
+            return
+        model = self._model
+        if self._chunk < 1 or model.n_slots + self._chunk > model.n_batch:
+            model.close()
+            loaded.set_exception(ValueError("need 1 <= chunk_tokens <= n_batch - n_slots"))
+            return
+        self._slots = [_Slot(i) for i in range(model.n_slots)]
+        loaded.set_result(None)
         try:
             while not self._stopping:
                 self._intake(block=not self._running and not self._waiting)
@@ -165,7 +186,9 @@ class Scheduler:
         except BaseException as exc:  # the worker must never die silently
             self._fail_all(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
             raise
-        self._fail_all(EngineFailure("engine stopped"))
+        finally:
+            self._fail_all(EngineFailure("engine stopped"))
+            model.close()
 
     def _intake(self, *, block: bool) -> None:
         try:
