@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from edge_agent.engines import build_engine
 from edge_agent.settings import EdgeSettings
 from edge_agent.slot import ModelSlot
+from model_sync.agent import Reconciler
 from servekit.admission import AdmissionQueue
 from servekit.api import ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
@@ -70,6 +71,7 @@ class EdgeAgent:
         self.load_error: BaseException | None = None
         self.registry: Registry | None = None
         self.heartbeater: Heartbeater | None = None
+        self.reconciling: asyncio.Task[None] | None = None
 
     def instance_info(self) -> InstanceInfo:
         s = self.settings
@@ -101,6 +103,18 @@ class EdgeAgent:
             ttl_s=reg_settings.ttl_s,
         )
         await self.heartbeater.start()
+        sync = self.settings.model_sync
+        if sync is not None and sync.enabled:
+            reconciler = Reconciler.from_settings(
+                sync,
+                self.registry,
+                self.settings.instance.id,
+                self.swap_model,
+                model=self.settings.engine.model_name,
+                version=self.slot.version,
+                stats=self._load,
+            )
+            self.reconciling = asyncio.create_task(reconciler.run())
 
     def _load(self) -> LoadReport:
         return self.core.load()
@@ -148,6 +162,9 @@ class EdgeAgent:
 
     async def aclose(self) -> None:
         self.drain()
+        if self.reconciling is not None:
+            self.reconciling.cancel()
+            await asyncio.gather(self.reconciling, return_exceptions=True)
         await self.slot.aclose(self.settings.server.graceful_shutdown_s)
         if self.heartbeater is not None:
             await self.heartbeater.stop()

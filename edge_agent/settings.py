@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from model_sync.agent import ReconcilerSettings
 from servekit.engine.llama import LlamaSettings
 from servekit.registry import RegistrySettings
 
@@ -53,9 +54,18 @@ class EdgeSettings(_Section):
     registry: RegistrySettings | None = Field(
         None, description="Register and heartbeat here; none means standalone."
     )
+    model_sync: ReconcilerSettings | None = Field(
+        None, description="Follow the desired model version from the registry (needs registry)."
+    )
     aliases: list[str] = Field(
         default_factory=lambda: ["edge"], description="Extra names accepted in `model`."
     )
+
+    @model_validator(mode="after")
+    def _sync_needs_registry(self) -> EdgeSettings:
+        if self.model_sync is not None and self.model_sync.enabled and self.registry is None:
+            raise ValueError("model_sync needs a registry: block to read desired versions from")
+        return self
 
     @field_validator("engine")
     @classmethod

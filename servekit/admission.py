@@ -63,6 +63,11 @@ class AdmissionQueue:
     def waiting(self) -> int:
         return sum(len(q) for q in self._waiters.values())
 
+    def resize(self, slots: int) -> None:
+        """Change how many run at once (replicas came or went); waiters are let in at once."""
+        self.slots = max(1, slots)
+        self._grant_next()
+
     def retry_after(self) -> float:
         """Seconds until a slot is likely free for a newcomer."""
         backlog = self.waiting + 1

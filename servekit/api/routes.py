@@ -13,6 +13,7 @@ from servekit.api.core import ServingCore
 from servekit.api.errors import error_response, install_error_handlers
 from servekit.api.generation import run_generation
 from servekit.api.limits import ARRIVAL_KEY, RequestLimits
+from servekit.api.openapi import ERROR_SCHEMA, SSE_EVENT_SCHEMA
 from servekit.engine.protocol import GenerationRequest, Priority
 from servekit.errors import NotReady
 from servekit.wire import (
@@ -37,34 +38,9 @@ def get_core(request: Request) -> ServingCore:
 
 CoreDep = Annotated[ServingCore, Depends(get_core)]
 
-_ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["message", "type"],
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-        }
-    },
-}
-
-
-# Each server-sent event: a `data:` line holding one JSON chunk, or [DONE].
-_SSE_EVENT: dict[str, Any] = {
-    "type": "object",
-    "required": ["data"],
-    "properties": {"data": {"type": "string"}},
-}
-
 
 def _error(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+    return {"description": description, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
 
 
 def _generation_responses(model: type[Any]) -> dict[int | str, dict[str, Any]]:
@@ -72,7 +48,7 @@ def _generation_responses(model: type[Any]) -> dict[int | str, dict[str, Any]]:
         200: {
             "description": "A completion, or a stream of chunks when `stream` is true.",
             "model": model,
-            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
+            "content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
         },
         400: _error("Invalid request (bad parameter, prompt longer than the context)."),
         404: _error("Unknown model."),

@@ -60,3 +60,46 @@ def test_registers_heartbeats_and_deregisters(edge_settings: Any, tmp_path: Path
             time.sleep(0.1)
         assert httpx.get(server.url + "/ready").status_code == 503
     assert asyncio.run(instances()) == []
+
+
+def test_model_sync_block_follows_desired_version(
+    edge_settings: Any, tmp_path: Path, model_path: Path
+) -> None:
+    from model_sync import ops
+    from model_sync.store import SyncStore
+
+    reg = {"backend": "embedded", "ttl_s": 3, "heartbeat_interval_s": 0.3,
+           "embedded": {"path": str(tmp_path / "registry.db")}}  # fmt: skip
+    port = free_port()
+    settings = edge_settings(
+        registry=reg, instance__id="edge-sync", server__port=port,
+        model_sync={"model_dir": str(tmp_path / "models"), "watch_timeout_s": 0.3,
+                    "report_interval_s": 0.3},
+    )  # fmt: skip
+    model = settings.engine.model_name
+
+    async def push_and_desire() -> None:
+        r = await open_registry(RegistrySettings.model_validate(reg))
+        try:
+            store = SyncStore(r, actor="test")
+            await ops.push(store, str(model_path), model=model, version="v1")
+            await ops.push(store, str(model_path), model=model, version="v2", filename="v2.gguf")
+            await store.set_desired("edge-sync", model, "v2")
+        finally:
+            await r.aclose()
+
+    app = create_app(settings)
+    with UvicornThread(app, port=port) as server:
+        deadline = time.monotonic() + 60
+        while httpx.get(server.url + "/ready").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        asyncio.run(push_and_desire())
+        deadline = time.monotonic() + 90
+        while httpx.get(server.url + "/load").json()["version"] != "v2":
+            assert time.monotonic() < deadline, "agent never swapped to v2"
+            time.sleep(0.2)
+        body = {"model": model, "prompt": "Hi", "max_tokens": 2}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert r.headers["x-model-version"] == "v2"
+        assert (tmp_path / "models" / model / "v2" / "v2.gguf").is_file()

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.servers import free_port, service_process
 
-pytestmark = [pytest.mark.model, pytest.mark.slow]
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def test_schemathesis_all_checks_find_nothing(model_path: Any, tmp_path: Path) -> None:
@@ -33,7 +33,7 @@ admission: {{max_waiting: 64}}
     with service_process(["edge_agent", "serve", "--config", str(cfg)], url):
         proc = subprocess.run(
             [
-                st, "run", f"{url}/openapi.json", "--checks", "all", "--max-examples", "40",
+                st, "run", f"{url}/openapi.json", "--checks", "all", "--max-examples", "25",
                 "--workers", "1", "--request-timeout", "60", "--max-response-time", "60",
                 "--seed", "20261130",
             ],

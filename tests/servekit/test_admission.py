@@ -67,3 +67,16 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     assert q.running == 0
     again = await asyncio.wait_for(q.acquire(), 1)
     again.release()
+
+
+async def test_resize_lets_waiters_in_at_once() -> None:
+    q = AdmissionQueue(slots=1, max_waiting=4)
+    held = await q.acquire()
+    waiter = asyncio.create_task(q.acquire())
+    await asyncio.sleep(0)
+    assert q.waiting == 1
+    q.resize(2)
+    ticket = await asyncio.wait_for(waiter, 1)
+    assert (q.running, q.waiting) == (2, 0)
+    ticket.release()
+    held.release()

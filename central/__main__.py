@@ -1,0 +1,5 @@
+import sys
+
+from central.cli import main
+
+sys.exit(main())

@@ -1,0 +1,290 @@
+"""Turning a replica spec into the exact process the engine needs.
+
+A :class:`LaunchPlan` is everything the supervisor needs to start a replica:
+the argv, the environment it adds (``CUDA_VISIBLE_DEVICES`` from the spec's
+GPU list), files to write first (trtllm's extra LLM-API options, the
+stand-in's config) and how to talk to it once it is up (:class:`Endpoint`).
+Building a plan has no side effects, so ``central print-commands`` and the
+unit tests see precisely what would run.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+import yaml
+
+from central.specs import LlamaCppReplica, TrtllmReplica, UrlReplica, VllmReplica
+from servekit.engine.llama import LlamaSettings
+
+if TYPE_CHECKING:
+    from central.settings import CentralSettings
+
+__all__ = [
+    "Endpoint",
+    "LaunchPlan",
+    "LoadSource",
+    "build_plan",
+    "endpoint_for_url",
+    "llama_settings",
+    "llamacpp_plan",
+    "print_commands",
+    "trtllm_plan",
+    "vllm_plan",
+]
+
+LoadSource = Literal["vllm", "trtllm", "load", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """How the gateway talks to a running replica."""
+
+    base_url: str
+    upstream_model: str
+    capacity: int
+    load_source: LoadSource
+    health_path: str = "/health"
+    send_priority: bool = False
+    can_continue: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    argv: tuple[str, ...]
+    endpoint: Endpoint
+    env: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[Path, str] = field(default_factory=dict)
+
+    def shell(self) -> str:
+        """The plan as one copy-pasteable shell line (environment first)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = shlex.join(self.argv)
+        return f"{env} {cmd}" if env else cmd
+
+
+def _url(host: str, port: int) -> str:
+    # A replica bound to all interfaces is still reached over loopback.
+    reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{reach}:{port}"
+
+
+def _gpu_env(gpus: list[int], extra: Mapping[str, str]) -> dict[str, str]:
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
+    env.update(extra)
+    return env
+
+
+def vllm_plan(spec: VllmReplica, *, port: int, model_name: str) -> LaunchPlan:
+    served = spec.served_model_name or model_name
+    argv: list[str] = [spec.executable, "serve", spec.model]
+    argv += ["--host", spec.host, "--port", str(port), "--served-model-name", served]
+    argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    argv += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size)]
+    if spec.quantization is not None:
+        argv += ["--quantization", spec.quantization]
+    if spec.kv_cache_dtype is not None:
+        argv += ["--kv-cache-dtype", spec.kv_cache_dtype]
+    if spec.dtype is not None:
+        argv += ["--dtype", spec.dtype]
+    if spec.enable_chunked_prefill is not None:
+        on = spec.enable_chunked_prefill
+        argv.append("--enable-chunked-prefill" if on else "--no-enable-chunked-prefill")
+    if spec.max_num_batched_tokens is not None:
+        argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    if spec.enable_prefix_caching is not None:
+        on = spec.enable_prefix_caching
+        argv.append("--enable-prefix-caching" if on else "--no-enable-prefix-caching")
+    if spec.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(spec.max_num_seqs)]
+    if spec.max_model_len is not None:
+        argv += ["--max-model-len", str(spec.max_model_len)]
+    if spec.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", _num(spec.gpu_memory_utilization)]
+    if spec.speculative is not None:
+        spec_json = json.dumps(spec.speculative.as_vllm_json(), separators=(",", ":"))
+        argv += ["--speculative-config", spec_json]
+    if spec.scheduling_policy is not None:
+        argv += ["--scheduling-policy", spec.scheduling_policy]
+    argv += spec.extra_args
+    priority = spec.scheduling_policy == "priority"
+    endpoint = Endpoint(
+        _url(spec.host, port), served, spec.capacity, "vllm", send_priority=priority
+    )
+    return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env))
+
+
+def trtllm_options(spec: TrtllmReplica) -> dict[str, Any]:
+    """The extra LLM-API options file's content for a trtllm replica."""
+    opts: dict[str, Any] = {}
+    if spec.backend == "pytorch":
+        # The /metrics endpoint only has iteration stats when these are collected.
+        opts["enable_iter_perf_stats"] = True
+    kv: dict[str, Any] = {}
+    if spec.kv_cache_dtype is not None:
+        kv["dtype"] = spec.kv_cache_dtype
+    if spec.enable_prefix_caching is not None:
+        kv["enable_block_reuse"] = spec.enable_prefix_caching
+    if kv:
+        opts["kv_cache_config"] = kv
+    if spec.enable_chunked_prefill is not None:
+        opts["enable_chunked_prefill"] = spec.enable_chunked_prefill
+    return _deep_merge(opts, spec.extra_llm_api_options)
+
+
+def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
+    options_file = run_dir / f"{spec.name}.extra-llm-api-options.yaml"
+    argv: list[str] = [spec.executable, spec.model]
+    argv += ["--host", spec.host, "--port", str(port), "--backend", spec.backend]
+    argv += ["--tp_size", str(spec.tp_size), "--pp_size", str(spec.pp_size)]
+    if spec.ep_size is not None:
+        argv += ["--ep_size", str(spec.ep_size)]
+    if spec.max_batch_size is not None:
+        argv += ["--max_batch_size", str(spec.max_batch_size)]
+    if spec.max_num_tokens is not None:
+        argv += ["--max_num_tokens", str(spec.max_num_tokens)]
+    if spec.max_seq_len is not None:
+        argv += ["--max_seq_len", str(spec.max_seq_len)]
+    if spec.kv_cache_free_gpu_memory_fraction is not None:
+        fraction = _num(spec.kv_cache_free_gpu_memory_fraction)
+        argv += ["--kv_cache_free_gpu_memory_fraction", fraction]
+    if spec.trust_remote_code:
+        argv.append("--trust_remote_code")
+    argv += ["--extra_llm_api_options", str(options_file)]
+    argv += spec.extra_args
+    files = {options_file: yaml.safe_dump(trtllm_options(spec), sort_keys=True)}
+    # trtllm-serve names the model after the path it was given. Its chat API is
+    # not known to take continue_final_message, so answers are not resumed on it.
+    endpoint = Endpoint(
+        _url(spec.host, port), spec.model, spec.capacity, "trtllm", can_continue=False
+    )
+    return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env), files)
+
+
+def llamacpp_settings(
+    spec: LlamaCppReplica, *, port: int, model_name: str, version: str
+) -> dict[str, Any]:
+    """The edge-agent settings that make it a plain stand-in replica.
+
+    It answers to the gateway's model name, accepts no aliases and keeps a
+    small queue of its own: the gateway's queue is where priorities apply.
+    """
+    engine: dict[str, Any] = {"kind": "llama", **_llama_fields(spec, model_name)}
+    base: dict[str, Any] = {
+        "server": {"host": spec.host, "port": port, "log_level": "warning"},
+        "instance": {"id": f"central-{spec.name}", "region": "center", "version": version},
+        "engine": engine,
+        "admission": {"max_waiting": spec.max_waiting},
+        "aliases": [],
+    }
+    return _deep_merge(base, spec.edge_settings)
+
+
+def _llama_fields(spec: LlamaCppReplica, model_name: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "model_path": str(spec.model_path.resolve()),
+        "model_name": model_name,
+        "n_ctx": spec.n_ctx,
+    }
+    if spec.n_threads is not None:
+        fields["n_threads"] = spec.n_threads
+    return fields
+
+
+def llama_settings(spec: LlamaCppReplica, *, model_name: str) -> LlamaSettings:
+    """Settings of the in-process engine for an ``inprocess`` stand-in."""
+    engine = dict(spec.edge_settings.get("engine") or {})
+    engine.pop("kind", None)
+    return LlamaSettings.model_validate(_deep_merge(_llama_fields(spec, model_name), engine))
+
+
+def llamacpp_plan(
+    spec: LlamaCppReplica,
+    *,
+    port: int,
+    model_name: str,
+    run_dir: Path,
+    python: str,
+    version: str = "",
+) -> LaunchPlan:
+    config_file = run_dir / f"{spec.name}.edge-agent.yaml"
+    settings = llamacpp_settings(spec, port=port, model_name=model_name, version=version or "v1")
+    argv = [python, "-m", "edge_agent", "serve", "--config", str(config_file)]
+    argv += ["--host", spec.host, "--port", str(port)]
+    endpoint = Endpoint(_url(spec.host, port), model_name, spec.capacity, "load", "/ready")
+    files = {config_file: yaml.safe_dump(settings, sort_keys=True)}
+    return LaunchPlan(tuple(argv), endpoint, dict(spec.env), files)
+
+
+def build_plan(
+    spec: VllmReplica | TrtllmReplica | LlamaCppReplica,
+    *,
+    port: int,
+    model_name: str,
+    run_dir: Path,
+    python: str = sys.executable,
+    version: str = "",
+) -> LaunchPlan:
+    """The launch plan for any launched replica kind."""
+    if isinstance(spec, VllmReplica):
+        return vllm_plan(spec, port=port, model_name=model_name)
+    if isinstance(spec, TrtllmReplica):
+        return trtllm_plan(spec, port=port, run_dir=run_dir)
+    return llamacpp_plan(
+        spec, port=port, model_name=model_name, run_dir=run_dir, python=python, version=version
+    )
+
+
+def endpoint_for_url(spec: UrlReplica, *, model_name: str) -> Endpoint:
+    return Endpoint(
+        spec.url.rstrip("/"),
+        spec.upstream_model or model_name,
+        spec.capacity,
+        spec.load_source,
+        spec.health_path,
+        spec.send_priority,
+        spec.can_continue,
+    )
+
+
+def _num(value: float) -> str:
+    return format(value, "g")
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def print_commands(settings: CentralSettings, out: TextIO) -> None:
+    """Write each replica's command line (and generated files) for an operator."""
+    run_dir = settings.supervision.log_dir
+    for spec in settings.replicas:
+        out.write(f"# {spec.name} ({spec.kind})\n")
+        if isinstance(spec, UrlReplica):
+            out.write(f"# already running at {spec.url}; probed, not launched\n\n")
+            continue
+        if isinstance(spec, LlamaCppReplica) and spec.mode == "inprocess":
+            out.write(f"# in-process llama.cpp engine in the gateway: {spec.model_path}\n\n")
+            continue
+        if not spec.port:
+            out.write("# port 0: a free port is picked when the gateway starts\n")
+        plan = build_plan(
+            spec, port=spec.port, model_name=settings.model, run_dir=run_dir,
+            version=settings.version,
+        )  # fmt: skip
+        for path, content in plan.files.items():
+            out.write(f"# writes {path}:\n")
+            out.writelines(f"#   {line}\n" for line in content.splitlines())
+        out.write(plan.shell() + "\n\n")

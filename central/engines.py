@@ -1,0 +1,35 @@
+"""The engine each replica is reached through: the shared OpenAI-HTTP engine.
+
+Every replica kind speaks the OpenAI API over HTTP, so one engine type
+serves them all. Its own background load probe is off: the replica's
+supervision loop already probes health and scrapes load, per engine kind.
+"""
+
+from __future__ import annotations
+
+from central.commands import Endpoint
+from central.replica import EngineFactory
+from central.settings import CentralSettings
+from servekit.engine.openai_http import OpenAIHTTPEngine, OpenAIHTTPSettings
+
+__all__ = ["http_engine", "http_engine_factory"]
+
+
+def http_engine(
+    endpoint: Endpoint, *, served_name: str | None = None, version: str = ""
+) -> OpenAIHTTPEngine:
+    settings = OpenAIHTTPSettings(
+        base_url=endpoint.base_url,
+        model=endpoint.upstream_model,
+        served_name=served_name,
+        capacity=endpoint.capacity,
+        health_path=endpoint.health_path,
+    )
+    return OpenAIHTTPEngine(settings, probe=None, version=version)
+
+
+def http_engine_factory(settings: CentralSettings) -> EngineFactory:
+    def build(endpoint: Endpoint) -> OpenAIHTTPEngine:
+        return http_engine(endpoint, served_name=settings.model, version=settings.version)
+
+    return build

@@ -1,0 +1,283 @@
+"""One replica as the gateway sees it: process, health, load, and its engine.
+
+:meth:`Replica.run` is the replica's supervision loop. It launches the process
+(for launched kinds), waits for the engine's health endpoint, then scrapes its
+load every ``scrape_interval_s`` and probes health every
+``health_interval_s``. A replica leaves the rotation after
+``unhealthy_after`` failed probes, at once when its process exits or a
+request could not reach it, and comes back as soon as it answers again. A
+dead process is restarted after an exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from central.balancer import Candidate
+from central.commands import Endpoint, build_plan, endpoint_for_url, llama_settings
+from central.scrape import ReplicaLoad, ReplicaProbe
+from central.settings import SupervisionSettings
+from central.specs import LlamaCppReplica, UrlReplica
+from central.specs import ReplicaSpec as AnySpec
+from central.supervisor import Backoff, LaunchFailed, ReplicaProcess
+from servekit.engine.llama import LlamaCppEngine
+from servekit.engine.protocol import Engine
+
+__all__ = ["EngineFactory", "Replica", "ReplicaState"]
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[Endpoint], Engine]
+
+
+class ReplicaState(enum.StrEnum):
+    STARTING = "starting"
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Replica:
+    """A replica's supervision state and the engine that talks to it."""
+
+    def __init__(
+        self,
+        spec: AnySpec,
+        *,
+        model_name: str,
+        version: str = "",
+        supervision: SupervisionSettings,
+        probe: ReplicaProbe,
+        engine_factory: EngineFactory,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self._sup = supervision
+        self._probe = probe
+        self.process: ReplicaProcess | None = None
+        self._local: Engine | None = None
+        self._local_start: asyncio.Task[None] | None = None
+        if isinstance(spec, UrlReplica):
+            self.endpoint = endpoint_for_url(spec, model_name=model_name)
+        elif isinstance(spec, LlamaCppReplica) and spec.mode == "inprocess":
+            self.endpoint = Endpoint(f"inprocess://{spec.name}", model_name, 1, "none", "")
+            self._local = LlamaCppEngine(
+                llama_settings(spec, model_name=model_name), version=version
+            )
+        else:
+            port = spec.port or _free_port(spec.host)
+            run_dir = Path(supervision.log_dir)
+            plan = build_plan(
+                spec, port=port, model_name=model_name, run_dir=run_dir, version=version
+            )
+            self.endpoint = plan.endpoint
+            self.process = ReplicaProcess(spec.name, plan, run_dir / f"{spec.name}.log")
+        self.engine = self._local or engine_factory(self.endpoint)
+        self.state = ReplicaState.STARTING
+        self.inflight = 0
+        self.served = 0
+        self.load: ReplicaLoad | None = None
+        self._inflight_at_scrape = 0
+        self.restarts = 0
+        self.last_exit: int | None = None
+        self._failures = 0
+        self._last_health = 0.0
+        self._started = time.monotonic()
+        self._backoff = Backoff(
+            supervision.restart_backoff_initial_s,
+            supervision.restart_backoff_max_s,
+            supervision.stable_after_s,
+        )
+        self._on_change = on_change
+
+    @property
+    def capacity(self) -> int:
+        return self.endpoint.capacity
+
+    @property
+    def healthy(self) -> bool:
+        return self.state is ReplicaState.HEALTHY
+
+    def candidate(self) -> Candidate:
+        load = self.load or ReplicaLoad()
+        # The engine's count includes our own requests as of the scrape; what
+        # it reported beyond those is other clients' traffic.
+        external = max(0, load.running + load.waiting - self._inflight_at_scrape)
+        return Candidate(
+            name=self.name,
+            capacity=self.capacity,
+            inflight=self.inflight,
+            external=external,
+            kv_cache_usage=load.kv_cache_usage,
+        )
+
+    def mark_unreachable(self, reason: str) -> None:
+        """A request could not reach the replica: take it out of rotation now."""
+        if self.state is ReplicaState.HEALTHY:
+            log.warning("replica %s unreachable (%s); out of rotation", self.name, reason)
+            self._set(ReplicaState.UNHEALTHY)
+        self._failures = max(self._failures, self._sup.unhealthy_after)
+
+    async def run(self) -> None:
+        """Supervise until cancelled."""
+        if self.process is not None:
+            await self._launch()
+        elif self._local is not None:
+            self._local_start = asyncio.create_task(self._local.start())
+        while True:
+            await self._tick()
+            healthy = self.state is ReplicaState.HEALTHY
+            interval = self._sup.scrape_interval_s if healthy else self._sup.health_interval_s
+            await asyncio.sleep(interval)
+
+    async def stop(self) -> None:
+        self._set(ReplicaState.STOPPED)
+        if self.process is not None:
+            await self.process.stop(self._sup.stop_timeout_s)
+        if self._local_start is not None:
+            self._local_start.cancel()
+            await asyncio.gather(self._local_start, return_exceptions=True)
+
+    def status(self) -> dict[str, Any]:
+        load = self.load
+        return {
+            "name": self.name,
+            "kind": self.spec.kind,
+            "url": self.endpoint.base_url,
+            "state": self.state.value,
+            "pid": self.process.pid if self.process is not None else None,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "capacity": self.capacity,
+            "inflight": self.inflight,
+            "served": self.served,
+            "engine_running": load.running if load else None,
+            "engine_waiting": load.waiting if load else None,
+            "kv_cache_usage": load.kv_cache_usage if load else None,
+            "gpus": list(getattr(self.spec, "gpus", [])),
+            "command": self.process.plan.shell() if self.process is not None else None,
+            "log": str(self.process.log_path) if self.process is not None else None,
+        }
+
+    # -- internals ---------------------------------------------------------
+
+    def _set(self, state: ReplicaState) -> None:
+        if state is not self.state:
+            self.state = state
+            self._on_change()
+
+    async def _launch(self) -> None:
+        assert self.process is not None
+        self._set(ReplicaState.STARTING)
+        self._failures = 0
+        self.load = None
+        try:
+            await asyncio.to_thread(self.process.start)
+        except LaunchFailed as exc:
+            log.error("%s", exc)
+        self._started = time.monotonic()
+
+    async def _tick(self) -> None:
+        proc = self.process
+        if proc is not None and not proc.alive:
+            await self._restart(proc)
+            return
+        if self._local_start is not None and self._local_start.done():
+            await self._local_failed(self._local_start)
+        if self.state is ReplicaState.STARTING:
+            if await self._healthy_now():
+                waited = time.monotonic() - self._started
+                log.info("replica %s healthy after %.1fs", self.name, waited)
+                self._failures = 0
+                self._set(ReplicaState.HEALTHY)
+                await self._scrape()
+            elif (
+                proc is not None and time.monotonic() - self._started > self._sup.startup_timeout_s
+            ):
+                log.error("replica %s not healthy after %.0fs; restarting", self.name,
+                          self._sup.startup_timeout_s)  # fmt: skip
+                await proc.stop(self._sup.stop_timeout_s)
+            return
+        ok = await self._scrape()
+        now = time.monotonic()
+        if not ok or now - self._last_health >= self._sup.health_interval_s:
+            self._last_health = now
+            ok = await self._healthy_now()
+        if ok:
+            if self.state is not ReplicaState.HEALTHY:
+                log.info("replica %s healthy again; back in rotation", self.name)
+            self._failures = 0
+            self._set(ReplicaState.HEALTHY)
+        else:
+            self._failures += 1
+            if self._failures >= self._sup.unhealthy_after and self.healthy:
+                log.warning("replica %s failed %d probes; out of rotation", self.name,
+                            self._failures)  # fmt: skip
+                self._set(ReplicaState.UNHEALTHY)
+
+    async def _healthy_now(self) -> bool:
+        if self._local is not None:
+            return await self._local.ready()
+        return await self._probe.healthy(self.endpoint)
+
+    async def _read_load(self) -> ReplicaLoad | None:
+        if self._local is not None:
+            report = self._local.load()
+            return ReplicaLoad(running=report.running, waiting=report.waiting, report=report)
+        return await self._probe.load(self.endpoint)
+
+    async def _local_failed(self, task: asyncio.Task[None]) -> None:
+        """The in-process engine's start finished; if it failed, retry after a backoff."""
+        error = None if task.cancelled() else task.exception()
+        if error is None or self._local is None:
+            return
+        delay = self._backoff.delay(0.0)
+        log.error("replica %s failed to load (%s); retrying in %.1fs", self.name, error, delay)
+        self._set(ReplicaState.RESTARTING)
+        await asyncio.sleep(delay)
+        self.restarts += 1
+        self._set(ReplicaState.STARTING)
+        self._local_start = asyncio.create_task(self._local.start())
+
+    async def _scrape(self) -> bool:
+        if self.endpoint.load_source == "none" and self._local is None:
+            return True
+        inflight = self.inflight
+        load = await self._read_load()
+        if load is None:
+            return False
+        self.load = load
+        # Requests of ours that started or ended while the scrape was on the
+        # wire may or may not be in its count: assume they are, so our own
+        # traffic is never counted twice as someone else's.
+        self._inflight_at_scrape = max(inflight, self.inflight)
+        report = load.report
+        return report is None or (report.ready and not report.draining)
+
+    async def _restart(self, proc: ReplicaProcess) -> None:
+        self.last_exit = proc.returncode
+        uptime = proc.uptime_s
+        delay = self._backoff.delay(uptime)
+        log.warning("replica %s exited (code %s) after %.1fs; restarting in %.1fs",
+                    self.name, self.last_exit, uptime, delay)  # fmt: skip
+        self._set(ReplicaState.RESTARTING)
+        self.load = None
+        await asyncio.sleep(delay)
+        self.restarts += 1
+        await self._launch()

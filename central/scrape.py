@@ -1,0 +1,144 @@
+"""Reading a replica's health and load over HTTP, whatever engine it runs.
+
+- vLLM: Prometheus text at ``/metrics``: ``vllm:num_requests_running``,
+  ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` (called
+  ``vllm:gpu_cache_usage_perc`` before the V1 engine; either is read).
+- TensorRT-LLM: ``trtllm-serve``'s ``/metrics`` returns a JSON list of the
+  iteration stats gathered since the previous call (``numActiveRequests``,
+  ``numQueuedRequests``, ``kvCacheStats``); an empty list means the engine
+  did not step, i.e. it is idle.
+- The stand-in (edge agent): its ``/load`` JSON, a :class:`LoadReport`.
+
+httpx errors end here: a probe that cannot reach its replica says so with a
+``False`` or ``None``, never an exception.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from central.commands import Endpoint
+from servekit.engine.protocol import LoadReport
+
+__all__ = [
+    "ReplicaLoad",
+    "ReplicaProbe",
+    "parse_load_report",
+    "parse_trtllm_stats",
+    "parse_vllm_metrics",
+]
+
+log = logging.getLogger(__name__)
+
+_VLLM_RUNNING = "vllm:num_requests_running"
+_VLLM_WAITING = "vllm:num_requests_waiting"
+_VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What a replica's engine says about its own load."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float | None = None
+    report: LoadReport | None = None
+
+
+def parse_vllm_metrics(text: str) -> ReplicaLoad:
+    """Read vLLM's scheduler gauges from its Prometheus exposition."""
+    sums: dict[str, float] = {}
+    kv: float | None = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (_VLLM_RUNNING, _VLLM_WAITING):
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+            elif sample.name in _VLLM_KV:
+                # Several engines (data parallel) report one gauge each: the fullest counts.
+                kv = sample.value if kv is None else max(kv, sample.value)
+    if _VLLM_RUNNING not in sums and _VLLM_WAITING not in sums:
+        raise ValueError("no vllm:num_requests_* gauges in the metrics text")
+    return ReplicaLoad(
+        running=round(sums.get(_VLLM_RUNNING, 0.0)),
+        waiting=round(sums.get(_VLLM_WAITING, 0.0)),
+        kv_cache_usage=kv,
+    )
+
+
+def parse_trtllm_stats(stats: Any) -> ReplicaLoad:
+    """Read the latest of trtllm-serve's iteration stats."""
+    if not isinstance(stats, list):
+        raise ValueError("trtllm /metrics must be a JSON list of iteration stats")
+    if not stats:
+        return ReplicaLoad()
+    last = stats[-1]
+    if not isinstance(last, dict):
+        raise ValueError("trtllm iteration stats must be JSON objects")
+    kv_usage: float | None = None
+    kv = last.get("kvCacheStats")
+    if isinstance(kv, dict):
+        total = _num(kv.get("maxNumBlocks"))
+        used = _num(kv.get("usedNumBlocks"))
+        if used is None and total is not None:
+            free = _num(kv.get("freeNumBlocks"))
+            used = None if free is None else total - free
+        if total and used is not None:
+            kv_usage = max(0.0, min(1.0, used / total))
+    return ReplicaLoad(
+        running=int(_num(last.get("numActiveRequests")) or 0),
+        waiting=int(_num(last.get("numQueuedRequests")) or 0),
+        kv_cache_usage=kv_usage,
+    )
+
+
+def parse_load_report(data: Any) -> ReplicaLoad:
+    """Read the stand-in's own LoadReport."""
+    if not isinstance(data, dict):
+        raise ValueError("/load must be a JSON object")
+    report = LoadReport.from_dict(data)
+    return ReplicaLoad(running=report.running, waiting=report.waiting, report=report)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+class ReplicaProbe:
+    """Health checks and load scrapes over one shared client."""
+
+    def __init__(self, client: httpx.AsyncClient, timeout_s: float = 2.0) -> None:
+        self._client = client
+        self._timeout = timeout_s
+
+    async def healthy(self, endpoint: Endpoint) -> bool:
+        try:
+            response = await self._client.get(
+                endpoint.base_url + endpoint.health_path, timeout=self._timeout
+            )
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def load(self, endpoint: Endpoint) -> ReplicaLoad | None:
+        """The replica's current load, or None when it cannot be read."""
+        if endpoint.load_source == "none":
+            return None
+        path = "/load" if endpoint.load_source == "load" else "/metrics"
+        try:
+            response = await self._client.get(endpoint.base_url + path, timeout=self._timeout)
+            response.raise_for_status()
+            if endpoint.load_source == "vllm":
+                return parse_vllm_metrics(response.text)
+            if endpoint.load_source == "trtllm":
+                return parse_trtllm_stats(response.json())
+            return parse_load_report(response.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            log.debug("load scrape of %s failed: %s", endpoint.base_url, exc)
+            return None

@@ -1,0 +1,267 @@
+"""Replica specs: what one engine replica behind the central gateway is.
+
+A replica is one of
+
+- ``vllm``: ``vllm serve MODEL ...`` on its own GPUs, supervised as a subprocess;
+- ``trtllm``: ``trtllm-serve MODEL ...`` on its own GPUs, supervised as a subprocess;
+- ``llamacpp``: the CPU stand-in, the project's edge agent serving a GGUF file,
+  supervised as a subprocess exactly like the GPU engines;
+- ``url``: an OpenAI-compatible server someone else runs.
+
+Each spec validates what its engine would refuse at start (parallelism that
+does not match the GPUs listed, an unknown quantization, a batch budget smaller
+than the context), so a bad config fails at load with the field named instead
+of minutes later in a replica's log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "LlamaCppReplica",
+    "ReplicaSpec",
+    "SpeculativeSpec",
+    "TrtllmReplica",
+    "UrlReplica",
+    "VllmReplica",
+]
+
+# Quantization methods `vllm serve --quantization` accepts that make sense for
+# a served dense/MoE checkpoint (vLLM docs, "Supported Hardware" table).
+VllmQuantization = Literal[
+    "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes"
+]
+VllmKvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Unique replica name; used in logs, metrics and /replicas.")
+    host: str = Field("127.0.0.1", description="Address the replica listens on.")
+    port: int = Field(0, ge=0, le=65535, description="Port; 0 picks a free one at first start.")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment variables for the process."
+    )
+
+
+class _GpuSpec(_Spec):
+    gpus: list[int] = Field(
+        description="GPU indices this replica owns; becomes CUDA_VISIBLE_DEVICES.", min_length=1
+    )
+    model: str = Field(description="Hugging Face id or local path of the checkpoint.")
+    extra_args: list[str] = Field(
+        default_factory=list, description="Flags appended verbatim to the command line."
+    )
+
+    def _check_gpus(self, world: int, what: str) -> None:
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"gpus lists a GPU twice: {self.gpus}")
+        if any(g < 0 for g in self.gpus):
+            raise ValueError(f"gpus must be non-negative indices: {self.gpus}")
+        if world != len(self.gpus):
+            raise ValueError(
+                f"{what} = {world} GPUs but gpus lists {len(self.gpus)} ({self.gpus}); "
+                "list exactly one GPU per rank"
+            )
+
+
+class SpeculativeSpec(BaseModel):
+    """Speculative decoding: a draft proposes ``num_speculative_tokens`` per step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["draft_model", "eagle", "eagle3", "ngram"] = "draft_model"
+    model: str | None = Field(None, description="Draft model id or path (not for ngram).")
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    draft_tensor_parallel_size: int | None = Field(None, ge=1)
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram window (ngram only).")
+
+    @model_validator(mode="after")
+    def _model_matches_method(self) -> SpeculativeSpec:
+        if self.method == "ngram":
+            if self.model is not None:
+                raise ValueError("ngram speculation takes no draft model")
+            if self.prompt_lookup_max is None:
+                raise ValueError("ngram speculation needs prompt_lookup_max")
+        elif self.model is None:
+            raise ValueError(f"{self.method} speculation needs a draft model")
+        return self
+
+    def as_vllm_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method}
+        if self.model is not None:
+            out["model"] = self.model
+        out["num_speculative_tokens"] = self.num_speculative_tokens
+        if self.draft_tensor_parallel_size is not None:
+            out["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
+        if self.prompt_lookup_max is not None:
+            out["prompt_lookup_max"] = self.prompt_lookup_max
+        return out
+
+
+class VllmReplica(_GpuSpec):
+    """``vllm serve`` with the engine arguments a production center tunes."""
+
+    kind: Literal["vllm"] = "vllm"
+    executable: str = Field("vllm", description="The vllm CLI to run.")
+    served_model_name: str | None = Field(
+        None, description="Name the replica answers to; defaults to the gateway's model name."
+    )
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    quantization: VllmQuantization | None = None
+    kv_cache_dtype: VllmKvCacheDtype | None = None
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
+    enable_chunked_prefill: bool | None = None
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Token budget per engine step (the prefill chunk size)."
+    )
+    enable_prefix_caching: bool | None = None
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    speculative: SpeculativeSpec | None = None
+    scheduling_policy: Literal["fcfs", "priority"] | None = Field(
+        None,
+        description="`priority`: the engine orders its queue by each request's priority "
+        "field, which the gateway then sets from X-Priority (interactive 0, batch 1).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VllmReplica:
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        self._check_gpus(world, "tensor_parallel_size × pipeline_parallel_size")
+        budget = self.max_num_batched_tokens
+        if budget is not None and self.max_num_seqs is not None and budget < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({self.max_num_seqs})"
+            )
+        if (
+            budget is not None
+            and self.max_model_len is not None
+            and self.enable_chunked_prefill is False
+            and budget < self.max_model_len
+        ):
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({budget}) must be >= "
+                f"max_model_len ({self.max_model_len}): a whole prompt must fit one step"
+            )
+        draft_tp = self.speculative.draft_tensor_parallel_size if self.speculative else None
+        if draft_tp is not None and draft_tp > self.tensor_parallel_size:
+            raise ValueError(
+                f"speculative.draft_tensor_parallel_size ({draft_tp}) exceeds "
+                f"tensor_parallel_size ({self.tensor_parallel_size})"
+            )
+        return self
+
+    @property
+    def capacity(self) -> int:
+        # vLLM's default max_num_seqs (V1 engine, datacenter GPUs) when unset.
+        return self.max_num_seqs or 256
+
+
+class TrtllmReplica(_GpuSpec):
+    """``trtllm-serve`` (PyTorch or TensorRT backend) with an extra LLM-API options file."""
+
+    kind: Literal["trtllm"] = "trtllm"
+    executable: str = Field("trtllm-serve", description="The trtllm-serve CLI to run.")
+    backend: Literal["pytorch", "tensorrt"] = "pytorch"
+    tp_size: int = Field(1, ge=1)
+    pp_size: int = Field(1, ge=1)
+    ep_size: int | None = Field(None, ge=1, description="MoE expert parallelism.")
+    max_batch_size: int | None = Field(None, ge=1)
+    max_num_tokens: int | None = Field(None, ge=1)
+    max_seq_len: int | None = Field(None, ge=1)
+    kv_cache_free_gpu_memory_fraction: float | None = Field(None, gt=0.0, le=1.0)
+    trust_remote_code: bool = False
+    kv_cache_dtype: Literal["auto", "fp8"] | None = Field(
+        None, description="kv_cache_config.dtype in the options file."
+    )
+    enable_prefix_caching: bool | None = Field(
+        None, description="kv_cache_config.enable_block_reuse in the options file."
+    )
+    enable_chunked_prefill: bool | None = Field(
+        None, description="enable_chunked_prefill in the options file."
+    )
+    extra_llm_api_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More LLM-API options, deep-merged over the ones derived from fields.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrtllmReplica:
+        self._check_gpus(self.tp_size * self.pp_size, "tp_size × pp_size")
+        if self.ep_size is not None and self.tp_size % self.ep_size != 0:
+            raise ValueError(f"ep_size ({self.ep_size}) must divide tp_size ({self.tp_size})")
+        if (
+            self.max_num_tokens is not None
+            and self.max_batch_size is not None
+            and self.max_num_tokens < self.max_batch_size
+        ):
+            raise ValueError(
+                f"max_num_tokens ({self.max_num_tokens}) must be >= "
+                f"max_batch_size ({self.max_batch_size})"
+            )
+        return self
+
+    @property
+    def capacity(self) -> int:
+        return self.max_batch_size or 2048
+
+
+class LlamaCppReplica(_Spec):
+    """The CPU stand-in: a GGUF file served by llama.cpp.
+
+    ``subprocess`` (the default) runs the edge agent as a child process and so
+    goes through the same path as a GPU engine (process, port, health, load
+    scrape, OpenAI HTTP): a laptop exercises what production runs.
+    ``inprocess`` loads the shared in-process engine into the gateway itself.
+    """
+
+    kind: Literal["llamacpp"] = "llamacpp"
+    mode: Literal["subprocess", "inprocess"] = "subprocess"
+    model_path: Path = Field(description="GGUF file to serve.")
+    n_ctx: int = Field(2048, ge=64)
+    n_threads: int | None = Field(None, ge=1)
+    max_waiting: int = Field(16, ge=0, description="The stand-in's own queue length.")
+    edge_settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More edge-agent settings, deep-merged into its generated config file "
+        "(in-process: only its `engine` block applies).",
+    )
+
+    @property
+    def capacity(self) -> int:
+        return 1
+
+
+class UrlReplica(_Spec):
+    """An OpenAI-compatible server that is already running; only probed, never launched."""
+
+    kind: Literal["url"] = "url"
+    url: str = Field(description="Base URL, e.g. http://10.0.0.5:8000 (without /v1).")
+    upstream_model: str | None = Field(
+        None, description="Model name to send upstream; defaults to the gateway's model name."
+    )
+    load_source: Literal["vllm", "trtllm", "load", "none"] = Field(
+        "none", description="How to read its load: vLLM /metrics, trtllm /metrics, or /load."
+    )
+    health_path: str = "/health"
+    capacity: int = Field(1, ge=1, description="Sequences it runs at once (for balancing).")
+    send_priority: bool = Field(
+        False, description="Set the request body's `priority` (vLLM --scheduling-policy priority)."
+    )
+    can_continue: bool = Field(
+        True,
+        description="It honours continue_final_message, so a broken answer may resume on it.",
+    )
+
+
+ReplicaSpec = Annotated[
+    VllmReplica | TrtllmReplica | LlamaCppReplica | UrlReplica, Field(discriminator="kind")
+]

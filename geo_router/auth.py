@@ -1,0 +1,129 @@
+"""API keys, tenants and per-key rate limits (requests and tokens per minute).
+
+Keys are stored as sha256 digests; a presented key is hashed and compared
+against every configured digest with :func:`hmac.compare_digest`, so the time
+taken does not depend on how much of a digest matched.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from geo_router.settings import ApiKeySettings, AuthSettings, hash_key
+from servekit.errors import AuthenticationFailed, RateLimited
+
+__all__ = ["Authenticator", "RateLimiter", "Tenant", "TokenBucket"]
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    priority: Literal["interactive", "batch"]
+    key_id: str  # first digest characters: a stable, non-secret handle for limits and logs
+    rpm: int | None = None
+    tpm: int | None = None
+    burst_s: float = 60.0
+
+
+class Authenticator:
+    """Maps an ``Authorization: Bearer`` header to a :class:`Tenant`."""
+
+    def __init__(self, settings: AuthSettings) -> None:
+        self._required = settings.required
+        self._anonymous = Tenant("anonymous", settings.anonymous_priority, "anonymous")
+        self._keys: list[tuple[bytes, ApiKeySettings]] = [
+            (bytes.fromhex(k.sha256), k) for k in settings.keys
+        ]
+
+    def authenticate(self, authorization: str | None) -> Tenant:
+        key = _bearer(authorization)
+        if key is None:
+            if not self._required:
+                return self._anonymous
+            raise AuthenticationFailed(
+                "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
+            )
+        digest = bytes.fromhex(hash_key(key))
+        found: ApiKeySettings | None = None
+        for stored, entry in self._keys:
+            # No early exit: every digest is compared whatever matched before.
+            if hmac.compare_digest(stored, digest):
+                found = entry
+        if found is None:
+            raise AuthenticationFailed("invalid API key")
+        return Tenant(
+            found.tenant, found.priority, found.sha256[:12], found.rpm, found.tpm, found.burst_s
+        )
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
+
+
+class TokenBucket:
+    """``rate_per_min`` units per minute, bursting up to ``burst_s`` seconds' worth."""
+
+    def __init__(self, rate_per_min: float, now: float, burst_s: float = 60.0) -> None:
+        self.rate = rate_per_min / 60.0
+        self.capacity = max(1.0, self.rate * burst_s)
+        self.level = self.capacity
+        self.stamp = now
+
+    def take(self, amount: float, now: float) -> float:
+        """Take ``amount``; 0.0 on success, else seconds until it would fit."""
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+        amount = min(amount, self.capacity)  # an oversized request waits for a full bucket
+        if self.level >= amount:
+            self.level -= amount
+            return 0.0
+        return (amount - self.level) / self.rate
+
+    def give_back(self, amount: float) -> None:
+        self.level = min(self.capacity, self.level + amount)
+
+
+class RateLimiter:
+    """Per-key request and token buckets; raises :class:`RateLimited` with Retry-After."""
+
+    def __init__(self) -> None:
+        self._rpm: dict[str, TokenBucket] = {}
+        self._tpm: dict[str, TokenBucket] = {}
+
+    def check(self, tenant: Tenant, tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        req_bucket = tok_bucket = None
+        if tenant.rpm is not None:
+            req_bucket = self._rpm.get(tenant.key_id)
+            if req_bucket is None:
+                req_bucket = self._rpm[tenant.key_id] = TokenBucket(tenant.rpm, now, tenant.burst_s)
+            wait = req_bucket.take(1, now)
+            if wait > 0:
+                raise RateLimited(
+                    f"rate limit of {tenant.rpm} requests per minute reached for "
+                    f"tenant {tenant.name!r}",
+                    retry_after=math.ceil(wait),
+                )
+        if tenant.tpm is not None:
+            tok_bucket = self._tpm.get(tenant.key_id)
+            if tok_bucket is None:
+                tok_bucket = self._tpm[tenant.key_id] = TokenBucket(tenant.tpm, now, tenant.burst_s)
+            wait = tok_bucket.take(tokens, now)
+            if wait > 0:
+                if req_bucket is not None:
+                    req_bucket.give_back(1)
+                raise RateLimited(
+                    f"rate limit of {tenant.tpm} tokens per minute reached for "
+                    f"tenant {tenant.name!r}",
+                    code="tokens_rate_limit_exceeded",
+                    retry_after=math.ceil(wait),
+                )

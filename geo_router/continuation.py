@@ -1,0 +1,186 @@
+"""What a relayed stream has said so far, and how to continue it elsewhere.
+
+When an upstream dies mid-stream, the answer goes on from the partial text
+on another instance: chat requests get the partial text as a final assistant
+message with ``continue_final_message`` (vLLM's parameter, honoured by the
+project's engines), completions get it appended to the prompt, and
+``max_tokens`` shrinks by what was already sent. The continuation's chunks
+are rewritten to the original stream's id, model and created time so the
+client sees one well-formed stream.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from servekit.errors import ServeError
+from servekit.sse import DONE, SSEDecoder, encode_data
+
+__all__ = ["Kind", "StreamState", "assemble", "continuation_body"]
+
+Kind = Literal["chat", "completion"]
+
+
+@dataclass(slots=True)
+class StreamState:
+    kind: Kind
+    id: str | None = None
+    model: str | None = None
+    created: int | None = None
+    parts: list[str] = field(default_factory=list)
+    tokens: int = 0
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    continued: int = 0  # how many continuations are spliced in
+    error: ServeError | None = None  # set when the stream ended with an error event
+    raw: list[bytes] = field(default_factory=list)  # passed-through events not parsed yet
+
+    def record(self, complete: bytes) -> None:
+        """Keep complete passed-through events; parsed only if someone asks (:meth:`sync`)."""
+        self.raw.append(complete)
+
+    def sync(self) -> None:
+        """Parse what :meth:`record` kept, so text, tokens and finish are current."""
+        if not self.raw:
+            return
+        data = b"".join(self.raw)
+        self.raw.clear()
+        for chunk in SSEDecoder().feed(data):
+            if chunk == DONE:
+                continue
+            try:
+                event = json.loads(chunk)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                self.observe(event)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def observe(self, event: dict[str, Any]) -> None:
+        if self.id is None:
+            self.id = event.get("id") if isinstance(event.get("id"), str) else None
+            self.model = event.get("model") if isinstance(event.get("model"), str) else None
+            created = event.get("created")
+            self.created = created if isinstance(created, int) else None
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = event.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        choice = choices[0]
+        if self.kind == "chat":
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else None
+        else:
+            text = choice.get("text")
+        if isinstance(text, str) and text:
+            self.parts.append(text)
+            self.tokens += 1
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str):
+            self.finish_reason = reason
+
+    def rewrite(self, event: dict[str, Any], sent_before: int) -> bytes | None:
+        """A continuation's event as part of the original stream (``None``: drop it)."""
+        event = dict(event)
+        if self.id is not None:
+            event["id"] = self.id
+        if self.model is not None:
+            event["model"] = self.model
+        if self.created is not None:
+            event["created"] = self.created
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            usage = dict(usage)
+            done = int(usage.get("completion_tokens", 0)) + sent_before
+            usage["completion_tokens"] = done
+            usage["total_tokens"] = int(usage.get("prompt_tokens", 0)) + done
+            event["usage"] = usage
+        choices = event.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            choice = dict(choices[0])
+            delta = choice.get("delta")
+            if isinstance(delta, dict) and "role" in delta:
+                delta = {k: v for k, v in delta.items() if k != "role"}
+                choice["delta"] = delta
+                if not delta.get("content") and not choice.get("finish_reason"):
+                    return None  # the continuation's opening role chunk
+            event["choices"] = [choice, *choices[1:]]
+        return encode_data(event)
+
+    def final_chunk(self, reason: str) -> bytes:
+        """A closing chunk with ``finish_reason`` (when nothing is left to generate)."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if self.kind == "chat":
+            choice["delta"] = {}
+            obj = "chat.completion.chunk"
+        else:
+            choice["text"] = ""
+            obj = "text_completion"
+        return encode_data(
+            {
+                "id": self.id,
+                "object": obj,
+                "created": self.created,
+                "model": self.model,
+                "choices": [choice],
+            }
+        )
+
+
+def continuation_body(body: dict[str, Any], state: StreamState) -> dict[str, Any] | None:
+    """The request that resumes ``body`` after ``state``; ``None`` if the budget is spent."""
+    state.sync()
+    out = copy.deepcopy(body)
+    for key in ("max_completion_tokens", "max_tokens"):
+        limit = out.get(key)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            remaining = limit - state.tokens
+            if remaining <= 0:
+                return None
+            out[key] = remaining
+    partial = state.text
+    if not partial:
+        return out  # nothing reached the client yet: a plain retry
+    if state.kind == "chat":
+        out["messages"] = [*out["messages"], {"role": "assistant", "content": partial}]
+        out["continue_final_message"] = True
+        out["add_generation_prompt"] = False
+    else:
+        prompt = out["prompt"]
+        out["prompt"] = (prompt if isinstance(prompt, str) else prompt[0]) + partial
+    return out
+
+
+def assemble(state: StreamState) -> dict[str, Any]:
+    """The non-streamed response equivalent to a finished stream."""
+    state.sync()
+    reason = state.finish_reason or "stop"
+    if state.kind == "chat":
+        obj = "chat.completion"
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": state.text},
+            "finish_reason": reason,
+            "logprobs": None,
+        }
+    else:
+        obj = "text_completion"
+        choice = {"index": 0, "text": state.text, "finish_reason": reason, "logprobs": None}
+    out: dict[str, Any] = {
+        "id": state.id,
+        "object": obj,
+        "created": state.created,
+        "model": state.model,
+        "choices": [choice],
+    }
+    if state.usage is not None:
+        out["usage"] = state.usage
+    return out

@@ -1,0 +1,217 @@
+"""Dispatch: failover before the first byte, hedging, and finding a continuation.
+
+:meth:`Dispatcher.open` tries candidates in the planner's order until one is
+primed (200 and a first token), optionally racing a hedge when the current
+attempt is slower than its instance's recent P95 TTFT; losers are cancelled.
+:meth:`Dispatcher.resume` opens the continuation of a stream that broke off
+(``geo_router.relay`` streams the bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from geo_router.continuation import Kind, StreamState, continuation_body
+from geo_router.metrics import RouterMetrics
+from geo_router.planner import Decision, Planner
+from geo_router.region import ResolvedRegion
+from geo_router.scoring import Scored
+from geo_router.settings import RoutingSettings
+from geo_router.tracker import Tracker
+from geo_router.upstream import (
+    Primed,
+    open_stream,
+    translate_error,
+)
+from servekit.errors import (
+    NotReady,
+    RateLimited,
+    ServeError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from servekit.sse import DONE_FRAME
+
+__all__ = ["Dispatcher", "Opened", "RouteRequest"]
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    body: dict[str, Any]  # the validated client body
+    kind: Kind
+    path: str
+    region: ResolvedRegion
+    sticky: str
+    headers: dict[str, str]  # sent upstream (priority, request id)
+    arrived: float  # perf_counter at arrival
+    upstream_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Opened:
+    primed: Primed
+    cand: Scored
+    reason: str
+
+
+def _cause(err: ServeError) -> str:
+    if isinstance(err, UpstreamTimeout):
+        return "timeout"
+    if isinstance(err, UpstreamUnavailable):
+        return "unavailable"
+    if isinstance(err, RateLimited):
+        return "rate_limited"
+    return "error"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        planner: Planner,
+        tracker: Tracker,
+        metrics: RouterMetrics,
+        routing: RoutingSettings,
+    ) -> None:
+        self._session = session
+        self._planner = planner
+        self.tracker = tracker
+        self.metrics = metrics
+        self._routing = routing
+
+    async def open(self, req: RouteRequest, decision: Decision) -> Opened:
+        cands = decision.candidates[: self._routing.max_attempts]
+        hedge = self._routing.hedge.enabled
+        primed, cand, index, hedged = await self._race(req, cands, req.upstream_body, hedge)
+        if hedged:
+            reason = "hedge"
+        elif index > 0:
+            reason = "fallback"
+        else:
+            reason = decision.reason(cand)
+        self.metrics.decisions.labels(cand.tier, req.region.region, reason).inc()
+        return Opened(primed, cand, reason)
+
+    def _payload(self, body: dict[str, Any], cand: Scored) -> bytes:
+        out = dict(body)
+        out["model"] = cand.state.info.model
+        return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def _hedge_delay_s(self, cand: Scored) -> float:
+        hedge = self._routing.hedge
+        p95 = self.tracker.stats(cand.id).ttft_p95_ms() or cand.state.load.ttft_p95_ms
+        delay = p95 if p95 is not None else hedge.default_delay_ms
+        return max(hedge.min_delay_ms, delay) / 1000.0
+
+    async def _race(
+        self, req: RouteRequest, cands: Sequence[Scored], body: dict[str, Any], hedge: bool
+    ) -> tuple[Primed, Scored, int, bool]:
+        """The first candidate to prime, trying them in order; hedged when slow."""
+        tasks: dict[asyncio.Task[Primed], tuple[int, Scored]] = {}
+        started: dict[asyncio.Task[Primed], float] = {}
+        nxt = 0
+        hedged = False
+        last_err: ServeError | None = None
+        deadline = self._routing.ttft_deadline_s
+
+        def launch() -> None:
+            nonlocal nxt
+            cand = cands[nxt]
+            self.tracker.acquire(cand.id)
+            url = cand.url + req.path
+            task = asyncio.create_task(
+                open_stream(self._session, url, self._payload(body, cand), req.headers, deadline)
+            )
+            tasks[task] = (nxt, cand)
+            started[task] = time.perf_counter()
+            nxt += 1
+
+        try:
+            if not cands:
+                raise NotReady("no healthy upstream can serve this request", retry_after=1)
+            launch()
+            while tasks:
+                timeout: float | None = None
+                if hedge and not hedged and nxt < len(cands) and len(tasks) == 1:
+                    (task, (_, cand)), *_ = tasks.items()
+                    waited = time.perf_counter() - started[task]
+                    timeout = max(0.0, self._hedge_delay_s(cand) - waited)
+                done, _ = await asyncio.wait(
+                    tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    hedged = True
+                    self.metrics.hedges.labels("started").inc()
+                    launch()
+                    continue
+                winner: tuple[Primed, Scored, int] | None = None
+                for task in done:
+                    index, cand = tasks.pop(task)
+                    exc = task.exception()
+                    if exc is None:
+                        if winner is None:
+                            winner = (task.result(), cand, index)
+                        else:  # a tie: keep the first, drop the other
+                            await task.result().aclose()
+                            self.tracker.release(cand.id)
+                            self.tracker.abandoned(cand.id)
+                        continue
+                    err = translate_error(exc, cand.url)
+                    self.tracker.release(cand.id)
+                    if not err.retryable:
+                        self.tracker.abandoned(cand.id)
+                        raise err
+                    self.tracker.failure(cand.id)
+                    self.metrics.fallbacks.labels(cand.tier, _cause(err)).inc()
+                    last_err = err
+                if winner is not None:
+                    primed, cand, index = winner
+                    self.tracker.success(cand.id, primed.ttft_s * 1000.0)
+                    if hedged:
+                        self.metrics.hedges.labels("won" if index > 0 else "lost").inc()
+                    return primed, cand, index, hedged and index > 0
+                if not tasks and nxt < len(cands):
+                    launch()
+            assert last_err is not None
+            raise last_err
+        finally:
+            for task, (_, cand) in tasks.items():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                self.tracker.release(cand.id)
+                self.tracker.abandoned(cand.id)
+            self._publish_circuits(cands)
+
+    def _publish_circuits(self, cands: Sequence[Scored]) -> None:
+        for cand in cands:
+            self.metrics.circuit.labels(cand.id).set(int(self.tracker.stats(cand.id).circuit))
+
+    async def resume(
+        self, req: RouteRequest, state: StreamState, tried: list[str]
+    ) -> tuple[Primed, Scored] | bytes | None:
+        """Continue a broken stream elsewhere: the new upstream, closing bytes, or ``None``."""
+        if state.continued >= self._routing.max_continuations:
+            self.metrics.continuations.labels("exhausted").inc()
+            return None
+        body = continuation_body(req.upstream_body, state)
+        if body is None:  # the token budget is spent: finish as the upstream would have
+            self.metrics.continuations.labels("budget_spent").inc()
+            return state.final_chunk("length") + DONE_FRAME
+        try:
+            decision = self._planner.plan(req.body, req.region, req.sticky, exclude=tried)
+            cands = decision.candidates[: self._routing.max_attempts]
+            primed, cand, _, _ = await self._race(req, cands, body, hedge=False)
+        except ServeError:
+            self.metrics.continuations.labels("failed").inc()
+            return None
+        self.metrics.continuations.labels("ok").inc()
+        return primed, cand

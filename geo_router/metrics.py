@@ -1,0 +1,87 @@
+"""The router's Prometheus metrics, on a registry of its own (one per app)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["RouterMetrics"]
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
+_FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter(
+            "router_decisions_total",
+            "Routed requests by chosen tier, user region and reason.",
+            ["tier", "region", "reason"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "router_fallbacks_total",
+            "Attempts abandoned for another candidate, by failed tier and cause.",
+            ["tier", "cause"],
+            registry=r,
+        )
+        self.hedges = Counter(
+            "router_hedges_total", "Hedged attempts by outcome.", ["outcome"], registry=r
+        )
+        self.continuations = Counter(
+            "router_continuations_total",
+            "Mid-stream resumptions on another instance, by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.circuit = Gauge(
+            "router_circuit_state",
+            "Circuit per instance: 0 closed, 1 half-open, 2 open.",
+            ["instance"],
+            registry=r,
+        )
+        self.candidates = Gauge(
+            "router_candidates", "Healthy instances known, by tier.", ["tier"], registry=r
+        )
+        self.catalog_stale = Gauge(
+            "router_catalog_stale",
+            "1 while the registry is unreachable and the last-known catalog is used.",
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "router_added_latency_seconds",
+            "Time the router adds before the first byte (TTFT minus the upstream's).",
+            buckets=_FAST,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "router_time_to_first_token_seconds",
+            "TTFT seen by clients.",
+            ["tier", "region"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "router_inter_token_latency_seconds",
+            "Gap between streamed chunks.",
+            ["tier", "region"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "router_e2e_request_latency_seconds",
+            "Whole request duration.",
+            ["tier", "region"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "router_rejected_total",
+            "Requests refused before routing, by status code.",
+            ["code"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,105 @@
+"""The router's FastAPI endpoints: models, explain, health, readiness, metrics.
+
+The completion endpoints themselves are plain ASGI (``geo_router.completions``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from geo_router.completions import read_body, validated_body
+from geo_router.continuation import Kind
+from geo_router.openapi import ERROR_RESPONSES, request_body
+from geo_router.tracker import Circuit
+from servekit.errors import NotReady
+from servekit.wire import new_id
+
+if TYPE_CHECKING:
+    from geo_router.app import RouterState
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+def _state(request: Request) -> RouterState:
+    state: RouterState = request.app.state.router
+    return state
+
+
+@router.post(
+    "/v1/route/explain",
+    openapi_extra=request_body("ChatCompletionRequest"),
+    responses=ERROR_RESPONSES,
+    tags=["router"],
+)
+async def explain(request: Request) -> Response:
+    """The routing decision for a request body, without calling any engine."""
+    state = _state(request)
+    state.auth.authenticate(request.headers.get("authorization"))
+    limit = state.settings.max_body_bytes
+    raw = await read_body(request.receive, limit, request.headers.get("content-length"))
+    kind: Kind = "completion" if b'"prompt"' in raw and b'"messages"' not in raw else "chat"
+    peek = validated_body(kind, raw)
+    peer = request.client.host if request.client else None
+    region = state.resolver.resolve(peer, request.headers)
+    user = peek.get("user")
+    sticky = user if isinstance(user, str) and user else new_id("req")
+    decision = state.planner.plan(peek, region, sticky)
+    return JSONResponse(decision.to_dict())
+
+
+@router.get("/v1/models", responses=ERROR_RESPONSES, tags=["openai"])
+async def models(request: Request) -> Response:
+    """Models served by healthy instances, plus the routing aliases."""
+    state = _state(request)
+    state.auth.authenticate(request.headers.get("authorization"))
+    now = int(time.time())
+    names = [*state.settings.routing.aliases, *state.planner.models()]
+    data = [{"id": n, "object": "model", "created": now, "owned_by": "hybrid-llm"} for n in names]
+    return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/health", tags=["ops"])
+async def health() -> dict[str, str]:
+    """Alive."""
+    return {"status": "ok"}
+
+
+@router.get("/ready", responses={503: {"description": "No healthy upstream"}}, tags=["ops"])
+async def ready(request: Request) -> Response:
+    """200 only while at least one healthy, routable instance exists."""
+    state = _state(request)
+    if getattr(request.app.state, "draining", False):
+        err = NotReady("draining", retry_after=1)
+        return JSONResponse(err.body(), status_code=503, headers=err.headers())
+    healthy = [
+        s for s in state.planner.healthy() if state.tracker.stats(s.info.id).circuit != Circuit.OPEN
+    ]
+    if not healthy:
+        err = NotReady("no healthy upstream", retry_after=1)
+        return JSONResponse(err.body(), status_code=503, headers=err.headers())
+    return JSONResponse({"status": "ready", "instances": len(healthy)})
+
+
+@router.get(
+    "/metrics",
+    tags=["ops"],
+    responses={200: {"description": "Prometheus text", "content": {"text/plain": {}}}},
+)
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    state = _state(request)
+    m = state.metrics
+    healthy = state.planner.healthy()
+    for tier in ("edge", "center"):
+        m.candidates.labels(tier).set(sum(1 for s in healthy if s.info.tier == tier))
+    m.catalog_stale.set(1 if state.stale() else 0)
+    for iid, stats in state.tracker.items():
+        m.circuit.labels(iid).set(int(stats.circuit))
+    return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,147 @@
+"""Candidate scoring: predicted TTFT, slow start, and power-of-two choices.
+
+predicted TTFT = RTT(user region → instance region)
+               + queue wait (requests beyond capacity × typical service time / capacity)
+               + prefill estimate (prompt tokens / prefill rate)
+
+The busy count is the larger of the instance's last load report and the
+router's own in-flight count, so a burst between two heartbeats does not
+herd onto one instance. Candidates within ``p2c_window_ms`` of the best
+compete by power of two choices, sampled by their slow-start weight.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from geo_router.region import RttTable
+from geo_router.settings import RoutingSettings
+from geo_router.tracker import Circuit, Tracker
+from servekit.registry.protocol import InstanceState
+
+__all__ = ["Scored", "Scorer", "instance_url"]
+
+
+def instance_url(state: InstanceState) -> str:
+    return state.info.meta.get("url") or state.info.url
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    state: InstanceState
+    predicted_ms: float
+    rtt_ms: float
+    queue_ms: float
+    prefill_ms: float
+    bias_ms: float
+    weight: float
+    circuit: Circuit
+
+    @property
+    def id(self) -> str:
+        return self.state.info.id
+
+    @property
+    def tier(self) -> str:
+        return self.state.info.tier
+
+    @property
+    def region(self) -> str:
+        return self.state.info.region
+
+    @property
+    def url(self) -> str:
+        return instance_url(self.state)
+
+    def to_dict(self) -> dict[str, Any]:
+        info = self.state.info
+        return {
+            "id": info.id,
+            "tier": info.tier,
+            "region": info.region,
+            "model": info.model,
+            "version": info.version,
+            "url": self.url,
+            "predicted_ttft_ms": round(self.predicted_ms, 2),
+            "rtt_ms": round(self.rtt_ms, 2),
+            "queue_ms": round(self.queue_ms, 2),
+            "prefill_ms": round(self.prefill_ms, 2),
+            "bias_ms": round(self.bias_ms, 2),
+            "weight": round(self.weight, 3),
+            "circuit": self.circuit.name.lower(),
+        }
+
+
+class Scorer:
+    def __init__(
+        self,
+        routing: RoutingSettings,
+        rtt: RttTable,
+        tracker: Tracker,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._routing = routing
+        self._rtt = rtt
+        self._tracker = tracker
+        self._rng = rng or random.Random()
+
+    def score(
+        self,
+        state: InstanceState,
+        user_region: str,
+        prompt_tokens: int,
+        bias_ms: float = 0.0,
+        now: float | None = None,
+    ) -> Scored:
+        now = time.monotonic() if now is None else now
+        info, load = state.info, state.load
+        stats = self._tracker.stats(info.id, now)
+        tier = info.tier
+        capacity = max(1, load.capacity or info.capacity)
+        busy = max(load.running + load.waiting, stats.inflight)
+        excess = busy - capacity + 1
+        service_ms = self._routing.default_service_ms.get(tier, 2000.0)
+        if load.decode_tokens_per_s:
+            service_ms = self._routing.default_max_tokens / load.decode_tokens_per_s * 1000.0
+        queue_ms = max(0, excess) * service_ms / capacity
+        prefill_tps = load.prefill_tokens_per_s or self._routing.default_prefill_tps.get(
+            tier, 1000.0
+        )
+        prefill_ms = prompt_tokens / prefill_tps * 1000.0
+        rtt = self._rtt.rtt_ms(user_region, info.region)
+        ramp = self._routing.slow_start_s
+        weight = 1.0 if ramp <= 0 else min(1.0, max(0.05, (now - stats.first_seen) / ramp))
+        return Scored(
+            state=state,
+            predicted_ms=rtt + queue_ms + prefill_ms + bias_ms,
+            rtt_ms=rtt,
+            queue_ms=queue_ms,
+            prefill_ms=prefill_ms,
+            bias_ms=bias_ms,
+            weight=weight,
+            circuit=stats.circuit,
+        )
+
+    def order(self, scored: Sequence[Scored]) -> list[Scored]:
+        """Best first: a power-of-two pick among the near-best, then by predicted TTFT."""
+        ranked = sorted(scored, key=lambda s: s.predicted_ms)
+        if len(ranked) < 2:
+            return ranked
+        best = ranked[0].predicted_ms
+        window = [s for s in ranked if s.predicted_ms <= best + self._routing.p2c_window_ms]
+        if len(window) < 2:
+            return ranked
+        a, b = self._pick_two(window)
+        chosen = a if a.predicted_ms / a.weight <= b.predicted_ms / b.weight else b
+        return [chosen, *(s for s in ranked if s is not chosen)]
+
+    def _pick_two(self, window: Sequence[Scored]) -> tuple[Scored, Scored]:
+        weights = [s.weight for s in window]
+        first = self._rng.choices(range(len(window)), weights=weights)[0]
+        rest = [i for i in range(len(window)) if i != first]
+        second = self._rng.choices(rest, weights=[weights[i] for i in rest])[0]
+        return window[first], window[second]

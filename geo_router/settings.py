@@ -1,0 +1,178 @@
+"""The router's settings tree, loaded once from YAML (``configs/router*.yaml``)."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from servekit.registry.protocol import Tier
+from servekit.registry.settings import RegistrySettings, StaticEntry
+
+__all__ = [
+    "ApiKeySettings",
+    "AuthSettings",
+    "BreakerSettings",
+    "ClassifierSettings",
+    "GeoIPSettings",
+    "HedgeSettings",
+    "RegionSettings",
+    "RouterSettings",
+    "RoutingSettings",
+    "UpstreamSettings",
+    "hash_key",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def hash_key(key: str) -> str:
+    """The form an API key is stored in: hex sha256 of its UTF-8 bytes."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class ApiKeySettings(_Section):
+    sha256: str = Field(description="Hex sha256 of the key; the key itself is never stored.")
+    tenant: str = Field(min_length=1)
+    priority: Literal["interactive", "batch"] = "interactive"
+    rpm: int | None = Field(None, ge=1, description="Requests per minute; unlimited if unset.")
+    tpm: int | None = Field(None, ge=1, description="Tokens (prompt + max output) per minute.")
+    burst_s: float = Field(
+        60.0, gt=0, le=60, description="Seconds of the rate that may be spent at once."
+    )
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        value = value.strip().lower()
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError("must be 64 hex digits (sha256 of the key)")
+        return value
+
+
+class AuthSettings(_Section):
+    required: bool = Field(True, description="Reject requests without a configured key.")
+    keys: list[ApiKeySettings] = Field(default_factory=list)
+    anonymous_priority: Literal["interactive", "batch"] = "interactive"
+
+
+class GeoIPSettings(_Section):
+    database: Path = Field(description="GeoLite2/GeoIP2 City .mmdb file.")
+    regions: dict[str, str] = Field(
+        default_factory=dict,
+        description="'CC-SUBDIVISION' or 'CC' (ISO codes) to region, most specific wins.",
+    )
+
+
+class RegionSettings(_Section):
+    default: str = "local"
+    trusted_header: str = Field("X-Client-Region", description="Set by the load balancer.")
+    trusted_proxies: list[str] = Field(
+        default_factory=list, description="CIDRs whose region header and X-Forwarded-For count."
+    )
+    cidrs: dict[str, str] = Field(default_factory=dict, description="Client CIDR to region.")
+    geoip: GeoIPSettings | None = None
+    rtt_ms: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="RTT between regions; symmetric if one side is given."
+    )
+    same_region_rtt_ms: float = 1.0
+    unknown_rtt_ms: float = 150.0
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)
+        return value
+
+    @field_validator("cidrs")
+    @classmethod
+    def _cidrs(cls, value: dict[str, str]) -> dict[str, str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)
+        return value
+
+
+class ClassifierSettings(_Section):
+    threshold: float = Field(0.5, ge=0.0, le=1.0, description="score >= threshold means hard.")
+    weights: Path | None = Field(None, description="Weights JSON; the bundled one if unset.")
+    max_chars: int = Field(4000, ge=100, description="Only the last N chars of text are read.")
+
+
+class BreakerSettings(_Section):
+    failures: int = Field(3, ge=1, description="Consecutive failures that open the circuit.")
+    open_s: float = Field(5.0, gt=0, description="How long an open circuit rejects traffic.")
+    max_open_s: float = Field(60.0, gt=0, description="Cap of the doubling open time.")
+
+
+class HedgeSettings(_Section):
+    enabled: bool = False
+    min_delay_ms: float = Field(50.0, ge=0)
+    default_delay_ms: float = Field(500.0, ge=0, description="Used until a P95 is known.")
+
+
+class RoutingSettings(_Section):
+    aliases: dict[str, Tier | None] = Field(
+        default_factory=lambda: {"auto": None, "edge": "edge", "center": "center"},
+        description="Model names that route by tier (None: classify).",
+    )
+    ttft_deadline_s: float = Field(10.0, gt=0, description="First token or fail over.")
+    request_timeout_s: float = Field(300.0, gt=0, description="Whole non-streamed request.")
+    idle_timeout_s: float = Field(30.0, gt=0, description="Gap between streamed chunks.")
+    max_attempts: int = Field(3, ge=1, description="Upstreams tried before the first byte.")
+    max_continuations: int = Field(2, ge=0, description="Mid-stream resumptions per request.")
+    p2c_window_ms: float = Field(
+        25.0, ge=0, description="Candidates this close to the best compete by power of two."
+    )
+    center_bias_ms: float = Field(
+        30.0, ge=0, description="Added to the center's predicted TTFT for simple requests."
+    )
+    hard_may_use_edge: bool = Field(True, description="Hard requests fall back to edges.")
+    slow_start_s: float = Field(30.0, ge=0, description="Weight ramp for new or recovered ones.")
+    default_prefill_tps: dict[str, float] = Field(
+        default_factory=lambda: {"edge": 400.0, "center": 4000.0}
+    )
+    default_service_ms: dict[str, float] = Field(
+        default_factory=lambda: {"edge": 3000.0, "center": 1500.0},
+        description="Typical request duration, for queue wait when no rate is reported.",
+    )
+    default_max_tokens: int = Field(256, ge=1, description="Assumed output when unset (tpm).")
+    breaker: BreakerSettings = Field(default_factory=BreakerSettings)
+    hedge: HedgeSettings = Field(default_factory=HedgeSettings)
+
+
+class UpstreamSettings(StaticEntry):
+    """A static instance by URL; ``model`` (and ``version``) may come from its ``/load``."""
+
+    model: str = Field("", description="Served model; taken from /load when empty.")
+
+
+class RouterSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    region: RegionSettings = Field(default_factory=RegionSettings)
+    classifier: ClassifierSettings = Field(default_factory=ClassifierSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    upstreams: list[UpstreamSettings] = Field(
+        default_factory=list,
+        description="Instances by URL (the registry's static entries; /ready and /load polled).",
+    )
+    registry: RegistrySettings | None = Field(
+        None, description="Discovery and canary shares through servekit.registry."
+    )
+    poll_interval_s: float = Field(1.0, gt=0, description="Static probe and KV poll period.")
+    traffic: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Static canary shares per model ({model: {version: share}}); KV wins.",
+    )
+    connect_timeout_s: float = Field(2.0, gt=0)
+    graceful_shutdown_s: float = Field(30.0, ge=0, description="Time for in-flight streams.")

@@ -1,0 +1,113 @@
+"""What the router itself knows about each instance: circuit, in-flight, recent TTFT.
+
+The circuit breaker is per instance: ``failures`` consecutive failures open
+it; while open the instance gets no traffic; after ``open_s`` it turns
+half-open and lets exactly one request through as a probe. The probe's
+success closes the circuit (and restarts the slow-start ramp, since a
+recovered instance is cold); its failure reopens it for twice as long.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from geo_router.settings import BreakerSettings
+
+__all__ = ["Circuit", "InstanceStats", "Tracker"]
+
+
+class Circuit(IntEnum):
+    CLOSED = 0
+    HALF_OPEN = 1
+    OPEN = 2
+
+
+@dataclass
+class InstanceStats:
+    first_seen: float
+    circuit: Circuit = Circuit.CLOSED
+    failures: int = 0
+    opened_at: float = 0.0
+    open_for: float = 0.0
+    probing: bool = False
+    inflight: int = 0
+    ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+
+    def ttft_p95_ms(self) -> float | None:
+        if len(self.ttft_ms) < 5:
+            return None
+        ordered = sorted(self.ttft_ms)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+
+
+class Tracker:
+    def __init__(self, breaker: BreakerSettings) -> None:
+        self._settings = breaker
+        self._stats: dict[str, InstanceStats] = {}
+
+    def stats(self, instance_id: str, now: float | None = None) -> InstanceStats:
+        found = self._stats.get(instance_id)
+        if found is None:
+            found = InstanceStats(first_seen=time.monotonic() if now is None else now)
+            self._stats[instance_id] = found
+        return found
+
+    def items(self) -> list[tuple[str, InstanceStats]]:
+        return list(self._stats.items())
+
+    def forget_missing(self, present: set[str]) -> None:
+        """Drop instances that left the catalog, so a return counts as new (slow start)."""
+        for iid in [i for i in self._stats if i not in present]:
+            if self._stats[iid].inflight == 0:
+                del self._stats[iid]
+
+    def available(self, instance_id: str, now: float | None = None) -> bool:
+        """May a request go there now? (A half-open circuit admits one probe at a time.)"""
+        s = self.stats(instance_id)
+        now = time.monotonic() if now is None else now
+        if s.circuit is Circuit.OPEN and now - s.opened_at >= s.open_for:
+            s.circuit = Circuit.HALF_OPEN
+            s.probing = False
+        if s.circuit is Circuit.OPEN:
+            return False
+        return not (s.circuit is Circuit.HALF_OPEN and s.probing)
+
+    def acquire(self, instance_id: str) -> None:
+        s = self.stats(instance_id)
+        s.inflight += 1
+        if s.circuit is Circuit.HALF_OPEN:
+            s.probing = True
+
+    def release(self, instance_id: str) -> None:
+        s = self.stats(instance_id)
+        s.inflight = max(0, s.inflight - 1)
+
+    def success(self, instance_id: str, ttft_ms: float | None = None) -> None:
+        s = self.stats(instance_id)
+        if ttft_ms is not None:
+            s.ttft_ms.append(ttft_ms)
+        if s.circuit is not Circuit.CLOSED:
+            s.first_seen = time.monotonic()  # recovered: ramp up again
+        s.circuit = Circuit.CLOSED
+        s.failures = 0
+        s.open_for = 0.0
+        s.probing = False
+
+    def failure(self, instance_id: str, now: float | None = None) -> None:
+        s = self.stats(instance_id)
+        now = time.monotonic() if now is None else now
+        s.failures += 1
+        if s.circuit is Circuit.HALF_OPEN:
+            s.open_for = min(self._settings.max_open_s, max(s.open_for, self._settings.open_s) * 2)
+            s.circuit, s.opened_at, s.probing = Circuit.OPEN, now, False
+        elif s.circuit is Circuit.CLOSED and s.failures >= self._settings.failures:
+            s.open_for = self._settings.open_s
+            s.circuit, s.opened_at = Circuit.OPEN, now
+
+    def abandoned(self, instance_id: str) -> None:
+        """A request that ended without a verdict (cancelled hedge, client gone)."""
+        s = self.stats(instance_id)
+        s.probing = False

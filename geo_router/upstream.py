@@ -1,0 +1,182 @@
+"""Talking to one upstream over aiohttp: open a stream primed with its first token.
+
+The data path uses aiohttp rather than httpx because its C HTTP parser
+halves the client side of the extra hop (measured: ~0.7 ms vs ~1.4 ms TTFT
+per hop on loopback), which is most of what the router adds.
+:func:`translate_error` is the one place aiohttp exceptions become project
+errors (``servekit.errors``).
+
+A stream is "primed" when the upstream answered 200 and its first token
+(or its end) has arrived; only then does the router commit to the client,
+so connect errors, 5xx, 429 and a missed TTFT deadline can still fail over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from servekit.errors import (
+    ServeError,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    error_from_body,
+)
+from servekit.sse import DONE, SSEDecoder
+
+__all__ = ["TRANSPORT_ERRORS", "Primed", "open_stream", "split_events", "translate_error"]
+
+# What reading an upstream may raise besides project errors.
+TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+
+
+def translate_error(exc: BaseException, url: str) -> ServeError:
+    """The one mapping from aiohttp (and stream timeouts) to the project's error tree."""
+    if isinstance(exc, ServeError):
+        return exc
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return UpstreamUnavailable(f"cannot connect to upstream {url}: {exc.os_error}")
+    if isinstance(exc, TimeoutError):  # aiohttp.ServerTimeoutError included
+        return UpstreamTimeout(f"upstream {url} timed out")
+    if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | OSError):
+        return UpstreamUnavailable(f"upstream {url} broke the connection: {exc!r}")
+    return UpstreamError(f"upstream {url} failed: {type(exc).__name__}: {exc}")
+
+
+async def _error_from_response(resp: aiohttp.ClientResponse) -> ServeError:
+    raw = await resp.read()
+    try:
+        body: Any = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    retry: float | None = None
+    header = resp.headers.get("Retry-After")
+    if header:
+        try:
+            retry = float(header)
+        except ValueError:
+            retry = None
+    return error_from_body(resp.status, body, retry_after=retry)
+
+
+def split_events(buffer: bytes) -> tuple[bytes, bytes]:
+    """(complete events, the unfinished rest): cut after the last blank line."""
+    cut = max(buffer.rfind(b"\n\n") + 2, buffer.rfind(b"\r\n\r\n") + 4)
+    if cut < 2:
+        return b"", buffer
+    return buffer[:cut], buffer[cut:]
+
+
+@dataclass(slots=True)
+class Primed:
+    """A 200 stream whose first token (or end) arrived; ``head`` is what was read."""
+
+    url: str
+    response: aiohttp.ClientResponse
+    chunks: AsyncIterator[bytes]
+    head: bytes
+    events: list[dict[str, Any]]
+    ttft_s: float
+    done: bool = False
+    rest: bytes = b""
+    decoder: SSEDecoder = field(default_factory=SSEDecoder)
+
+    async def aclose(self) -> None:
+        """Abandon the stream (the connection is closed, not reused)."""
+        self.response.close()
+
+    async def finish(self, timeout_s: float = 1.0) -> None:
+        """After ``[DONE]``: read the transfer's tail so the connection is reused."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for _ in self.chunks:
+                    pass
+        except TRANSPORT_ERRORS:
+            self.response.close()
+            return
+        self.response.release()
+
+
+def parse_events(decoder: SSEDecoder, complete: bytes) -> tuple[list[dict[str, Any]], bool]:
+    """Decode complete frames into JSON objects; ``True`` when ``[DONE]`` was among them."""
+    out: list[dict[str, Any]] = []
+    done = False
+    for data in decoder.feed(complete):
+        if data == DONE:
+            done = True
+            continue
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out, done
+
+
+def _has_token(event: Mapping[str, Any]) -> bool:
+    choices = event.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    choice = choices[0]
+    if choice.get("finish_reason"):
+        return True
+    delta = choice.get("delta")
+    if isinstance(delta, dict) and delta.get("content"):
+        return True
+    return bool(choice.get("text"))
+
+
+async def open_stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    headers: Mapping[str, str],
+    deadline_s: float,
+) -> Primed:
+    """POST ``payload`` and read until the first token; raise a :class:`ServeError` otherwise."""
+    start = time.perf_counter()
+    response: aiohttp.ClientResponse | None = None
+    try:
+        async with asyncio.timeout(deadline_s):
+            response = await session.post(url, data=payload, headers=headers)
+            if response.status != 200:
+                raise await _error_from_response(response)
+            chunks = response.content.iter_any()
+            decoder = SSEDecoder()
+            head = b""
+            pending = b""
+            events: list[dict[str, Any]] = []
+            async for chunk in chunks:
+                complete, pending = split_events(pending + chunk)
+                if not complete:
+                    continue
+                head += complete
+                new, done = parse_events(decoder, complete)
+                events += new
+                for event in new:
+                    if isinstance(event.get("error"), dict):
+                        raise error_from_body(502, event)
+                if done or any(_has_token(e) for e in new):
+                    ttft = time.perf_counter() - start
+                    return Primed(url, response, chunks, head, events, ttft, done, pending, decoder)
+            raise UpstreamUnavailable(f"upstream {url} ended the stream before the first token")
+    except BaseException as exc:
+        if response is not None:
+            response.close()
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        if isinstance(exc, TimeoutError):
+            raise UpstreamTimeout(
+                f"upstream {url} sent no first token within {deadline_s:g}s"
+            ) from None
+        if isinstance(exc, Exception):
+            raise translate_error(exc, url) from None
+        raise

@@ -1,0 +1,5 @@
+import sys
+
+from model_sync.cli import main
+
+sys.exit(main())

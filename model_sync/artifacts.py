@@ -1,0 +1,53 @@
+"""A small artifact server for fleets without an object store.
+
+``GET /<relative path>`` serves a file below the root directory with
+``Range`` support (Starlette's ``FileResponse`` answers single and multiple
+ranges, ``206``/``416``), so edge nodes can resume interrupted downloads.
+Paths are resolved and must stay inside the root: ``..``, absolute paths and
+symlinks that point elsewhere are answered with 404, like a missing file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+__all__ = ["create_app", "resolve_artifact"]
+
+
+def resolve_artifact(root: Path, relative: str) -> Path | None:
+    """The file ``relative`` names inside ``root``, or ``None`` if missing or outside it."""
+    root = root.resolve()
+    parts = [p for p in relative.split("/") if p]
+    if not parts or any(p in (".", "..") or "\\" in p or "\x00" in p for p in parts):
+        return None
+    candidate = root.joinpath(*parts).resolve()
+    if root not in candidate.parents or not candidate.is_file():
+        return None
+    return candidate
+
+
+def create_app(root: Path) -> Starlette:
+    """Serve the files below ``root`` (read-only)."""
+    root = Path(root)
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def artifact(request: Request) -> Response:
+        path = resolve_artifact(root, request.path_params["path"])
+        if path is None:
+            return PlainTextResponse("not found", status_code=404)
+        return FileResponse(path, filename=path.name, content_disposition_type="attachment")
+
+    return Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", health, methods=["GET"]),
+            Route("/{path:path}", artifact, methods=["GET", "HEAD"]),
+        ]
+    )

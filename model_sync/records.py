@@ -1,0 +1,223 @@
+"""The JSON documents model_sync keeps in the registry KV, as pydantic models.
+
+Each model maps one key family of :mod:`model_sync.keys`. Values are stored
+as compact JSON; unknown fields are ignored on read so newer writers do not
+break older readers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from model_sync.keys import check_name, check_node_id
+
+__all__ = [
+    "ActiveRollout",
+    "ActualState",
+    "AliasRecord",
+    "ArtifactFormat",
+    "ArtifactRecord",
+    "DesiredState",
+    "GateSettings",
+    "HistoryEntry",
+    "NodeCounters",
+    "NodeState",
+    "RolloutPlan",
+    "RolloutState",
+    "RolloutStatus",
+    "RolloutStep",
+    "TrafficShares",
+    "Wave",
+]
+
+ArtifactFormat = Literal["gguf", "awq", "fp8"]
+NodeState = Literal["serving", "downloading", "loading", "failed"]
+RolloutStatus = Literal["running", "paused", "rolling_back", "completed", "aborted", "rolled_back"]
+RolloutStep = Literal["apply", "converge", "bake", "gate"]
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    def dump(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class ArtifactRecord(_Doc):
+    """One published model version: where its file is and what it must hash to."""
+
+    name: str
+    version: str
+    uri: str = Field(description="local path, file:// or http(s):// URL of the artifact")
+    filename: str = Field(description="file name inside the versioned model directory")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    format: ArtifactFormat = "gguf"
+    tier: Literal["edge", "center"] = "edge"
+    notes: str = ""
+    created_by: str = ""
+    created_at: float = Field(default_factory=time.time)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name("model name", v)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        return check_name("version", v)
+
+    @field_validator("filename")
+    @classmethod
+    def _filename(cls, v: str) -> str:
+        return check_name("file name", v)
+
+
+class ActiveRollout(_Doc):
+    """Names the rollout in progress (or the last one); created by compare-and-swap."""
+
+    model: str
+    rollout_id: str
+
+
+class AliasRecord(_Doc):
+    version: str
+    updated_by: str = ""
+    updated_at: float = Field(default_factory=time.time)
+
+
+class TrafficShares(_Doc):
+    """Per-version traffic fractions for one model; the router reads this exact shape."""
+
+    shares: dict[str, float] = Field(default_factory=dict)
+
+
+class DesiredState(_Doc):
+    model: str
+    version: str
+
+
+class ActualState(_Doc):
+    """What a node reports: the version it serves and what it is doing about the desired one.
+
+    ``version`` is always the version serving requests (the old one while a
+    new one downloads or after a failed load); ``target`` is the version being
+    worked on.
+    """
+
+    model: str = ""
+    version: str = ""
+    state: NodeState = "serving"
+    target: str | None = None
+    progress: float = 0.0
+    error: str | None = None
+    ttft_p95_ms: float | None = None
+    requests_ok: int = 0
+    requests_failed: int = 0
+    updated_at: float = Field(default_factory=time.time)
+
+
+class GateSettings(_Doc):
+    """When a baked wave may go on, compared with the version it replaces."""
+
+    max_error_rate: float = Field(
+        0.05, ge=0, le=1, description="absolute ceiling for the new version"
+    )
+    max_error_rate_increase: float = Field(
+        0.01, ge=0, le=1, description="allowed rise over the replaced version's error rate"
+    )
+    max_ttft_p95_ratio: float = Field(
+        1.5, gt=0, description="new P95 TTFT may be at most this times the old one"
+    )
+    ttft_slack_ms: float = Field(
+        50.0, ge=0, description="absolute slack added to the TTFT bound (small-number noise)"
+    )
+    min_requests: int = Field(
+        20, ge=0, description="fewer requests on the new version in the bake: inconclusive"
+    )
+
+
+class Wave(_Doc):
+    name: str
+    nodes: list[str]
+    bake_s: float = Field(60.0, ge=0)
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[str]) -> list[str]:
+        return [check_node_id(n) for n in v]
+
+
+class RolloutPlan(_Doc):
+    """What ``model-sync rollout`` asked for; written once, never changed."""
+
+    id: str
+    model: str
+    version: str
+    from_version: str = Field(description="the version being replaced (stable at plan time)")
+    waves: list[Wave]
+    previous: dict[str, str] = Field(
+        default_factory=dict, description="node -> version it served before, for rollback"
+    )
+    gates: GateSettings = Field(default_factory=GateSettings)
+    converge_timeout_s: float = 600.0
+    created_by: str = ""
+    created_at: float = Field(default_factory=time.time)
+
+
+class NodeCounters(_Doc):
+    ok: int = 0
+    failed: int = 0
+    ttft_p95_ms: float | None = None
+
+
+class RolloutState(_Doc):
+    """The controller's progress, rewritten (compare-and-swap) after every step.
+
+    ``outbox`` holds history entries decided in the same write as the step, so
+    a controller that dies right after the write flushes them on restart under
+    the same keys: nothing lost, nothing repeated.
+    """
+
+    rollout_id: str
+    model: str
+    version: str
+    status: RolloutStatus = "running"
+    wave: int = 0
+    step: RolloutStep = "apply"
+    step_started_at: float = Field(default_factory=time.time)
+    touched: list[str] = Field(default_factory=list)
+    baseline: dict[str, NodeCounters] = Field(default_factory=dict)
+    bake_snapshot: dict[str, NodeCounters] = Field(default_factory=dict)
+    reason: str = ""
+    rollback_status: Literal["rolled_back", "aborted"] = "rolled_back"
+    force_pass: bool = Field(False, description="operator promote: pass the next gate")
+    skip_gates: bool = Field(False, description="operator promote --full: no more gates")
+    last_gate: dict[str, float | int | str | None] = Field(default_factory=dict)
+    outbox: list[HistoryEntry] = Field(default_factory=list)
+    updated_at: float = Field(default_factory=time.time)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ("running", "paused", "rolling_back")
+
+
+class HistoryEntry(_Doc):
+    """One action, by whom and when."""
+
+    id: str
+    at: float = Field(default_factory=time.time)
+    actor: str
+    action: str
+    model: str = ""
+    version: str = ""
+    rollout_id: str = ""
+    detail: str = ""
+    nodes: list[str] = Field(default_factory=list)
+
+
+RolloutState.model_rebuild()

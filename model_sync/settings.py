@@ -1,0 +1,67 @@
+"""Settings of the ``model-sync`` tool and controller, loaded from YAML.
+
+Any service's YAML works as the file: only its ``registry:`` block (and
+``model_sync:``-specific blocks when present) is read, so an operator can
+point the CLI at the same file the services use::
+
+    registry: {backend: embedded, embedded: {path: var/registry.db}}
+    controller:
+      tick_s: 1
+      prometheus:                 # optional: gate figures from Prometheus
+        url: http://127.0.0.1:9090
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servekit.config import load_settings
+from servekit.registry import RegistrySettings
+
+__all__ = ["ControllerSettings", "ModelSyncSettings", "PrometheusSettings", "load"]
+
+ERROR_RATE_QUERY = (
+    'sum(rate(hybrid_requests_total{model="$model",version="$version",outcome="error"}[$window]))'
+    ' / sum(rate(hybrid_requests_total{model="$model",version="$version"}[$window]))'
+)
+TTFT_P95_QUERY = (
+    "1000 * histogram_quantile(0.95, sum by (le) (rate("
+    'vllm:time_to_first_token_seconds_bucket{model="$model",version="$version"}[$window])))'
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PrometheusSettings(_Section):
+    url: str = Field(description="Prometheus base URL, e.g. http://127.0.0.1:9090.")
+    error_rate_query: str = Field(
+        ERROR_RATE_QUERY, description="PromQL; $model, $version, $window are substituted."
+    )
+    ttft_p95_query: str = Field(TTFT_P95_QUERY, description="PromQL returning milliseconds.")
+    timeout_s: float = Field(10.0, gt=0)
+
+
+class ControllerSettings(_Section):
+    tick_s: float = Field(1.0, gt=0, description="How often the controller looks at rollouts.")
+    lock_ttl_s: float = Field(15.0, gt=0, description="Lease of the single-controller lock.")
+    prometheus: PrometheusSettings | None = None
+
+
+class ModelSyncSettings(BaseModel):
+    # Other services' blocks may sit beside these in a shared file.
+    model_config = ConfigDict(extra="ignore")
+
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+
+
+def load(path: Path | None, registry_db: Path | None = None) -> ModelSyncSettings:
+    """Settings from ``path`` (or defaults); ``registry_db`` selects an embedded store file."""
+    overrides: dict[str, object] = {}
+    if registry_db is not None:
+        overrides = {"registry.backend": "embedded", "registry.embedded.path": str(registry_db)}
+    return load_settings(ModelSyncSettings, path, **overrides)

@@ -1,0 +1,311 @@
+"""The gateway over URL replicas that are real HTTP doubles of an engine server.
+
+No model here: the doubles answer instantly unless told to hold, which makes
+priority order, failover and health transitions deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from central.app import create_app
+from central.balancer import Balancer, Candidate, prefix_key
+from central.settings import CentralSettings
+from servekit.engine.protocol import GenerationRequest, Message, SamplingParams
+from tests.central.engine_double import create_double
+from tests.support.servers import UvicornThread, free_port, wait_ready
+
+MODEL = "big"
+
+
+def _settings(tmp_path: Path, urls: list[str], **extra: Any) -> CentralSettings:
+    data: dict[str, Any] = {
+        "model": MODEL,
+        "replicas": [
+            {"name": f"r{i}", "kind": "url", "url": u, "load_source": "vllm", "capacity": 1}
+            for i, u in enumerate(urls)
+        ],
+        "supervision": {
+            "health_interval_s": 0.1,
+            "scrape_interval_s": 0.1,
+            "unhealthy_after": 1,
+            "log_dir": str(tmp_path),
+        },
+        "admission": {"max_waiting": 16, "batch_every": 2},
+    }
+    data.update(extra)
+    return CentralSettings.model_validate(data)
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _replicas(gw: str) -> dict[str, dict[str, Any]]:
+    body = httpx.get(gw + "/replicas").json()
+    return {r["name"]: r for r in body["replicas"]}
+
+
+def _chat(gw: str, text: str, *, priority: str | None = None, **body: Any) -> httpx.Response:
+    headers = {"X-Priority": priority} if priority else {}
+    payload = {"model": MODEL, "messages": [{"role": "user", "content": text}], **body}
+    return httpx.post(gw + "/v1/chat/completions", json=payload, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def doubles() -> Iterator[tuple[UvicornThread, UvicornThread]]:
+    with UvicornThread(create_double(MODEL)) as a, UvicornThread(create_double(MODEL)) as b:
+        yield a, b
+
+
+@pytest.fixture
+def gateway_factory(tmp_path: Path) -> Iterator[Callable[[CentralSettings], str]]:
+    started: list[UvicornThread] = []
+
+    def start(settings: CentralSettings) -> str:
+        server = UvicornThread(create_app(settings)).__enter__()
+        started.append(server)
+        wait_ready(server.url, timeout=10)
+        return server.url
+
+    yield start
+    for server in started:
+        server.__exit__(None, None, None)
+
+
+def test_serves_streams_and_scrapes_replica_load(
+    doubles: tuple[UvicornThread, UvicornThread],
+    gateway_factory: Callable[[CentralSettings], str],
+    tmp_path: Path,
+) -> None:
+    a, b = doubles
+    gw = gateway_factory(_settings(tmp_path, [a.url, b.url]))
+    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+
+    r = _chat(gw, "hi", max_tokens=8)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Hello from the double"
+    assert r.json()["model"] == MODEL
+
+    with httpx.stream(
+        "POST",
+        gw + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "s"}], "stream": True},
+    ) as s:
+        lines = [line for line in s.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert len(lines) >= 6
+
+    # A request held on a replica shows up in that replica's scraped vLLM gauges.
+    held = threading.Thread(target=_chat, args=(gw, "HOLD me"))
+    held.start()
+    try:
+        _wait(
+            lambda: any(r["engine_running"] == 1 for r in _replicas(gw).values()),
+            what="scraped vllm:num_requests_running == 1",
+        )
+        busy = [r for r in _replicas(gw).values() if r["inflight"] == 1]
+        assert len(busy) == 1
+        assert busy[0]["engine_running"] == 1
+    finally:
+        for d in doubles:
+            httpx.post(d.url + "/release")
+        held.join(10)
+
+    assert _healthy_gauges(gw) == {"r0": 1.0, "r1": 1.0}
+    families = _metrics(gw)
+    assert all(s.labels["tier"] == "center" for s in families["central_replica_healthy"].samples)
+    ttft = families["vllm:time_to_first_token_seconds"]
+    assert any(s.labels.get("tier") == "center" for s in ttft.samples)
+
+
+def _metrics(gw: str) -> dict[str, Any]:
+    text = httpx.get(gw + "/metrics").text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _healthy_gauges(gw: str) -> dict[str, float]:
+    samples = _metrics(gw)["central_replica_healthy"].samples
+    return {s.labels["replica"]: s.value for s in samples}
+
+
+def _prompt_homed_on(settings: CentralSettings, name: str) -> str:
+    """A prompt whose prefix hashes to replica ``name`` on the gateway's ring."""
+    names = [r.name for r in settings.replicas]
+    balancer = Balancer(settings.balancing, names)
+    idle = [Candidate(n, 1) for n in names]
+    for i in range(1000):
+        text = f"question {i}"
+        req = GenerationRequest("x", SamplingParams(), messages=(Message("user", text),))
+        chosen = balancer.choose(idle, prefix_key(req, settings.balancing.prefix_chars))
+        if chosen is not None and chosen.name == name:
+            return text
+    raise AssertionError("no prompt hashes there")
+
+
+def test_failure_before_the_first_token_is_retried_on_another_replica(
+    doubles: tuple[UvicornThread, UvicornThread],
+    gateway_factory: Callable[[CentralSettings], str],
+    tmp_path: Path,
+) -> None:
+    a, b = doubles
+    settings = _settings(tmp_path, [a.url, b.url])
+    gw = gateway_factory(settings)
+    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    text = _prompt_homed_on(settings, "r0")
+    httpx.post(a.url + "/fail", params={"n": 1})
+
+    r = _chat(gw, text)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Hello from the double"
+    # It reached r0 first (and failed there), then r1 answered.
+    assert httpx.get(a.url + "/arrivals").json() == [text]
+    assert httpx.get(b.url + "/arrivals").json() == [text]
+    retries = _metrics(gw)["central_dispatch_retries"].samples
+    assert [s.value for s in retries if s.name == "central_dispatch_retries_total"] == [1.0]
+    replicas = _replicas(gw)
+    assert (replicas["r0"]["served"], replicas["r1"]["served"]) == (0, 1)
+
+    # When every replica fails, the client gets the upstream error, not a hang.
+    httpx.post(a.url + "/fail", params={"n": 1})
+    httpx.post(b.url + "/fail", params={"n": 1})
+    r = _chat(gw, text)
+    assert r.status_code >= 500
+    assert "error" in r.json()
+
+
+def test_an_answer_broken_mid_stream_continues_on_another_replica(
+    doubles: tuple[UvicornThread, UvicornThread],
+    gateway_factory: Callable[[CentralSettings], str],
+    tmp_path: Path,
+) -> None:
+    a, b = doubles
+    gw = gateway_factory(_settings(tmp_path, [a.url, b.url]))
+    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "BREAK please"}],
+        "max_tokens": 10,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", gw + "/v1/chat/completions", json=body) as s:
+        assert s.status_code == 200
+        events = [json.loads(line[6:]) for line in s.iter_lines()
+                  if line.startswith("data: {")]  # fmt: skip
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    # Two tokens from the replica that died, then the rest from the other one,
+    # which was asked to continue the partial assistant message.
+    assert text == "Hello from" + "Hello from the double"
+    assert not any("error" in e for e in events)
+    assert events[-1]["usage"]["completion_tokens"] == 2 + 4
+    calls = httpx.get(a.url + "/requests").json() + httpx.get(b.url + "/requests").json()
+    assert len(calls) == 2
+    resumed = next(c for c in calls if c["continue_final_message"])
+    assert resumed["messages"] == [["user", "BREAK please"], ["assistant", "Hello from"]]
+    assert resumed["max_tokens"] == 8
+    # Non-streaming clients get the whole answer too.
+    r = _chat(gw, "BREAK again", max_tokens=10)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Hello from" + "Hello from the double"
+
+
+def test_interactive_goes_first_and_batch_is_not_starved(
+    gateway_factory: Callable[[CentralSettings], str], tmp_path: Path
+) -> None:
+    with UvicornThread(create_double(MODEL)) as double:
+        gw = gateway_factory(_settings(tmp_path, [double.url]))
+        _wait(lambda: _replicas(gw)["r0"]["state"] == "healthy", what="healthy")
+
+        threads: list[threading.Thread] = []
+
+        def send(text: str, priority: str) -> None:
+            t = threading.Thread(target=_chat, args=(gw, text), kwargs={"priority": priority})
+            t.start()
+            threads.append(t)
+
+        def gateway_load() -> dict[str, Any]:
+            load: dict[str, Any] = httpx.get(gw + "/load").json()
+            return load
+
+        # One replica of capacity 1: the held request saturates the center.
+        send("HOLD", "interactive")
+        _wait(lambda: gateway_load()["running"] == 1, what="held request running")
+        # Queue batch first, then two interactive ones, one at a time so the
+        # order of arrival at the gateway is known.
+        for i, (text, priority) in enumerate(
+            [("batch-1", "batch"), ("inter-1", "interactive"), ("inter-2", "interactive")]
+        ):
+            send(text, priority)
+            _wait(lambda n=i + 1: gateway_load()["waiting"] == n, what=f"{i + 1} waiting")
+        httpx.post(double.url + "/release")
+        for t in threads:
+            t.join(10)
+        order = httpx.get(double.url + "/arrivals").json()
+    # Interactive jumps the queue; with batch_every=2 the second grant is batch's.
+    assert order == ["HOLD", "inter-1", "batch-1", "inter-2"]
+
+
+def test_priority_reaches_replicas_that_schedule_by_it(
+    doubles: tuple[UvicornThread, UvicornThread],
+    gateway_factory: Callable[[CentralSettings], str],
+    tmp_path: Path,
+) -> None:
+    a, b = doubles
+    settings = _settings(tmp_path, [a.url, b.url])
+    settings.replicas[0].send_priority = True  # type: ignore[union-attr]
+    gw = gateway_factory(settings)
+    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    for priority in ("batch", "interactive", None):
+        assert _chat(gw, _prompt_homed_on(settings, "r0"), priority=priority).status_code == 200
+        assert _chat(gw, _prompt_homed_on(settings, "r1"), priority=priority).status_code == 200
+    # vLLM's `priority`: lower is served first; only r0 is configured to get it.
+    assert httpx.get(a.url + "/priorities").json() == [1, 0, 0]
+    assert httpx.get(b.url + "/priorities").json() == [None, None, None]
+
+
+def test_no_healthy_replica_is_503_with_retry_after(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, [f"http://127.0.0.1:{free_port()}"])
+    settings.supervision.dispatch_wait_s = 0.2
+    app = create_app(settings)
+    with UvicornThread(app) as gw:
+        ready = httpx.get(gw.url + "/ready")
+        assert ready.status_code == 503
+        r = _chat(gw.url, "anyone?")
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "not_ready"
+        assert int(r.headers["retry-after"]) >= 1
+        assert _replicas(gw.url)["r0"]["state"] == "starting"
+
+
+def test_unhealthy_replica_leaves_rotation_and_rejoins(
+    gateway_factory: Callable[[CentralSettings], str], tmp_path: Path
+) -> None:
+    port = free_port()
+    with UvicornThread(create_double(MODEL)) as a:
+        b = UvicornThread(create_double(MODEL), port=port).__enter__()
+        gw = gateway_factory(_settings(tmp_path, [a.url, b.url]))
+        _wait(lambda: _replicas(gw)["r1"]["state"] == "healthy", what="r1 healthy")
+        b.__exit__(None, None, None)
+        _wait(lambda: _replicas(gw)["r1"]["state"] == "unhealthy", what="r1 out of rotation")
+        for i in range(4):
+            assert _chat(gw, f"while r1 is down {i}").status_code == 200
+        assert _replicas(gw)["r1"]["served"] == 0
+        assert _healthy_gauges(gw) == {"r0": 1.0, "r1": 0.0}
+        with UvicornThread(create_double(MODEL), port=port):
+            _wait(lambda: _replicas(gw)["r1"]["state"] == "healthy", what="r1 back")
+            assert httpx.get(gw + "/ready").status_code == 200

@@ -1,0 +1,118 @@
+"""Replica processes: logs captured, graceful stop, SIGKILL escalation, backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from central.commands import Endpoint, LaunchPlan
+from central.supervisor import Backoff, LaunchFailed, ReplicaProcess
+
+ENDPOINT = Endpoint("http://127.0.0.1:1", "m", 1, "none")
+
+
+def _plan(code: str, **env: str) -> LaunchPlan:
+    return LaunchPlan((sys.executable, "-c", code), ENDPOINT, env)
+
+
+def test_backoff_doubles_up_to_the_cap_and_resets_after_a_stable_run() -> None:
+    b = Backoff(1.0, 8.0, stable_after_s=60.0)
+    assert [b.delay(uptime_s=0.5) for _ in range(5)] == [1.0, 2.0, 4.0, 8.0, 8.0]
+    assert b.delay(uptime_s=120.0) == 1.0
+    assert b.delay(uptime_s=1.0) == 2.0
+
+
+@pytest.mark.anyio
+async def test_output_env_and_files_land_where_expected(tmp_path: Path) -> None:
+    config = tmp_path / "run" / "r.yaml"
+    code = (
+        "import os, pathlib, sys; "
+        "print('gpus', os.environ['CUDA_VISIBLE_DEVICES']); "
+        f"print('config', pathlib.Path({str(config)!r}).read_text()); "
+        "print('oops', file=sys.stderr)"
+    )
+    plan = LaunchPlan(
+        (sys.executable, "-c", code), ENDPOINT, {"CUDA_VISIBLE_DEVICES": "2,3"}, {config: "k: v"}
+    )
+    proc = ReplicaProcess("r", plan, tmp_path / "logs" / "r.log")
+    proc.start()
+    await _wait_exit(proc)
+    assert proc.returncode == 0
+    log = (tmp_path / "logs" / "r.log").read_text()
+    assert "starting r: CUDA_VISIBLE_DEVICES=2,3 " in log
+    assert "gpus 2,3" in log
+    assert "config k: v" in log
+    assert "oops" in log
+    # A second start appends to the same log.
+    proc.start()
+    await _wait_exit(proc)
+    assert (tmp_path / "logs" / "r.log").read_text().count("--- ") == 2
+
+
+@pytest.mark.anyio
+async def test_stop_is_sigterm_first(tmp_path: Path) -> None:
+    code = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n    print('graceful', flush=True); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('REA' + 'DY', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = ReplicaProcess("r", _plan(code), tmp_path / "r.log")
+    proc.start()
+    await _wait_log(tmp_path / "r.log", "READY")
+    await proc.stop(timeout_s=10)
+    assert not proc.alive
+    assert proc.returncode == 0
+    assert "graceful" in (tmp_path / "r.log").read_text()
+
+
+@pytest.mark.anyio
+async def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('REA' + 'DY', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = ReplicaProcess("r", _plan(code), tmp_path / "r.log")
+    proc.start()
+    await _wait_log(tmp_path / "r.log", "READY")
+    started = time.monotonic()
+    await proc.stop(timeout_s=0.5)
+    assert not proc.alive
+    assert proc.returncode == -9
+    assert time.monotonic() - started < 10
+
+
+def test_missing_executable_is_a_launch_failure(tmp_path: Path) -> None:
+    plan = LaunchPlan(("/nonexistent/vllm", "serve", "m"), ENDPOINT)
+    proc = ReplicaProcess("r", plan, tmp_path / "r.log")
+    with pytest.raises(LaunchFailed, match="cannot run '/nonexistent/vllm'"):
+        proc.start()
+    assert not proc.alive
+    assert "cannot start" in (tmp_path / "r.log").read_text()
+
+
+async def _wait_exit(proc: ReplicaProcess) -> None:
+    for _ in range(200):
+        if not proc.alive:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("process did not exit")
+
+
+def _contains(path: Path, text: str) -> bool:
+    return path.exists() and text in path.read_text()
+
+
+async def _wait_log(path: Path, text: str) -> None:
+    for _ in range(200):
+        if await asyncio.to_thread(_contains, path, text):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{text!r} never appeared in {path}")

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from geo_router.settings import RouterSettings, hash_key
+from tests.geo_router.fake_upstream import Behavior, build_app
+from tests.support.servers import UvicornThread, free_port
+
+KEY = "sk-test-router-key"
+BATCH_KEY = "sk-test-batch-key"
+
+
+def router_settings(upstreams: list[dict[str, Any]], **extra: Any) -> RouterSettings:
+    """Settings with two keys, a two-region RTT table and the given static upstreams."""
+    data: dict[str, Any] = {
+        "auth": {
+            "keys": [
+                {"sha256": hash_key(KEY), "tenant": "acme", "priority": "interactive"},
+                {"sha256": hash_key(BATCH_KEY), "tenant": "etl", "priority": "batch"},
+            ]
+        },
+        "region": {
+            "default": "east",
+            "rtt_ms": {"east": {"west": 60.0, "center": 20.0}, "west": {"center": 40.0}},
+        },
+        "routing": {"ttft_deadline_s": 2.0, "slow_start_s": 0.0},
+        "upstreams": upstreams,
+        "poll_interval_s": 0.2,
+    }
+    for key, value in extra.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return RouterSettings.model_validate(data)
+
+
+def upstream(url: str, tier: str = "edge", region: str = "east", **kw: Any) -> dict[str, Any]:
+    return {"url": url, "tier": tier, "region": region, "id": kw.pop("id", url), **kw}
+
+
+@contextlib.contextmanager
+def serve_fake(behavior: Behavior) -> Iterator[str]:
+    with UvicornThread(build_app(behavior)) as server:
+        yield server.url
+
+
+@pytest.fixture
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def refused_url() -> str:
+    """A port nobody listens on: connections are refused."""
+    return f"http://127.0.0.1:{free_port()}"

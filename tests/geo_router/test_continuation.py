@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import json
+
+from geo_router.continuation import StreamState, assemble, continuation_body
+
+
+def _chunk(text: str | None = None, role: bool = False, finish: str | None = None) -> dict:  # type: ignore[type-arg]
+    delta = {"role": "assistant"} if role else {}
+    if text is not None:
+        delta["content"] = text
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return {"id": "orig", "model": "m", "created": 5, "choices": [choice]}
+
+
+def test_chat_continuation_appends_partial_and_shrinks_the_budget() -> None:
+    s = StreamState("chat")
+    for e in (_chunk(role=True), _chunk("Hello"), _chunk(" world")):
+        s.observe(e)
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
+    out = continuation_body(body, s)
+    assert out is not None
+    assert out["messages"][-1] == {"role": "assistant", "content": "Hello world"}
+    assert (out["continue_final_message"], out["add_generation_prompt"]) == (True, False)
+    assert out["max_tokens"] == 8
+    assert body["max_tokens"] == 10  # the original is untouched
+    assert continuation_body({**body, "max_tokens": 2}, s) is None
+
+
+def test_completion_continuation_extends_the_prompt() -> None:
+    s = StreamState("completion")
+    s.observe({"id": "x", "choices": [{"text": " two"}]})
+    out = continuation_body({"model": "m", "prompt": ["one"]}, s)
+    assert out is not None
+    assert out["prompt"] == "one two"
+
+
+def test_rewrite_makes_the_continuation_part_of_the_original_stream() -> None:
+    s = StreamState("chat")
+    s.observe(_chunk("a"))
+    other = {**_chunk(role=True), "id": "new", "model": "other", "created": 9}
+    assert s.rewrite(other, 1) is None  # the continuation's role chunk is dropped
+    frame = s.rewrite({**_chunk("b"), "id": "new", "model": "other"}, 1)
+    assert frame is not None
+    event = json.loads(frame[6:])
+    assert (event["id"], event["model"], event["created"]) == ("orig", "m", 5)
+    usage = {"id": "new", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
+    usage_frame = s.rewrite(usage, 1)
+    assert usage_frame is not None
+    assert json.loads(usage_frame[6:])["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
+    }
+
+
+def test_assemble_builds_the_non_streamed_shape() -> None:
+    s = StreamState("chat")
+    for e in (_chunk(role=True), _chunk("ok"), _chunk(finish="length")):
+        s.observe(e)
+    out = assemble(s)
+    assert out["object"] == "chat.completion"
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": "ok"}
+    assert out["choices"][0]["finish_reason"] == "length"

@@ -1,0 +1,249 @@
+"""Real-socket failover: the router (uvicorn) in front of deliberately failing upstreams.
+
+Discovery goes through the router's candidate seam with an in-test catalog
+that insists every upstream is healthy, so the data path has to find out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import httpx
+
+from geo_router.app import create_app
+from servekit.engine.protocol import LoadReport
+from servekit.registry.protocol import InstanceInfo, InstanceState
+from tests.geo_router.conftest import KEY, refused_url, router_settings, serve_fake
+from tests.geo_router.fake_upstream import Behavior
+from tests.support.servers import REPO, UvicornThread, free_port, wait_ready
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def state(url: str, iid: str, tier: str = "edge", region: str = "east") -> InstanceState:
+    port = int(url.rsplit(":", 1)[1])
+    info = InstanceInfo(iid, tier, region, "127.0.0.1", port, "fake-model")  # type: ignore[arg-type]
+    return InstanceState(info, LoadReport(ready=True, capacity=4), True, time.time())
+
+
+@contextmanager
+def routed(states: list[InstanceState], **routing: Any) -> Iterator[str]:
+    settings = router_settings([], routing={"ttft_deadline_s": 1.0, "slow_start_s": 0, **routing})
+    app = create_app(settings, candidates=lambda: states)
+    with UvicornThread(app) as server:
+        yield server.url
+
+
+def chat(stream: bool = True, **extra: Any) -> dict[str, Any]:
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    return {**body, **extra}
+
+
+def read_stream(url: str, body: dict[str, Any]) -> tuple[httpx.Headers, list[Any]]:
+    with (
+        httpx.Client(timeout=20) as c,
+        c.stream("POST", url + "/v1/chat/completions", json=body, headers=AUTH) as r,
+    ):
+        assert r.status_code == 200, r.read()
+        events = [
+            line[6:] if line == "data: [DONE]" else json.loads(line[6:])
+            for line in r.iter_lines()
+            if line.startswith("data: ")
+        ]
+        return r.headers, events
+
+
+def text_of(events: list[Any]) -> str:
+    return "".join(
+        e["choices"][0]["delta"].get("content") or ""
+        for e in events
+        if isinstance(e, dict) and e.get("choices")
+    )
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " ") or (line.startswith(name + "{") and line.count(" ") == 1):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_connect_refused_falls_over_to_the_center() -> None:
+    with serve_fake(Behavior(words=3)) as center:
+        states = [state(refused_url(), "dead-edge"), state(center, "c", "center", "center")]
+        with routed(states) as url:
+            headers, events = read_stream(url, chat())
+            assert text_of(events) == "w0 w1 w2"
+            assert events[-1] == "[DONE]"
+            assert (headers["x-route-instance"], headers["x-route-reason"]) == ("c", "fallback")
+            assert metric(url, 'router_fallbacks_total{cause="unavailable",tier="edge"}') == 1
+
+
+def test_500_and_429_fall_over_and_all_429_keeps_retry_after() -> None:
+    e500, e429 = Behavior(status=500), Behavior(status=429, retry_after="7")
+    with serve_fake(e500) as a, serve_fake(e429) as b, serve_fake(Behavior(words=2)) as ctr:
+        states = [state(a, "a"), state(b, "b", region="west"), state(ctr, "c", "center", "x")]
+        with routed(states, center_bias_ms=1000) as url:
+            headers, events = read_stream(url, chat())
+            assert headers["x-route-instance"] == "c"
+            assert text_of(events) == "w0 w1"
+            assert len(e500.seen) == len(e429.seen) == 1
+        with routed([state(b, "b")]) as url:
+            r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+            assert r.status_code == 429
+            assert r.headers["retry-after"] == "7"
+
+
+def test_stall_past_the_ttft_deadline_moves_on() -> None:
+    stall = Behavior(first_token_delay_s=30)
+    with serve_fake(stall) as a, serve_fake(Behavior(words=2)) as b:
+        with routed([state(a, "slow"), state(b, "ok", region="west")], ttft_deadline_s=0.4) as url:
+            start = time.monotonic()
+            r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH, timeout=10)
+            assert r.status_code == 200
+            assert r.json()["choices"][0]["message"]["content"] == "w0 w1"
+            assert r.headers["x-route-instance"] == "ok"
+            assert time.monotonic() - start < 3
+        with routed([state(a, "slow")], ttft_deadline_s=0.3) as url:
+            r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH, timeout=10)
+            assert r.status_code == 504
+            assert r.json()["error"]["type"] == "timeout"
+
+
+def test_mid_stream_death_continues_on_another_instance() -> None:
+    dying = Behavior(words=8, die_after=3, token_delay_s=0.01)
+    other = Behavior(words=8)
+    with ExitStack() as stack:
+        a, b = stack.enter_context(serve_fake(dying)), stack.enter_context(serve_fake(other))
+        url = stack.enter_context(routed([state(a, "dies"), state(b, "rescue", region="west")]))
+        headers, events = read_stream(url, chat(max_tokens=100))
+        assert headers["x-route-instance"] == "dies"
+        assert text_of(events) == "w0 w1 w2 w3 w4 w5 w6 w7"
+        assert events[-1] == "[DONE]"
+        ids = {e["id"] for e in events if isinstance(e, dict)}
+        assert len(ids) == 1  # one stream as far as the client can tell
+        roles = [e for e in events[:-1] if e["choices"][0]["delta"].get("role")]
+        assert len(roles) == 1
+        assert metric(url, 'router_continuations_total{outcome="ok"}') == 1
+    sent = other.seen[0]["body"]
+    assert sent["messages"][-1] == {"role": "assistant", "content": "w0 w1 w2"}
+    assert sent["continue_final_message"] is True
+    assert sent["add_generation_prompt"] is False
+    assert sent["max_tokens"] == 97
+
+
+def test_mid_stream_death_without_a_rescuer_ends_with_an_error_event() -> None:
+    with serve_fake(Behavior(words=8, die_after=2)) as a, routed([state(a, "dies")]) as url:
+        _, events = read_stream(url, chat())
+        assert text_of(events) == "w0 w1"
+        assert events[-2]["error"]["type"] in ("service_unavailable", "upstream_error")
+        assert events[-1] == "[DONE]"
+        r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+        assert r.status_code in (502, 503)
+        assert "error" in r.json()
+
+
+def test_sigkill_mid_stream_completes_on_another_instance() -> None:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = ["-m", "tests.geo_router.fake_upstream", "--port", str(port), "--words", "40"]
+    with ExitStack() as stack:
+        proc = subprocess.Popen([sys.executable, *args, "--token-delay", "0.05"], cwd=REPO, env=env)
+        stack.callback(proc.wait)
+        stack.callback(lambda: proc.poll() is None and proc.kill())
+        wait_ready(f"http://127.0.0.1:{port}", timeout=30)
+        rescue = stack.enter_context(serve_fake(Behavior(words=40)))
+        victim = state(f"http://127.0.0.1:{port}", "victim")
+        url = stack.enter_context(routed([victim, state(rescue, "rescue", region="west")]))
+        body = chat(max_tokens=200)
+        texts: list[str] = []
+        with (
+            httpx.Client(timeout=20) as c,
+            c.stream("POST", url + "/v1/chat/completions", json=body, headers=AUTH) as r,
+        ):
+            assert r.headers["x-route-instance"] == "victim"
+            lines = r.iter_lines()
+            for line in lines:
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                texts.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+                if len(texts) == 5:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        texts += [json.loads(x[6:])["choices"][0]["delta"].get("content") or "" for x in rest[:-1]]
+        assert "".join(texts) == " ".join(f"w{i}" for i in range(40))
+
+
+def test_hedge_races_a_second_candidate_and_cancels_the_loser() -> None:
+    slow, fast = Behavior(first_token_delay_s=3, words=2), Behavior(words=2)
+    with serve_fake(slow) as a, serve_fake(fast) as b:
+        states = [state(a, "slow"), state(b, "fast", region="west")]
+        hedge = {"enabled": True, "min_delay_ms": 100, "default_delay_ms": 100}
+        with routed(states, hedge=hedge, ttft_deadline_s=5) as url:
+            start = time.monotonic()
+            headers, events = read_stream(url, chat())
+            assert time.monotonic() - start < 2
+            assert (headers["x-route-instance"], headers["x-route-reason"]) == ("fast", "hedge")
+            assert text_of(events) == "w0 w1"
+            assert metric(url, 'router_hedges_total{outcome="won"}') == 1
+    assert len(slow.seen) == 1
+
+
+def test_circuit_opens_after_failures_then_probes_half_open() -> None:
+    bad = Behavior(status=500)
+    with serve_fake(bad) as a, serve_fake(Behavior(words=1)) as ctr:
+        states = [state(a, "bad"), state(ctr, "c", "center", "center")]
+        breaker = {"failures": 2, "open_s": 0.5}
+        with routed(states, breaker=breaker, center_bias_ms=0) as url:
+            for _ in range(4):
+                r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+                assert r.status_code == 200
+            assert len(bad.seen) == 2  # open after two failures: no more traffic
+            assert metric(url, 'router_circuit_state{instance="bad"}') == 2
+            time.sleep(0.6)
+            bad.status = 200
+            r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+            assert r.headers["x-route-instance"] == "bad"  # the half-open probe
+            assert metric(url, 'router_circuit_state{instance="bad"}') == 0
+
+
+def test_client_disconnect_closes_the_upstream_stream() -> None:
+    slow = Behavior(words=200, token_delay_s=0.05)
+    with serve_fake(slow) as a, routed([state(a, "slow")]) as url:
+        with (
+            httpx.Client(timeout=20) as c,
+            c.stream("POST", url + "/v1/chat/completions", json=chat(), headers=AUTH) as r,
+        ):
+            for n, _ in enumerate(r.iter_lines()):
+                if n >= 6:
+                    break
+        deadline = time.monotonic() + 5
+        while slow.aborted == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert slow.aborted == 1  # the router hung up on the upstream too
+        assert httpx.get(url + "/ready").status_code == 200
+
+
+def test_a_stream_that_goes_quiet_is_continued_after_the_idle_timeout() -> None:
+    quiet, rescue = Behavior(words=6, stall_after=2), Behavior(words=6)
+    with ExitStack() as stack:
+        a, b = stack.enter_context(serve_fake(quiet)), stack.enter_context(serve_fake(rescue))
+        url = stack.enter_context(
+            routed([state(a, "quiet"), state(b, "rescue", region="west")], idle_timeout_s=0.5)
+        )
+        start = time.monotonic()
+        _, events = read_stream(url, chat())
+        assert text_of(events) == "w0 w1 w2 w3 w4 w5"
+        assert events[-1] == "[DONE]"
+        assert time.monotonic() - start < 5
+    assert rescue.seen[0]["body"]["messages"][-1]["content"] == "w0 w1"

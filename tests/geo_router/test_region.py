@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from geo_router.region import RegionResolver, RttTable
+from geo_router.settings import RegionSettings
+
+SETTINGS = RegionSettings(
+    default="center",
+    trusted_header="X-Client-Region",
+    trusted_proxies=["10.0.0.0/8"],
+    cidrs={"192.168.0.0/16": "east", "192.168.7.0/24": "west", "2001:db8::/32": "west"},
+    rtt_ms={"east": {"west": 70.0}},
+)
+
+
+def test_trusted_proxy_header_wins() -> None:
+    r = RegionResolver(SETTINGS).resolve("10.1.2.3", {"x-client-region": "north"})
+    assert (r.region, r.source) == ("north", "header")
+
+
+def test_header_from_an_untrusted_peer_is_ignored() -> None:
+    r = RegionResolver(SETTINGS).resolve("192.168.1.1", {"x-client-region": "north"})
+    assert (r.region, r.source) == ("east", "cidr")
+
+
+def test_forwarded_for_is_read_behind_a_trusted_proxy_only() -> None:
+    resolver = RegionResolver(SETTINGS)
+    behind = resolver.resolve("10.0.0.9", {"x-forwarded-for": "192.168.7.5, 10.0.0.2"})
+    assert (behind.region, behind.client_ip) == ("west", "192.168.7.5")
+    spoofed = resolver.resolve("8.8.8.8", {"x-forwarded-for": "192.168.7.5"})
+    assert (spoofed.region, spoofed.source) == ("center", "default")
+
+
+def test_longest_prefix_and_ipv6() -> None:
+    resolver = RegionResolver(SETTINGS)
+    assert resolver.resolve("192.168.7.9", {}).region == "west"
+    assert resolver.resolve("192.168.8.9", {}).region == "east"
+    assert resolver.resolve("2001:db8::1", {}).region == "west"
+    assert resolver.resolve("not-an-ip", {}).source == "default"
+    assert resolver.resolve(None, {}).region == "center"
+
+
+def test_rtt_table_is_symmetric_with_defaults() -> None:
+    rtt = RttTable(SETTINGS)
+    assert rtt.rtt_ms("east", "west") == rtt.rtt_ms("west", "east") == 70.0
+    assert rtt.rtt_ms("east", "east") == SETTINGS.same_region_rtt_ms
+    assert rtt.rtt_ms("east", "mars") == SETTINGS.unknown_rtt_ms

@@ -1,0 +1,62 @@
+"""Discovery and canary shares through the real embedded registry (a SQLite file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+
+from geo_router.app import create_app
+from geo_router.planner import canary_version
+from servekit.engine.protocol import LoadReport
+from servekit.registry import InstanceInfo, RegistrySettings, open_registry
+from tests.geo_router.conftest import KEY, router_settings, serve_fake
+from tests.geo_router.fake_upstream import Behavior
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_router_finds_instances_and_canary_shares_in_the_registry(tmp_path: Path) -> None:
+    reg_settings = RegistrySettings.model_validate(
+        {"backend": "embedded", "embedded": {"path": str(tmp_path / "registry.db")}}
+    )
+    registry = await open_registry(reg_settings)
+    v1, v2 = Behavior(model="m", version="v1"), Behavior(model="m", version="v2")
+    try:
+        with serve_fake(v1) as u1, serve_fake(v2) as u2:
+            for iid, url, version in (("e1", u1, "v1"), ("e2", u2, "v2")):
+                port = int(url.rsplit(":", 1)[1])
+                info = InstanceInfo(iid, "edge", "east", "127.0.0.1", port, "m", version)
+                await registry.register(info, ttl_s=60)
+                await registry.heartbeat(iid, LoadReport(ready=True, capacity=4, model="m"))
+            shares = {"v1": 0.5, "v2": 0.5}
+            await registry.put("models/m/traffic", json.dumps({"shares": shares}).encode())
+            settings = router_settings(
+                [], registry=reg_settings.model_dump(mode="json"), poll_interval_s=0.1
+            )
+            app = create_app(settings)
+            async with LifespanManager(app) as manager:
+                transport = httpx.ASGITransport(app=manager.app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://r") as c:
+                    assert (await c.get("/ready")).status_code == 200
+                    headers = {"Authorization": f"Bearer {KEY}"}
+                    for user in ("alice", "bob", "carol", "dave", "erin", "frank"):
+                        body = {
+                            "model": "auto",
+                            "user": user,
+                            "messages": [{"role": "user", "content": "hi"}],
+                        }
+                        want = canary_version(shares, f"m:{user}")
+                        for _ in range(2):  # sticky
+                            r = await c.post("/v1/chat/completions", json=body, headers=headers)
+                            assert r.status_code == 200
+                            assert r.headers["x-route-instance"] == {"v1": "e1", "v2": "e2"}[want]
+                    metrics = (await c.get("/metrics")).text
+                    assert "router_catalog_stale 0.0" in metrics
+    finally:
+        await registry.aclose()
+    assert v1.seen
+    assert v2.seen  # six users at 50/50 reach both versions
