@@ -24,7 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from servekit.engine.batching_llama import LlamaBatchModel
 from servekit.engine.batching_sched import Job, Prepared, Scheduler
 from servekit.engine.batching_stats import BatchingSnapshot, BatchingStats
-from servekit.engine.prompting import ChatTemplate, tokenize_request
+from servekit.engine.prompting import (
+    ChatTemplate,
+    completion_budget,
+    nonempty,
+    tokenize_request,
+)
 from servekit.engine.protocol import (
     Finish,
     GenerationEvent,
@@ -33,9 +38,9 @@ from servekit.engine.protocol import (
     Message,
     SamplingParams,
 )
-from servekit.errors import ContextLengthExceeded, InvalidRequest, NotReady
+from servekit.errors import NotReady
 
-__all__ = ["BatchingLlamaEngine", "BatchingSettings", "completion_budget"]
+__all__ = ["BatchingLlamaEngine", "BatchingSettings"]
 
 
 class BatchingSettings(BaseModel):
@@ -76,34 +81,6 @@ class BatchingSettings(BaseModel):
     def n_batch(self) -> int:
         """Largest batch one step builds: one token per slot plus a prefill chunk."""
         return self.slots + self.chunk_tokens
-
-
-def completion_budget(
-    prompt_tokens: int, max_tokens: int | None, n_ctx: int, default_cap: int | None = None
-) -> int:
-    """How many tokens a completion may have, or the 400 the single-sequence engine gives.
-
-    Mirrors ``LlamaCppEngine._check_context`` (the same rules and messages);
-    both belong in one shared function.
-    """
-    if prompt_tokens >= n_ctx:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {n_ctx} tokens; the prompt has "
-            f"{prompt_tokens} tokens.",
-            param="messages",
-        )
-    room = n_ctx - prompt_tokens
-    if max_tokens is None:
-        return room if default_cap is None else min(room, default_cap)
-    if max_tokens > n_ctx:
-        raise ContextLengthExceeded(
-            f"max_tokens is too large: {max_tokens}. This model's context holds "
-            f"{n_ctx} tokens in all.",
-            param="max_tokens",
-        )
-    # Within the window but past what the prompt leaves: generate what fits and
-    # finish with "length", as llama.cpp's server does.
-    return min(max_tokens, room)
 
 
 class BatchingLlamaEngine:
@@ -173,13 +150,7 @@ class BatchingLlamaEngine:
         self, model: LlamaBatchModel, template: ChatTemplate, request: GenerationRequest
     ) -> Prepared:
         """On the worker: prompt tokens and completion budget, or a 400."""
-        tokens = tokenize_request(request, template, model, model.add_bos())
-        if not tokens:
-            # An empty prompt still needs a token to condition on (as the
-            # single-sequence engine does: OpenAI's <|endoftext|> default).
-            if model.bos < 0:
-                raise InvalidRequest("prompt must not be empty", param="prompt")
-            tokens = [model.bos]
+        tokens = nonempty(tokenize_request(request, template, model, model.add_bos()), model.bos)
         s = self._settings
         limit = completion_budget(
             len(tokens), request.sampling.max_tokens, s.ctx_per_slot, s.default_max_tokens
