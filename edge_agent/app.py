@@ -17,7 +17,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from edge_agent.engines import build_engine
+from edge_agent.engines import build_engine, engine_collectors
 from edge_agent.settings import EdgeSettings
 from edge_agent.slot import ModelSlot
 from model_sync.agent import Reconciler
@@ -66,8 +66,12 @@ class EdgeAgent:
             self.metrics,
             aliases=frozenset(settings.aliases),
             version=version,
-            max_tokens_limit=settings.engine.n_ctx,
+            max_tokens_limit=settings.engine.context_window,
         )
+        for collector in engine_collectors(
+            settings.engine, lambda: self.slot.current().engine, self.metrics.labels
+        ):
+            self.prometheus.register(collector)
         self.load_error: BaseException | None = None
         self.registry: Registry | None = None
         self.heartbeater: Heartbeater | None = None
@@ -195,5 +199,5 @@ def create_app(settings: EdgeSettings) -> FastAPI:
         lifespan=lifespan,
         max_body_bytes=settings.server.max_body_bytes,
         example_model=settings.engine.model_name,
-        max_tokens_limit=settings.engine.n_ctx,
+        max_tokens_limit=settings.engine.context_window,
     )

@@ -1,13 +1,34 @@
-"""Building the edge agent's engine from its settings."""
+"""Building the edge agent's engine, and its extra metrics, from its settings."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import cast
+
+from prometheus_client.registry import Collector
+
+from edge_agent.settings import BatchingEngineSettings, EngineSettings
+from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
+from servekit.engine.batching_metrics import BatchingCollector
 from servekit.engine.llama import LlamaCppEngine, LlamaSettings
 from servekit.engine.protocol import Engine
 
-__all__ = ["build_engine"]
+__all__ = ["build_engine", "engine_collectors"]
 
 
-def build_engine(settings: LlamaSettings, version: str) -> Engine:
-    plain = LlamaSettings.model_validate(settings.model_dump(exclude={"kind"}))
-    return LlamaCppEngine(plain, version=version)
+def build_engine(settings: EngineSettings | BatchingEngineSettings, version: str) -> Engine:
+    plain = settings.model_dump(exclude={"kind"})
+    if isinstance(settings, BatchingEngineSettings):
+        return BatchingLlamaEngine(BatchingSettings.model_validate(plain), version=version)
+    return LlamaCppEngine(LlamaSettings.model_validate(plain), version=version)
+
+
+def engine_collectors(
+    settings: EngineSettings | BatchingEngineSettings,
+    current: Callable[[], Engine],
+    labels: Mapping[str, str],
+) -> list[Collector]:
+    """Scheduler metrics for engines that have them; ``current`` follows hot swaps."""
+    if isinstance(settings, BatchingEngineSettings):
+        return [BatchingCollector(lambda: cast(BatchingLlamaEngine, current()).stats(), labels)]
+    return []

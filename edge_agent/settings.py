@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import socket
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from model_sync.agent import ReconcilerSettings
+from servekit.engine.batching import BatchingSettings
 from servekit.engine.llama import LlamaSettings
 from servekit.registry import RegistrySettings
 
-__all__ = ["AdmissionSettings", "EdgeSettings", "InstanceSettings", "ServerSettings"]
+__all__ = [
+    "AdmissionSettings",
+    "BatchingEngineSettings",
+    "EdgeSettings",
+    "EngineSettings",
+    "InstanceSettings",
+    "ServerSettings",
+]
 
 
 class _Section(BaseModel):
@@ -41,7 +57,36 @@ class AdmissionSettings(_Section):
 
 
 class EngineSettings(LlamaSettings):
+    """One sequence at a time (``kind: llama``)."""
+
     kind: Literal["llama"] = Field("llama", description="Which engine runs the model.")
+
+    @property
+    def context_window(self) -> int:
+        return self.n_ctx
+
+
+class BatchingEngineSettings(BatchingSettings):
+    """Continuous batching over ``slots`` sequences (``kind: llama-batching``)."""
+
+    kind: Literal["llama-batching"] = Field("llama-batching", description="Which engine.")
+
+    @property
+    def context_window(self) -> int:
+        return self.ctx_per_slot
+
+
+def _engine_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("kind", "llama"))
+    return str(getattr(value, "kind", "llama"))
+
+
+AnyEngineSettings = Annotated[
+    Annotated[EngineSettings, Tag("llama")]
+    | Annotated[BatchingEngineSettings, Tag("llama-batching")],
+    Discriminator(_engine_kind),
+]
 
 
 class EdgeSettings(_Section):
@@ -49,7 +94,7 @@ class EdgeSettings(_Section):
 
     server: ServerSettings = ServerSettings()
     instance: InstanceSettings = InstanceSettings()
-    engine: EngineSettings
+    engine: AnyEngineSettings
     admission: AdmissionSettings = AdmissionSettings()
     registry: RegistrySettings | None = Field(
         None, description="Register and heartbeat here; none means standalone."
@@ -69,7 +114,9 @@ class EdgeSettings(_Section):
 
     @field_validator("engine")
     @classmethod
-    def _model_exists(cls, engine: EngineSettings) -> EngineSettings:
+    def _model_exists(
+        cls, engine: EngineSettings | BatchingEngineSettings
+    ) -> EngineSettings | BatchingEngineSettings:
         if not engine.model_path.is_file():
             raise ValueError(
                 f"model file {engine.model_path} does not exist "

@@ -32,7 +32,12 @@ from servekit.engine.prefix_cache import (
     read_context_state,
     write_context_state,
 )
-from servekit.engine.prompting import ChatTemplate, tokenize_request
+from servekit.engine.prompting import (
+    ChatTemplate,
+    completion_budget,
+    nonempty,
+    tokenize_request,
+)
 from servekit.engine.protocol import (
     Finish,
     GenerationEvent,
@@ -42,9 +47,7 @@ from servekit.engine.protocol import (
 )
 from servekit.engine.textstream import TextStream
 from servekit.errors import (
-    ContextLengthExceeded,
     EngineFailure,
-    InvalidRequest,
     NotReady,
     ServeError,
 )
@@ -319,14 +322,7 @@ class LlamaCppEngine:
         tokens = await asyncio.to_thread(
             tokenize_request, request, template, vocab, vocab.add_bos()
         )
-        if not tokens:
-            # An empty prompt still needs one token to condition on, as OpenAI's
-            # <|endoftext|> default does.
-            bos = int(self._llama.token_bos()) if self._llama is not None else -1
-            if bos < 0:
-                raise InvalidRequest("prompt must not be empty", param="prompt")
-            tokens = [bos]
-        return tokens
+        return nonempty(tokens, int(self._llama.token_bos()) if self._llama is not None else -1)
 
     async def _generate(
         self, request: GenerationRequest, warm: bool = False
@@ -358,26 +354,8 @@ class LlamaCppEngine:
                 job.add_done_callback(_consume_exception)
 
     def _check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
-        n_ctx = self.settings.n_ctx
-        if prompt_tokens >= n_ctx:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {n_ctx} tokens; the prompt has "
-                f"{prompt_tokens} tokens.",
-                param="messages",
-            )
-        room = n_ctx - prompt_tokens
-        if max_tokens is None:
-            cap = self.settings.default_max_tokens
-            return room if cap is None else min(room, cap)
-        if max_tokens > n_ctx:
-            raise ContextLengthExceeded(
-                f"max_tokens is too large: {max_tokens}. This model's context holds "
-                f"{n_ctx} tokens in all.",
-                param="max_tokens",
-            )
-        # Within the window but past what the prompt leaves: generate what fits
-        # and finish with "length", as llama.cpp's server does.
-        return min(max_tokens, room)
+        s = self.settings
+        return completion_budget(prompt_tokens, max_tokens, s.n_ctx, s.default_max_tokens)
 
     def _run(
         self,

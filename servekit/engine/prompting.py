@@ -18,9 +18,16 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from servekit.engine.protocol import GenerationRequest, Message
-from servekit.errors import InvalidRequest
+from servekit.errors import ContextLengthExceeded, InvalidRequest
 
-__all__ = ["ChatTemplate", "Tokenizer", "render_prompt", "tokenize_request"]
+__all__ = [
+    "ChatTemplate",
+    "Tokenizer",
+    "completion_budget",
+    "nonempty",
+    "render_prompt",
+    "tokenize_request",
+]
 
 # Used when a GGUF carries no template: ChatML, which most small instruct models use.
 CHATML = (
@@ -113,3 +120,43 @@ def tokenize_request(
     bos = add_bos and not (templated and template.bos_token and text.startswith(template.bos_token))
     # Lone surrogates can arrive through JSON escapes; never let them crash encoding.
     return tokenizer.tokenize(text.encode("utf-8", errors="replace"), bos, True)
+
+
+def nonempty(tokens: list[int], bos: int) -> list[int]:
+    """An empty prompt still needs one token to condition on, as OpenAI's
+    <|endoftext|> default does; models without BOS refuse it."""
+    if tokens:
+        return tokens
+    if bos < 0:
+        raise InvalidRequest("prompt must not be empty", param="prompt")
+    return [bos]
+
+
+def completion_budget(
+    prompt_tokens: int, max_tokens: int | None, n_ctx: int, default_cap: int | None = None
+) -> int:
+    """How many tokens a completion may have in a window of ``n_ctx``, or the 400.
+
+    A prompt that fills the window, or a ``max_tokens`` larger than the whole
+    window, is refused; a ``max_tokens`` that only exceeds what the prompt
+    leaves is trimmed to fit (finish reason "length"), as llama.cpp's server
+    does. Every llama.cpp engine applies these same rules.
+    """
+    if prompt_tokens >= n_ctx:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {n_ctx} tokens; the prompt has "
+            f"{prompt_tokens} tokens.",
+            param="messages",
+        )
+    room = n_ctx - prompt_tokens
+    if max_tokens is None:
+        return room if default_cap is None else min(room, default_cap)
+    if max_tokens > n_ctx:
+        raise ContextLengthExceeded(
+            f"max_tokens is too large: {max_tokens}. This model's context holds "
+            f"{n_ctx} tokens in all.",
+            param="max_tokens",
+        )
+    # Within the window but past what the prompt leaves: generate what fits and
+    # finish with "length", as llama.cpp's server does.
+    return min(max_tokens, room)

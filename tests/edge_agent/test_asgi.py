@@ -149,3 +149,38 @@ async def test_models_health_ready_load_metrics(client: httpx.AsyncClient) -> No
     assert 'region="test"' in text
     assert 'tier="edge"' in text
     assert 'outcome="client_error"' in text
+
+
+async def test_batching_engine_behind_the_agent(model_path: Any) -> None:
+    from edge_agent.settings import EdgeSettings
+
+    settings = EdgeSettings.model_validate(
+        {
+            "engine": {
+                "kind": "llama-batching",
+                "model_path": str(model_path),
+                "model_name": MODEL,
+                "slots": 2,
+                "ctx_per_slot": 256,
+                "chunk_tokens": 32,
+                "warmup_tokens": 1,
+            },
+        }
+    )
+    app = create_app(settings)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://edge", timeout=60) as c:
+            for _ in range(600):
+                if (await c.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            results = await asyncio.gather(
+                *(c.post("/v1/chat/completions", json=body(max_tokens=4)) for _ in range(3))
+            )
+            assert [r.status_code for r in results] == [200, 200, 200]
+            assert (await c.get("/load")).json()["capacity"] == 2
+            r = await c.post("/v1/chat/completions", json=body(max_tokens=300))
+            assert_openai_error(r, 400, "max_tokens")
+            metrics = (await c.get("/metrics")).text
+            assert "servekit:batch_size_sequences" in metrics

@@ -14,6 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_shipped_config_loads() -> None:
     s = load_settings(EdgeSettings, REPO / "configs" / "edge-local.yaml", **{"server.port": 9})
+    assert s.engine.kind == "llama-batching"
+    single = load_settings(EdgeSettings, REPO / "configs" / "edge-single.yaml")
+    assert single.engine.kind == "llama"
     assert s.server.port == 9
     assert s.engine.model_name == "smollm2-135m-instruct"
 
@@ -26,7 +29,7 @@ def test_shipped_config_loads() -> None:
             "engine: Value error, model file",
         ),
         ("server: {port: 99999}\nengine: {model_name: x}", "server.port"),
-        ("engine: {model_path: x, model_name: y, n_ctx: -1, bogus: 1}", "engine.n_ctx"),
+        ("engine: {model_path: x, model_name: y, n_ctx: -1, bogus: 1}", "engine.llama.n_ctx"),
         ("- just\n- a list", "top level must be a mapping"),
         ("engine: [unclosed", "not valid YAML"),
     ],

@@ -1,0 +1,225 @@
+"""An in-process llama.cpp engine that serves many streams at once (continuous batching).
+
+One model, ``slots`` sequences in one context, one worker thread
+(:mod:`servekit.engine.batching_sched`) that decodes every running sequence in
+one ``llama_decode`` per step, prefills new prompts in bounded chunks between
+decode steps, and reuses a slot's cached prompt prefix. Prompts, templates,
+detokenization and stop sequences are the single-sequence engine's, so at
+temperature 0 both engines give the same answers; batching changes speed only.
+
+The event loop never calls llama.cpp: ``generate`` hands a job to the worker
+and reads events from an asyncio queue the worker fills with
+``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servekit.engine.batching_llama import LlamaBatchModel
+from servekit.engine.batching_sched import Job, Prepared, Scheduler
+from servekit.engine.batching_stats import BatchingSnapshot, BatchingStats
+from servekit.engine.prompting import (
+    ChatTemplate,
+    completion_budget,
+    nonempty,
+    tokenize_request,
+)
+from servekit.engine.protocol import (
+    Finish,
+    GenerationEvent,
+    GenerationRequest,
+    LoadReport,
+    Message,
+    SamplingParams,
+)
+from servekit.errors import NotReady
+
+__all__ = ["BatchingLlamaEngine", "BatchingSettings"]
+
+
+class BatchingSettings(BaseModel):
+    """Settings of the batching llama.cpp engine (``engine: llama-batching``).
+
+    Field names shared with :class:`~servekit.engine.llama.LlamaSettings` mean
+    the same thing; ``slots`` x ``ctx_per_slot`` replaces its ``n_ctx``.
+    """
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    model_path: Path = Field(description="GGUF file to load.")
+    model_name: str = Field(min_length=1, description="Name clients address the model by.")
+    slots: int = Field(4, ge=1, le=64, description="Sequences decoded together (n_seq_max).")
+    ctx_per_slot: int = Field(
+        2048, ge=64, description="KV cache per slot in tokens: prompt plus completion must fit."
+    )
+    chunk_tokens: int = Field(
+        128,
+        ge=1,
+        description="Prompt tokens prefilled per step, interleaved with decoding; smaller keeps "
+        "running streams smoother, larger gives new requests their first token sooner.",
+    )
+    n_threads: int = Field(2, ge=1, description="CPU threads for llama.cpp.")
+    seed: int | None = Field(None, description="Default sampling seed.")
+    warmup_tokens: int = Field(4, ge=0, description="Tokens generated before ready.")
+    default_max_tokens: int | None = Field(
+        None, ge=1, description="Cap when a request sets no max_tokens (default: the slot)."
+    )
+    chat_template: str | None = Field(None, description="Override the GGUF's chat template.")
+
+    @model_validator(mode="after")
+    def _chunk_fits(self) -> BatchingSettings:
+        if self.chunk_tokens >= self.ctx_per_slot:
+            raise ValueError("chunk_tokens must be smaller than ctx_per_slot")
+        return self
+
+    @property
+    def n_batch(self) -> int:
+        """Largest batch one step builds: one token per slot plus a prefill chunk."""
+        return self.slots + self.chunk_tokens
+
+
+class BatchingLlamaEngine:
+    """The :class:`~servekit.engine.protocol.Engine` over a batching llama.cpp context."""
+
+    def __init__(self, settings: BatchingSettings, *, version: str = "") -> None:
+        self._settings = settings
+        self.version = version
+        self._scheduler: Scheduler | None = None
+        self._stats = BatchingStats(slots=settings.slots)
+        self._start_lock = asyncio.Lock()
+        self._ready = False
+        self._closed = False
+
+    @property
+    def model_name(self) -> str:
+        return self._settings.model_name
+
+    @property
+    def capacity(self) -> int:
+        return self._settings.slots
+
+    @property
+    def settings(self) -> BatchingSettings:
+        return self._settings
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._scheduler is not None:
+                return
+            if self._closed:
+                raise NotReady("engine is closed")
+            s = self._settings
+            scheduler = Scheduler(
+                self._load, chunk_tokens=s.chunk_tokens, stats=self._stats, seed=s.seed
+            )
+            await asyncio.wrap_future(scheduler.start())
+            self._scheduler = scheduler
+            if s.warmup_tokens > 0:  # the first decodes allocate compute buffers
+                warm = GenerationRequest(
+                    "warmup",
+                    SamplingParams(max_tokens=s.warmup_tokens, temperature=0.0),
+                    messages=(Message("user", "Hello"),),
+                )
+                async for _ in self.generate(warm):
+                    pass
+            self._ready = True
+
+    def _load(self) -> tuple[LlamaBatchModel, Callable[[GenerationRequest], Prepared]]:
+        """On the worker: load the model and make the request preparer."""
+        s = self._settings
+        model = LlamaBatchModel(
+            s.model_path,
+            n_slots=s.slots,
+            ctx_per_slot=s.ctx_per_slot,
+            n_batch=s.n_batch,
+            n_threads=s.n_threads,
+        )
+        source = s.chat_template or model.metadata("tokenizer.chat_template")
+        meta = {"tokenizer.chat_template": source} if source else {}
+        template = ChatTemplate.from_metadata(
+            meta, model.special_text("bos"), model.special_text("eos")
+        )
+        return model, lambda request: self._prepare(model, template, request)
+
+    def _prepare(
+        self, model: LlamaBatchModel, template: ChatTemplate, request: GenerationRequest
+    ) -> Prepared:
+        """On the worker: prompt tokens and completion budget, or a 400."""
+        tokens = nonempty(tokenize_request(request, template, model, model.add_bos()), model.bos)
+        s = self._settings
+        limit = completion_budget(
+            len(tokens), request.sampling.max_tokens, s.ctx_per_slot, s.default_max_tokens
+        )
+        return Prepared(tokens, limit)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        scheduler = self._scheduler
+        if scheduler is None or self._closed:
+            raise NotReady("model is not loaded")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[GenerationEvent | BaseException] = asyncio.Queue()
+
+        def emit(item: GenerationEvent | BaseException) -> None:
+            # RuntimeError: the loop is closed, so nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(events.put_nowait, item)
+
+        job = Job(request, emit)
+        scheduler.submit(job)
+        done = False
+        try:
+            while True:
+                item = await events.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                if isinstance(item, Finish):
+                    done = True
+                    yield item
+                    return
+                yield item
+        finally:
+            if not done:
+                scheduler.cancel(job)
+
+    def stats(self) -> BatchingSnapshot:
+        """Scheduler figures for metrics: slots, running/waiting, batch sizes, rates."""
+        return self._stats.snapshot()
+
+    def decode_step_seconds(self, sequences: int) -> list[float]:
+        """How long recent decode-only steps of ``sequences`` sequences took (TPOT)."""
+        return self._stats.decode_step_seconds(sequences)
+
+    def load(self) -> LoadReport:
+        snap = self._stats.snapshot()
+        return LoadReport(
+            ready=self._ready and not self._closed,
+            waiting=snap.waiting,
+            running=snap.running,
+            capacity=self.capacity,
+            ttft_p50_ms=snap.ttft_p50_ms,
+            ttft_p95_ms=snap.ttft_p95_ms,
+            decode_tokens_per_s=snap.decode_tokens_per_s,
+            prefill_tokens_per_s=snap.prefill_tokens_per_s,
+            model=self.model_name,
+            version=self.version,
+            requests_ok=snap.requests_ok,
+            requests_failed=snap.requests_failed,
+            prefix_cache_query_tokens=snap.prompt_tokens,
+            prefix_cache_hit_tokens=snap.reused_prompt_tokens,
+        )
+
+    async def ready(self) -> bool:
+        return self._ready and not self._closed
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._ready = False
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:  # the worker frees the model on its way out
+            await asyncio.to_thread(scheduler.stop)

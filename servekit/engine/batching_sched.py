@@ -1,0 +1,363 @@
+"""The continuous-batching scheduler: one worker thread drives every llama.cpp call.
+
+Each step of the loop:
+
+1. takes new jobs and cancellations from the inbox (never blocking while
+   work is running);
+2. frees the slots of cancelled sequences (their KV cache is dropped);
+3. admits waiting jobs into free slots, preferring the slot whose cached
+   tokens share the longest prefix with the new prompt (only the differing
+   tail of that slot's cache is removed);
+4. builds one batch: the next token of every decoding sequence, then up to
+   ``chunk_tokens`` prompt tokens of prefilling sequences (chunked prefill:
+   a long prompt is spread over several steps instead of stalling everyone);
+5. runs one ``llama_decode`` and samples, per sequence, with its own chain;
+   text goes to the job's sink (which hands it to the event loop).
+
+A finished sequence leaves its tokens in its slot's cache for prefix reuse;
+a cancelled one (client gone) has its cache dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
+from servekit.engine.batching_sampler import SamplerChain
+from servekit.engine.batching_stats import BatchingStats
+from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
+from servekit.engine.textstream import TextStream
+from servekit.errors import EngineFailure, ServeError
+from servekit.wire import FinishReason
+
+__all__ = ["Job", "Prepared", "Scheduler"]
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A job's prompt tokens and completion budget, made on the worker."""
+
+    tokens: list[int]
+    max_new_tokens: int
+
+
+Emit = Callable[[TextDelta | Finish | BaseException], None]
+Prepare = Callable[[GenerationRequest], Prepared]
+
+
+@dataclass(eq=False)
+class Job:
+    """A request handed to the scheduler; ``emit`` must be thread-safe."""
+
+    request: GenerationRequest
+    emit: Emit
+    submitted: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class _Seq:
+    job: Job
+    prompt: list[int]
+    max_new: int
+    text: TextStream
+    sampler: SamplerChain
+    slot: _Slot
+    n_past: int  # tokens of this sequence already in the slot's cache
+    cached_prompt: int
+    generated: int = 0  # completion tokens (an end-of-generation token is not one)
+    unsent: int = 0  # tokens whose text is still held back by the text stream
+    started: float = 0.0
+    next_token: int | None = None  # sampled, not yet in the cache
+    out_index: int = -1  # batch index of this sequence's logits in the current step
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)
+
+
+@dataclass(eq=False)
+class _Slot:
+    seq_id: int
+    cached: list[int] = field(default_factory=list)
+    seq: _Seq | None = None
+    last_used: float = 0.0
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    """Owns the worker thread, the slots and the waiting queue."""
+
+    def __init__(
+        self,
+        load: Callable[[], tuple[LlamaBatchModel, Prepare]],
+        *,
+        chunk_tokens: int,
+        stats: BatchingStats,
+        seed: int | None = None,
+    ) -> None:
+        self._load = load
+        self._model: LlamaBatchModel
+        self._prepare: Prepare
+        self._chunk = chunk_tokens
+        self._seed = seed
+        self.stats = stats
+        self._slots: list[_Slot] = []
+        self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._waiting: list[tuple[int, int, Job, Prepared]] = []
+        self._order = itertools.count()
+        self._running: list[_Seq] = []  # admission order: prefill goes first-come first-served
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # -- any thread -------------------------------------------------------
+
+    def start(self) -> Future[None]:
+        """Start the worker; it loads the model, and the future resolves once it has."""
+        loaded: Future[None] = Future()
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, args=(loaded,), name="llama-batching", daemon=True
+            )
+            self._thread.start()
+        return loaded
+
+    def submit(self, job: Job) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineFailure("the batching worker is not running")
+        self._inbox.put(job)
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: stop the job and drop its cache at the next step."""
+        job.cancelled = True
+        self._inbox.put(None)  # wake the loop if it is idle
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the loop; unfinished jobs get :class:`EngineFailure`."""
+        self._stopping = True
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise EngineFailure("batching worker did not stop")
+            self._thread = None
+
+    # -- worker thread ----------------------------------------------------
+
+    def _run(self, loaded: Future[None]) -> None:
+        # Every llama.cpp call, loading and freeing included, happens on this one
+        # thread. That is also what keeps llama.cpp fast: its OpenMP workers spin
+        # between operations only while one thread team exists per core set;
+        # a second calling thread makes libgomp throttle spinning, and each
+        # decode then pays for sleeping and waking threads at every operation.
+        try:
+            self._model, self._prepare = self._load()
+        except BaseException as exc:
+            loaded.set_exception(exc)
+            return
+        model = self._model
+        if self._chunk < 1 or model.n_slots + self._chunk > model.n_batch:
+            model.close()
+            loaded.set_exception(ValueError("need 1 <= chunk_tokens <= n_batch - n_slots"))
+            return
+        self._slots = [_Slot(i) for i in range(model.n_slots)]
+        loaded.set_result(None)
+        try:
+            while not self._stopping:
+                self._intake(block=not self._running and not self._waiting)
+                self._reap_cancelled()
+                self._admit()
+                if self._running:
+                    self._step()
+        except BaseException as exc:  # the worker must never die silently
+            self._fail_all(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
+            raise
+        finally:
+            self._fail_all(EngineFailure("engine stopped"))
+            model.close()
+
+    def _intake(self, *, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=1.0) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if item is not None:
+                self._accept(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _accept(self, job: Job) -> None:
+        if job.cancelled:
+            return
+        try:
+            prepared = self._prepare(job.request)
+        except Exception as exc:  # a bad prompt fails its own request, not the loop
+            job.emit(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
+            self.stats.requests_failed += 1
+            return
+        entry = (int(job.request.priority), next(self._order), job, prepared)
+        heapq.heappush(self._waiting, entry)
+        self.stats.waiting = len(self._waiting)
+
+    def _reap_cancelled(self) -> None:
+        if any(e[2].cancelled for e in self._waiting):
+            self._waiting = [e for e in self._waiting if not e[2].cancelled]
+            heapq.heapify(self._waiting)
+            self.stats.waiting = len(self._waiting)
+        for seq in [s for s in self._running if s.job.cancelled]:
+            self._release(seq, keep_cache=False)
+            self.stats.requests_cancelled += 1
+
+    def _admit(self) -> None:
+        while self._waiting:
+            free = [s for s in self._slots if s.seq is None]
+            if not free:
+                return
+            _, _, job, prepared = heapq.heappop(self._waiting)
+            self.stats.waiting = len(self._waiting)
+            prompt = prepared.tokens
+            # Longest shared prefix wins; among equals, the least recently used slot.
+            slot = max(free, key=lambda s: (_common_prefix(s.cached, prompt), -s.last_used))
+            # The last prompt token is always evaluated again: its logits start the answer.
+            keep = min(_common_prefix(slot.cached, prompt), len(prompt) - 1)
+            keep = self._model.forget(slot.seq_id, keep)
+            slot.cached = prompt[:keep]
+            self.stats.prompt_tokens += len(prompt)
+            self.stats.reused_prompt_tokens += keep
+            seq = _Seq(
+                job=job,
+                prompt=prompt,
+                max_new=prepared.max_new_tokens,
+                text=TextStream(job.request.sampling.stop),
+                sampler=SamplerChain(job.request.sampling, self._model.n_vocab, self._seed),
+                slot=slot,
+                n_past=keep,
+                cached_prompt=keep,
+                started=time.monotonic(),
+            )
+            slot.seq = seq
+            self._running.append(seq)
+            self.stats.running = len(self._running)
+
+    def _step(self) -> None:
+        items: list[BatchItem] = []
+        decoding = [s for s in self._running if s.next_token is not None]
+        for seq in decoding:
+            assert seq.next_token is not None
+            seq.out_index = len(items)
+            items.append(BatchItem(seq.next_token, seq.n_past, seq.slot.seq_id, True))
+        budget = self._chunk
+        finishing_prefill: list[_Seq] = []
+        for seq in self._running:
+            if budget <= 0:
+                break
+            if not seq.prefilling:
+                continue
+            take = min(budget, len(seq.prompt) - seq.n_past)
+            for j in range(seq.n_past, seq.n_past + take):
+                last = j == len(seq.prompt) - 1
+                if last:
+                    seq.out_index = len(items)
+                    finishing_prefill.append(seq)
+                items.append(BatchItem(seq.prompt[j], j, seq.slot.seq_id, last))
+            budget -= take
+        prefill_tokens = len(items) - len(decoding)
+        started = time.perf_counter()
+        try:
+            self._model.decode(items)
+        except EngineFailure as exc:
+            for seq in list(self._running):
+                self._fail(seq, exc)
+            return
+        self.stats.record_step(
+            len({it.seq for it in items}),
+            len(decoding),
+            prefill_tokens,
+            time.perf_counter() - started,
+        )
+        # Advance cache bookkeeping for everything that went into the batch.
+        for it in items:
+            slot = self._slots[it.seq]
+            slot.cached.append(it.token)
+            assert slot.seq is not None
+            slot.seq.n_past = it.pos + 1
+        for seq in decoding + finishing_prefill:
+            self._sample(seq)
+
+    def _sample(self, seq: _Seq) -> None:
+        # Token accounting, text and finish reasons follow the single-sequence engine.
+        token = seq.sampler.sample(self._model.ctx, seq.out_index)
+        if seq.next_token is None:  # the first token: prefill just ended
+            self.stats.record_ttft(time.monotonic() - seq.started)
+        if self._model.is_eog(token):
+            self._finish(seq, "stop")
+            return
+        seq.generated += 1
+        seq.unsent += 1
+        text = seq.text.push(self._model.piece(token))
+        if text:
+            seq.job.emit(TextDelta(text, seq.unsent))
+            seq.unsent = 0
+        if seq.text.stopped:
+            self._finish(seq, "stop")
+        elif seq.generated >= seq.max_new:
+            self._finish(seq, "length")
+        else:
+            seq.next_token = token
+
+    def _finish(self, seq: _Seq, reason: FinishReason) -> None:
+        # Release first, so that load() never counts a sequence its client saw finish.
+        self._release(seq, keep_cache=True)
+        self.stats.requests_ok += 1
+        tail = seq.text.flush()
+        if tail or seq.unsent:
+            seq.job.emit(TextDelta(tail, seq.unsent))
+        seq.job.emit(Finish(reason, len(seq.prompt), seq.generated, seq.cached_prompt))
+
+    def _fail(self, seq: _Seq, exc: BaseException) -> None:
+        self._release(seq, keep_cache=False)
+        self.stats.requests_failed += 1
+        seq.job.emit(exc)
+
+    def _release(self, seq: _Seq, *, keep_cache: bool) -> None:
+        seq.sampler.close()
+        slot = seq.slot
+        if not keep_cache:
+            self._model.forget(slot.seq_id)
+            slot.cached = []
+        slot.seq = None
+        slot.last_used = time.monotonic()
+        self._running.remove(seq)
+        self.stats.running = len(self._running)
+
+    def _fail_all(self, exc: ServeError) -> None:
+        for seq in list(self._running):
+            self._fail(seq, exc)
+        for _, _, job, _ in self._waiting:
+            job.emit(exc)
+        self._waiting.clear()
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None and not item.cancelled:
+                item.emit(exc)
+        self.stats.waiting = 0

@@ -1,0 +1,145 @@
+"""What the batching scheduler measures, and the snapshot it hands out.
+
+The worker thread records; any thread may take a :meth:`BatchingStats.snapshot`
+(one lock, held for microseconds). The edge agent exports the snapshot as
+metrics; the engine's ``load()`` derives its :class:`LoadReport` from it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["BATCH_SIZE_BUCKETS", "BatchingSnapshot", "BatchingStats"]
+
+# Upper bounds of the batch-size histogram (sequences per decode step).
+BATCH_SIZE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+# Rates are averaged over this many seconds of recent steps.
+RATE_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingSnapshot:
+    """Counters since start plus current and recent figures."""
+
+    slots: int
+    running: int
+    waiting: int
+    steps: int
+    busy_seconds: float  # inside llama_decode
+    decode_tokens: int
+    prefill_tokens: int
+    prompt_tokens: int
+    reused_prompt_tokens: int
+    last_batch_sequences: int
+    last_batch_tokens: int
+    batch_sequences_total: int  # summed over steps; / steps = mean batch size
+    mean_batch_sequences: float
+    # Cumulative counts of steps with at most BATCH_SIZE_BUCKETS[i] sequences.
+    batch_size_counts: tuple[int, ...]
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    ttft_p99_ms: float | None
+    decode_tokens_per_s: float | None
+    prefill_tokens_per_s: float | None
+    requests_ok: int
+    requests_failed: int
+    requests_cancelled: int
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[k]
+
+
+@dataclass
+class BatchingStats:
+    """Mutable counters owned by the scheduler."""
+
+    slots: int
+    running: int = 0
+    waiting: int = 0
+    steps: int = 0
+    busy_seconds: float = 0.0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    prompt_tokens: int = 0  # of admitted requests; reused ones were not prefilled
+    reused_prompt_tokens: int = 0
+    last_batch_sequences: int = 0
+    last_batch_tokens: int = 0
+    requests_ok: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0
+    _batch_sequences_total: int = 0
+    _bucket_counts: list[int] = field(default_factory=lambda: [0] * len(BATCH_SIZE_BUCKETS))
+    _ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=512))
+    _recent: deque[tuple[float, float, int, int]] = field(default_factory=deque)
+    # (sequences, seconds) of recent decode-only steps: the engine's own TPOT.
+    _decode_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record_step(self, sequences: int, decode: int, prefill: int, seconds: float) -> None:
+        """One ``llama_decode``: ``sequences`` distinct sequences, token counts by kind."""
+        now = time.monotonic()
+        with self._lock:
+            self.steps += 1
+            self.busy_seconds += seconds
+            self.decode_tokens += decode
+            self.prefill_tokens += prefill
+            self.last_batch_sequences = sequences
+            self.last_batch_tokens = decode + prefill
+            self._batch_sequences_total += sequences
+            for i, bound in enumerate(BATCH_SIZE_BUCKETS):
+                if sequences <= bound:
+                    self._bucket_counts[i] += 1
+            self._recent.append((now, seconds, decode, prefill))
+            if not prefill:
+                self._decode_steps.append((sequences, seconds))
+            while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
+                self._recent.popleft()
+
+    def record_ttft(self, seconds: float) -> None:
+        with self._lock:
+            self._ttft_ms.append(seconds * 1000.0)
+
+    def decode_step_seconds(self, sequences: int) -> list[float]:
+        """Durations of recent decode-only steps (no prefill) of ``sequences`` sequences."""
+        with self._lock:
+            return [sec for n, sec in self._decode_steps if n == sequences]
+
+    def snapshot(self) -> BatchingSnapshot:
+        with self._lock:
+            ttft = sorted(self._ttft_ms)
+            busy = sum(r[1] for r in self._recent)
+            decode = sum(r[2] for r in self._recent)
+            prefill = sum(r[3] for r in self._recent)
+            mean = self._batch_sequences_total / self.steps if self.steps else 0.0
+            return BatchingSnapshot(
+                slots=self.slots,
+                running=self.running,
+                waiting=self.waiting,
+                steps=self.steps,
+                busy_seconds=self.busy_seconds,
+                decode_tokens=self.decode_tokens,
+                prefill_tokens=self.prefill_tokens,
+                prompt_tokens=self.prompt_tokens,
+                reused_prompt_tokens=self.reused_prompt_tokens,
+                last_batch_sequences=self.last_batch_sequences,
+                last_batch_tokens=self.last_batch_tokens,
+                batch_sequences_total=self._batch_sequences_total,
+                mean_batch_sequences=mean,
+                batch_size_counts=tuple(self._bucket_counts),
+                ttft_p50_ms=_percentile(ttft, 0.50),
+                ttft_p95_ms=_percentile(ttft, 0.95),
+                ttft_p99_ms=_percentile(ttft, 0.99),
+                # Tokens per second of decode time: what the engine does while busy.
+                decode_tokens_per_s=decode / busy if busy > 0 and decode else None,
+                prefill_tokens_per_s=prefill / busy if busy > 0 and prefill else None,
+                requests_ok=self.requests_ok,
+                requests_failed=self.requests_failed,
+                requests_cancelled=self.requests_cancelled,
+            )

@@ -1,0 +1,191 @@
+"""The batching engine on the real model: scheduling behaviour under concurrency.
+
+Comparisons with the single-sequence engine live in test_batching_parity.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
+from servekit.engine.batching_metrics import BatchingCollector
+from servekit.engine.protocol import (
+    Finish,
+    GenerationRequest,
+    Message,
+    SamplingParams,
+    TextDelta,
+)
+from servekit.errors import ContextLengthExceeded
+
+pytestmark = [pytest.mark.model, pytest.mark.anyio]
+
+SLOTS = 3
+CTX = 512
+CHUNK = 32
+
+
+@pytest.fixture(scope="module")
+async def engine(model_path: Path) -> AsyncIterator[BatchingLlamaEngine]:
+    eng = BatchingLlamaEngine(
+        BatchingSettings(
+            model_path=model_path,
+            model_name="smollm2",
+            slots=SLOTS,
+            ctx_per_slot=CTX,
+            chunk_tokens=CHUNK,
+            n_threads=2,
+        )
+    )
+    await eng.start()
+    yield eng
+    await eng.aclose()
+
+
+def chat(text: str, max_tokens: int = 8, **sampling: object) -> GenerationRequest:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, **sampling)  # type: ignore[arg-type]
+    return GenerationRequest("t", params, messages=(Message("user", text),))
+
+
+async def collect(
+    eng: BatchingLlamaEngine, req: GenerationRequest
+) -> tuple[str, Finish, list[float]]:
+    """Text, the Finish event, and the arrival time of every text event."""
+    parts: list[str] = []
+    times: list[float] = []
+    finish: Finish | None = None
+    async for ev in eng.generate(req):
+        if isinstance(ev, TextDelta):
+            parts.append(ev.text)
+            times.append(time.monotonic())
+        else:
+            finish = ev
+    assert finish is not None
+    return "".join(parts), finish, times
+
+
+async def test_limits_stop_and_overflow_under_concurrency(engine: BatchingLlamaEngine) -> None:
+    # A prompt with a confident answer ("1, 2, 3, ..."), so that reruns agree.
+    prompt = "List the numbers from 1 to 10."
+    free, free_fin, _ = await collect(engine, chat(prompt, max_tokens=24))
+    assert free_fin.reason == "length"
+    stop = ", 6"
+    assert stop in free, free
+
+    async def overflow() -> None:
+        agen = engine.generate(chat("Hello there.", max_tokens=CTX + 1))
+        with pytest.raises(ContextLengthExceeded) as info:
+            await agen.__anext__()
+        assert info.value.status == 400
+
+    results = await asyncio.gather(
+        collect(engine, chat(prompt, max_tokens=5)),
+        collect(engine, chat(prompt, max_tokens=24, stop=(stop, "never"))),
+        collect(engine, chat("Name a color.", max_tokens=1)),
+        overflow(),
+    )
+    (short, short_fin, _), (stopped, stop_fin, _), (_, one_fin, _), _ = results
+    assert (short_fin.reason, short_fin.completion_tokens) == ("length", 5)
+    assert free.startswith(short)
+    assert stop_fin.reason == "stop"
+    assert stopped == free[: free.index(stop)]
+    assert stop_fin.completion_tokens < 24
+    assert (one_fin.reason, one_fin.completion_tokens) == ("length", 1)
+    assert engine.load().running == 0
+
+
+async def test_disconnect_frees_the_slot_and_its_cache(engine: BatchingLlamaEngine) -> None:
+    prompt = "Tell me a long story about a lighthouse keeper."
+    # Fill every slot with a long generation, then walk away from one of them.
+    streams = [engine.generate(chat(prompt + " " * i, max_tokens=200)) for i in range(SLOTS)]
+    for s in streams:
+        assert isinstance(await s.__anext__(), TextDelta)
+    assert engine.load().running == SLOTS
+    before = engine.stats().requests_cancelled
+    await streams[0].aclose()
+    # The freed slot serves a new request while the others still run, and its
+    # cache was dropped: not even the shared system-prompt prefix is reused.
+    _, fin, _ = await asyncio.wait_for(collect(engine, chat("Say yes.", max_tokens=2)), 30)
+    assert (fin.completion_tokens, fin.cached_prompt_tokens) == (2, 0)
+    assert engine.stats().requests_cancelled == before + 1
+    for s in streams[1:]:
+        await s.aclose()
+    # Cancellations are handled before the next admission, so once this probe is
+    # answered nothing else runs. Only the template prefix (kept by the finished
+    # "Say yes.") is cached anywhere now; the abandoned prompt's own tokens are not.
+    _, probe, _ = await collect(engine, chat("Say no.", max_tokens=1))
+    assert engine.load().running == 0
+    _, fin, _ = await collect(engine, chat(prompt, max_tokens=1))
+    assert 0 < fin.cached_prompt_tokens <= probe.cached_prompt_tokens < fin.prompt_tokens - 8
+
+
+async def test_finished_prompt_is_reused_as_a_prefix(engine: BatchingLlamaEngine) -> None:
+    first_req = chat("What is the tallest mountain on Earth?", max_tokens=6)
+    first, fin1, _ = await collect(engine, first_req)
+    again, fin2, _ = await collect(engine, first_req)
+    assert again == first
+    assert fin2.cached_prompt_tokens == fin2.prompt_tokens - 1
+    # A longer conversation that starts with the same turn reuses that turn.
+    follow = GenerationRequest(
+        "t",
+        SamplingParams(max_tokens=4, temperature=0.0),
+        messages=(
+            Message("user", "What is the tallest mountain on Earth?"),
+            Message("assistant", first),
+            Message("user", "How high is it?"),
+        ),
+    )
+    _, fin3, _ = await collect(engine, follow)
+    assert fin3.cached_prompt_tokens >= fin1.prompt_tokens - 2
+    assert engine.stats().reused_prompt_tokens > 0
+
+
+async def test_long_prefill_does_not_stall_running_streams(engine: BatchingLlamaEngine) -> None:
+    runner = asyncio.create_task(
+        collect(engine, chat("Write a poem about the sea.", max_tokens=60))
+    )
+    await asyncio.sleep(0.3)  # the runner is decoding
+    long_prompt = "Summarize: " + "the quick brown fox jumps over the lazy dog. " * 25
+    asked = time.monotonic()
+    _, long_fin, long_times = await collect(engine, chat(long_prompt, max_tokens=1))
+    _, run_fin, run_times = await runner
+    chunks = -(-long_fin.prompt_tokens // CHUNK)
+    assert chunks >= 6
+    # While the long prompt was prefilled chunk by chunk, the runner kept getting
+    # tokens: one per step, not one after the whole prompt.
+    during = [t for t in run_times if asked < t < long_times[0]]
+    assert len(during) >= chunks - 2, (len(during), chunks)
+    assert run_fin.completion_tokens == 60 or run_fin.reason == "stop"
+
+
+async def test_load_report_and_stats(engine: BatchingLlamaEngine) -> None:
+    await asyncio.gather(*(collect(engine, chat(f"Count to {n}.", max_tokens=4)) for n in (3, 4)))
+    report = engine.load()
+    assert report.ready
+    assert report.capacity == SLOTS
+    assert report.running == 0
+    assert report.waiting == 0
+    assert report.ttft_p50_ms is not None
+    assert report.decode_tokens_per_s is not None
+    snap = engine.stats()
+    assert snap.slots == SLOTS
+    assert snap.steps > 0
+    assert snap.mean_batch_sequences >= 1.0
+    # Two streams at once were decoded in one batch at least once.
+    assert snap.batch_size_counts[-1] - snap.batch_size_counts[0] > 0
+    # The same figures as Prometheus series.
+    registry = CollectorRegistry()
+    registry.register(BatchingCollector(engine.stats, {"model": "smollm2"}))
+    text = generate_latest(registry).decode()
+    assert f'servekit:batch_slots{{model="smollm2"}} {float(SLOTS)}' in text
+    assert 'servekit:batch_size_sequences_bucket{le="1",model="smollm2"}' in text
+    labels = {"model": "smollm2"}
+    steps = registry.get_sample_value("servekit:batch_size_sequences_count", labels)
+    assert steps is not None
+    assert steps >= snap.steps
