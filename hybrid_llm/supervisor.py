@@ -33,6 +33,7 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     ready_url: str | None = None  # GET returning 200 means ready; None: ready once started
+    ready_ports: tuple[int, ...] = ()  # or: these 127.0.0.1 ports accept connections
     ready_timeout: float = 180.0
     labels: dict[str, str] = field(default_factory=dict)  # shown in the status table
 
@@ -61,6 +62,18 @@ def _log_tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+async def _listening(ports: Sequence[int]) -> bool:
+    for port in ports:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    return True
 
 
 class Supervisor:
@@ -160,19 +173,26 @@ class Supervisor:
                     f"{child.spec.name} exited with {child.process.returncode} while starting; "
                     f"last lines of {child.log_path}:\n{_log_tail(child.log_path)}"
                 )
-            if url is None:
+            if url is None and not child.spec.ready_ports:
                 break
             try:
-                response = await client.get(url)
-                if response.status_code == 200:
+                if url is not None:
+                    response = await client.get(url)
+                    if response.status_code == 200:
+                        break
+                    last = f"HTTP {response.status_code}"
+                elif await _listening(child.spec.ready_ports):
                     break
-                last = f"HTTP {response.status_code}"
+                else:
+                    last = f"ports {child.spec.ready_ports} not all listening"
             except httpx.HTTPError as exc:
                 last = type(exc).__name__
             if time.monotonic() > deadline:
+                where = url or f"ports {child.spec.ready_ports}"
                 raise StartupError(
-                    f"{child.spec.name} not ready at {url} after {child.spec.ready_timeout:.0f}s "
-                    f"({last}); last lines of {child.log_path}:\n{_log_tail(child.log_path)}"
+                    f"{child.spec.name} not ready at {where} after "
+                    f"{child.spec.ready_timeout:.0f}s ({last}); last lines of "
+                    f"{child.log_path}:\n{_log_tail(child.log_path)}"
                 )
             await asyncio.sleep(0.1)
         child.ready = True
