@@ -24,7 +24,7 @@ from geo_router.tracker import Tracker
 from servekit.errors import ModelNotFound, NotReady
 from servekit.registry.protocol import InstanceState, Tier
 
-__all__ = ["Decision", "Planner", "canary_version", "estimate_prompt_tokens"]
+__all__ = ["Decision", "Planner", "canary_version", "ensure_center", "estimate_prompt_tokens"]
 
 
 @dataclass(slots=True)
@@ -183,7 +183,7 @@ class Planner:
                 for s in pool
             ]
             ordered = self._scorer.order(scored)
-            return _ensure_center(ordered, self._routing.max_attempts)
+            return ensure_center(ordered, self._routing.max_attempts)
         centers = [self._scorer.score(s, region, tokens) for s in pool if s.info.tier == "center"]
         ordered = self._scorer.order(centers)
         if self._routing.hard_may_use_edge:
@@ -192,7 +192,7 @@ class Planner:
         return ordered
 
 
-def _ensure_center(ordered: list[Scored], attempts: int) -> list[Scored]:
+def ensure_center(ordered: list[Scored], attempts: int) -> list[Scored]:
     """Failover ends at the center: make sure one is among the first ``attempts``."""
     if attempts < 2 or any(s.tier == "center" for s in ordered[:attempts]):
         return ordered

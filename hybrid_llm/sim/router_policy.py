@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from geo_router.planner import _ensure_center  # the planner's own failover rule
+from geo_router.planner import ensure_center  # the planner's own failover rule
 from geo_router.region import RttTable as RouterRtt
 from geo_router.scoring import Scored, Scorer
 from geo_router.settings import RegionSettings, RoutingSettings
@@ -111,5 +111,5 @@ class RouterPolicy:
         else:
             scored = [score(e, load) for e, load in pool]
             scored.append(score(center, center.load(), self.routing.center_bias_ms))
-            ordered = _ensure_center(self.scorer.order(scored), self.routing.max_attempts)
+            ordered = ensure_center(self.scorer.order(scored), self.routing.max_attempts)
         return [by_id[s.id] for s in ordered]

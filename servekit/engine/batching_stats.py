@@ -117,6 +117,9 @@ class BatchingStats:
             busy = sum(r[1] for r in self._recent)
             decode = sum(r[2] for r in self._recent)
             prefill = sum(r[3] for r in self._recent)
+            # Prefill speed from the steps that prefilled: a mostly-decoding
+            # window would otherwise report prompts as absurdly slow to read.
+            prefill_busy = sum(r[1] for r in self._recent if r[3])
             mean = self._batch_sequences_total / self.steps if self.steps else 0.0
             return BatchingSnapshot(
                 slots=self.slots,
@@ -138,7 +141,9 @@ class BatchingStats:
                 ttft_p99_ms=_percentile(ttft, 0.99),
                 # Tokens per second of decode time: what the engine does while busy.
                 decode_tokens_per_s=decode / busy if busy > 0 and decode else None,
-                prefill_tokens_per_s=prefill / busy if busy > 0 and prefill else None,
+                prefill_tokens_per_s=(
+                    prefill / prefill_busy if prefill_busy > 0 and prefill >= 16 else None
+                ),
                 requests_ok=self.requests_ok,
                 requests_failed=self.requests_failed,
                 requests_cancelled=self.requests_cancelled,

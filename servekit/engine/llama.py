@@ -338,7 +338,9 @@ class LlamaCppEngine:
         def emit(item: GenerationEvent | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        job = loop.run_in_executor(self._worker, self._run, request, tokens, limit, emit, cancel)
+        job = loop.run_in_executor(
+            self._worker, self._run, request, tokens, limit, emit, cancel, warm
+        )
         try:
             while True:
                 item = await queue.get()
@@ -364,12 +366,16 @@ class LlamaCppEngine:
         limit: int,
         emit: _Emit,
         cancel: threading.Event,
+        warm: bool = False,
     ) -> None:
         if cancel.is_set():
             return
         self._running = 1
         try:
-            self._run_inner(request, tokens, limit, emit, cancel)
+            # Warm-up runs while the whole node starts: its speeds mislead routers.
+            self._run_inner(
+                request, tokens, limit, emit, cancel, RateTracker() if warm else self._rates
+            )
         except ServeError as exc:
             emit(exc)
         except Exception as exc:  # the one boundary for llama.cpp failures
@@ -399,6 +405,7 @@ class LlamaCppEngine:
         limit: int,
         emit: _Emit,
         cancel: threading.Event,
+        rates: RateTracker,
     ) -> None:
         llama, vocab = self._llama, self._vocab
         assert llama is not None
@@ -431,8 +438,9 @@ class LlamaCppEngine:
             for token in gen:
                 if produced == 0:
                     t_first = time.perf_counter()
-                    self._rates.ttft(t_first - t0)
-                    self._rates.prefill(len(tokens) - reused, t_first - t0)
+                    rates.ttft(t_first - t0)
+                    if len(tokens) - reused >= 16:  # a token or two measures decode, not prefill
+                        rates.prefill(len(tokens) - reused, t_first - t0)
                     if self._cache is not None and len(tokens) - reused >= 16:
                         self._cache.store(tokens, read_context_state(self._lib, llama._ctx.ctx))
                 if cancel.is_set():
@@ -458,7 +466,7 @@ class LlamaCppEngine:
         if tail or pending_tokens:
             emit(TextDelta(tail, pending_tokens))
         if produced > 1:
-            self._rates.decode(produced - 1, time.perf_counter() - t_first)
+            rates.decode(produced - 1, time.perf_counter() - t_first)
         if self.settings.prompt_lookup.enabled:
             # Each decode step yields one sampled token plus the drafts it accepted.
             steps = self._counters["draft_calls"] - calls_before
