@@ -73,6 +73,14 @@ class AdmissionQueue:
         backlog = self.waiting + 1
         return max(1.0, self._service_s * backlog / self.slots)
 
+    def try_acquire(self, priority: Priority = Priority.INTERACTIVE) -> Ticket | None:
+        """A slot at once if one is free and nobody waits; else None (no waiting)."""
+        if self._running < self.slots and self.waiting == 0:
+            now = time.monotonic()
+            self._running += 1
+            return Ticket(self, priority, now, admitted_at=now)
+        return None
+
     async def acquire(self, priority: Priority = Priority.INTERACTIVE) -> Ticket:
         now = time.monotonic()
         ticket = Ticket(self, priority, now)

@@ -319,9 +319,13 @@ class LlamaCppEngine:
         if self._vocab is None or self._template is None:
             raise NotReady("model is still loading", retry_after=1)
         vocab, template = self._vocab, self._template
-        tokens = await asyncio.to_thread(
-            tokenize_request, request, template, vocab, vocab.add_bos()
-        )
+        size = len(request.prompt or "") + sum(len(m.content) for m in request.messages or ())
+        if size < 4096:  # microseconds of work: not worth a thread hop on the TTFT path
+            tokens = tokenize_request(request, template, vocab, vocab.add_bos())
+        else:
+            tokens = await asyncio.to_thread(
+                tokenize_request, request, template, vocab, vocab.add_bos()
+            )
         return nonempty(tokens, int(self._llama.token_bos()) if self._llama is not None else -1)
 
     async def _generate(
