@@ -142,6 +142,16 @@ async def wait_state(
             await anyio.sleep(0.02)
 
 
+async def wait_history(store: SyncStore, model: str, last: str, within: float = 20.0) -> None:
+    """History is flushed through an outbox after the state it records: wait for it."""
+    with anyio.fail_after(within):
+        while True:
+            entries = actions(await store.history(model))
+            if entries and entries[-1].startswith(last):
+                return
+            await anyio.sleep(0.02)
+
+
 def actions(entries: Iterable[object]) -> list[str]:
     out = []
     for e in entries:
