@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from servekit.engine.protocol import LoadReport
 
-__all__ = ["LATENCY_BUCKETS", "ServingMetrics"]
+__all__ = ["LATENCY_BUCKETS", "ServingMetrics", "labelled_counter", "labelled_gauge"]
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -27,6 +27,24 @@ ITL_BUCKETS = (
     0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 LABELS = ("model", "version", "region", "tier")
+
+
+def labelled_gauge(
+    name: str, doc: str, labels: dict[str, str] | list[str], values: list[str], value: float
+) -> GaugeMetricFamily:
+    """One gauge sample with the instance's labels, for custom collectors."""
+    fam = GaugeMetricFamily(name, doc, labels=list(labels))
+    fam.add_metric(values, value)
+    return fam
+
+
+def labelled_counter(
+    name: str, doc: str, labels: dict[str, str] | list[str], values: list[str], value: float
+) -> CounterMetricFamily:
+    """One counter sample with the instance's labels, for custom collectors."""
+    fam = CounterMetricFamily(name, doc, labels=list(labels))
+    fam.add_metric(values, value)
+    return fam
 
 
 class _LoadCollector(Collector):
@@ -42,14 +60,10 @@ class _LoadCollector(Collector):
         values = [self.labels[n] for n in names]
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            fam = CounterMetricFamily(name, doc, labels=names)
-            fam.add_metric(values, value)
-            return fam
+            return labelled_counter(name, doc, names, values, value)
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            fam = GaugeMetricFamily(name, doc, labels=names)
-            fam.add_metric(values, value)
-            return fam
+            return labelled_gauge(name, doc, names, values, value)
 
         yield gauge("vllm:num_requests_running", "Requests running on the engine.", report.running)
         yield gauge("vllm:num_requests_waiting", "Requests admitted, waiting.", report.waiting)

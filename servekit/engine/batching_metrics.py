@@ -21,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from servekit.engine.batching_stats import BATCH_SIZE_BUCKETS, BatchingSnapshot
+from servekit.metrics import labelled_counter, labelled_gauge
 
 __all__ = ["BatchingCollector"]
 
@@ -38,14 +39,10 @@ class BatchingCollector(Collector):
         names, values = self._names, self._values
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            fam = GaugeMetricFamily(name, doc, labels=names)
-            fam.add_metric(values, value)
-            return fam
+            return labelled_gauge(name, doc, names, values, value)
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            fam = CounterMetricFamily(name, doc, labels=names)
-            fam.add_metric(values, value)
-            return fam
+            return labelled_counter(name, doc, names, values, value)
 
         yield gauge("servekit:batch_slots", "Sequence slots of the batching engine.", snap.slots)
         yield gauge(
