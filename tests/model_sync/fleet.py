@@ -137,7 +137,9 @@ async def wait_state(
     with anyio.fail_after(within):
         while True:
             state = await store.state(model)
-            if state is not None and cond(state):
+            # A finished rollout's last history entries are flushed from its
+            # outbox on the controller's next tick: wait for them too.
+            if state is not None and cond(state) and (state.active or not state.outbox):
                 return state
             await anyio.sleep(0.02)
 
