@@ -19,6 +19,7 @@ from typing import Any
 
 import llama_cpp
 
+from servekit.engine.llama_vocab import LlamaVocab
 from servekit.errors import EngineFailure
 
 __all__ = ["BatchItem", "LlamaBatchModel"]
@@ -34,8 +35,9 @@ class BatchItem:
     logits: bool
 
 
-class LlamaBatchModel:
-    """A loaded model and a multi-sequence context, driven by raw batches."""
+class LlamaBatchModel(LlamaVocab):
+    """A loaded model and a multi-sequence context, driven by raw batches; its
+    vocabulary methods come from :class:`LlamaVocab`."""
 
     def __init__(
         self,
@@ -72,7 +74,6 @@ class LlamaBatchModel:
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.bos = int(llama_cpp.llama_vocab_bos(self._vocab))  # -1: none
         self.n_batch = n_batch
         self.n_slots = n_slots
         self.ctx_per_slot = int(llama_cpp.llama_n_ctx_seq(self._ctx))
@@ -83,7 +84,7 @@ class LlamaBatchModel:
                 f"llama.cpp gave {self.ctx_per_slot} tokens per sequence, not {ctx_per_slot}"
             )
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self._pieces: dict[int, bytes] = {}
+        super().__init__(self._vocab)
 
     @property
     def ctx(self) -> Any:
@@ -98,46 +99,6 @@ class LlamaBatchModel:
         buf = ctypes.create_string_buffer(1 << 16)
         n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
         return None if n < 0 else buf.value.decode("utf-8", "replace")
-
-    # -- the servekit.engine.prompting.Tokenizer protocol -----------------
-
-    def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
-        cap = len(text) + 16
-        while True:
-            buf = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self._vocab, text, len(text), buf, cap, add_bos, special)
-            if n >= 0:
-                return list(buf[:n])
-            cap = -n
-
-    def piece(self, token: int) -> bytes:
-        """The bytes one token renders to (special tokens render as nothing)."""
-        cached = self._pieces.get(token)
-        if cached is None:
-            cached = self._pieces[token] = self._render(token, special=False)
-        return cached
-
-    def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-
-    # ----------------------------------------------------------------------
-
-    def add_bos(self) -> bool:
-        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
-
-    def special_text(self, which: str) -> str:
-        """The text of the ``bos`` or ``eos`` token, as chat templates see it."""
-        token = self.bos if which == "bos" else int(llama_cpp.llama_vocab_eos(self._vocab))
-        return "" if token < 0 else self._render(token, special=True).decode("utf-8", "replace")
-
-    def _render(self, token: int, *, special: bool) -> bytes:
-        size = 64
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = int(llama_cpp.llama_token_to_piece(self._vocab, token, buf, size, 0, special))
-            if n >= 0:
-                return buf.raw[:n]
-            size = -n
 
     def decode(self, items: Sequence[BatchItem]) -> None:
         """Evaluate one batch; the logits of item ``i`` (if requested) are at index ``i``."""

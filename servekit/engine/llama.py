@@ -13,7 +13,6 @@ restores saved context states of earlier, different prompts.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import random
 import threading
@@ -22,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,10 +51,12 @@ from servekit.errors import (
     ServeError,
 )
 
+if TYPE_CHECKING:  # llama_cpp is imported only when a model loads
+    from servekit.engine.llama_vocab import LlamaVocab
+
 __all__ = [
     "LlamaCppEngine",
     "LlamaSettings",
-    "LlamaVocab",
     "PrefixCacheSettings",
     "PromptLookupSettings",
     "RateTracker",
@@ -123,44 +124,6 @@ class RateTracker:
 
 def _ema(old: float | None, new: float, alpha: float = 0.2) -> float:
     return new if old is None else (1 - alpha) * old + alpha * new
-
-
-class LlamaVocab:
-    """The :class:`~servekit.engine.prompting.Tokenizer` view of a loaded ``Llama``."""
-
-    def __init__(self, llama: Any, llama_cpp: Any) -> None:
-        self._llama = llama
-        self._lib = llama_cpp
-        self._vocab = llama_cpp.llama_model_get_vocab(llama.model)
-        self._pieces: dict[int, bytes] = {}
-
-    def tokenize(self, text: bytes, add_bos: bool, special: bool) -> list[int]:
-        return list(self._llama.tokenize(text, add_bos=add_bos, special=special))
-
-    def piece(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._piece(token, special=False)
-            self._pieces[token] = piece
-        return piece
-
-    def _piece(self, token: int, special: bool) -> bytes:
-        size = 64
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = int(self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, special))
-            if n >= 0:
-                return buf.raw[:n]
-            size = -n
-
-    def is_eog(self, token: int) -> bool:
-        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
-
-    def add_bos(self) -> bool:
-        return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
-
-    def text(self, token: int) -> str:
-        return self._piece(token, special=True).decode("utf-8", errors="replace")
 
 
 _Emit = Callable[[GenerationEvent | BaseException], None]
@@ -255,13 +218,15 @@ class LlamaCppEngine:
         except (ValueError, RuntimeError, OSError) as exc:
             raise EngineFailure(f"llama.cpp could not load {s.model_path}: {exc}") from None
         self._lib = llama_cpp
-        self._vocab = LlamaVocab(self._llama, llama_cpp)
+        from servekit.engine.llama_vocab import LlamaVocab
+
+        self._vocab = LlamaVocab(llama_cpp.llama_model_get_vocab(self._llama.model))
         meta = dict(self._llama.metadata)
         if s.chat_template:
             meta["tokenizer.chat_template"] = s.chat_template
-        bos = self._vocab.text(self._llama.token_bos()) if self._llama.token_bos() >= 0 else ""
-        eos = self._vocab.text(self._llama.token_eos()) if self._llama.token_eos() >= 0 else ""
-        self._template = ChatTemplate.from_metadata(meta, bos, eos)
+        self._template = ChatTemplate.from_metadata(
+            meta, self._vocab.special_text("bos"), self._vocab.special_text("eos")
+        )
 
     async def _warm_up(self) -> None:
         from servekit.engine.protocol import Message, SamplingParams
@@ -326,7 +291,7 @@ class LlamaCppEngine:
             tokens = await asyncio.to_thread(
                 tokenize_request, request, template, vocab, vocab.add_bos()
             )
-        return nonempty(tokens, int(self._llama.token_bos()) if self._llama is not None else -1)
+        return nonempty(tokens, vocab.bos)
 
     async def _generate(
         self, request: GenerationRequest, warm: bool = False
