@@ -128,7 +128,7 @@ async def run_generation(
     frames = FrameBuilder(gen.kind, gen.request_id, engine.model_name, int(time.time()))
     clock = _Clock(core, arrival)
     headers = {"X-Request-Id": gen.request_id}
-    version = engine.load().version or core.version
+    version = core.version  # not engine.load(): that builds a whole report per request
     if version:
         headers["X-Model-Version"] = version
     if stream:
