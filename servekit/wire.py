@@ -9,6 +9,7 @@ the offending parameter.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Any, Literal, TypeVar
@@ -266,11 +267,22 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def parse_request(model: type[_M], raw: bytes | str | dict[str, Any]) -> _M:
-    """Validate a request body; raise :class:`InvalidRequest` naming the parameter."""
+    """Validate a request body; raise :class:`InvalidRequest` naming the parameter.
+
+    Raw bodies are decoded by the ``json`` module first and validated as
+    Python data, as FastAPI does: JSON that escapes a lone surrogate is still
+    JSON, which pydantic's own JSON parser would refuse.
+    """
+    data: Any = raw
+    if not isinstance(raw, dict):
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:  # UnicodeDecodeError is one too
+            raise InvalidRequest(
+                f"request body is not valid JSON: {exc}", code="invalid_json"
+            ) from None
     try:
-        if isinstance(raw, dict):
-            return model.model_validate(raw)
-        return model.model_validate_json(raw)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise invalid_from_validation(exc) from None
 

@@ -105,3 +105,10 @@ def test_completion_prompt_forms() -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request(CompletionRequest, {"model": "m", "prompt": "x", "echo": True})
     assert info.value.param == "echo"
+
+
+def test_json_escaping_a_lone_surrogate_is_still_json() -> None:
+    # Valid JSON grammar, not valid UTF-16: FastAPI accepted it, so must the plain-ASGI path.
+    raw = rb'{"model": "m", "messages": [{"role": "user", "content": "a\ud800b"}]}'
+    req = parse_request(ChatCompletionRequest, raw)
+    assert req.messages[0].content == "a\ud800b"
