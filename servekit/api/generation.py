@@ -9,25 +9,20 @@ After the first byte, failures end the stream with an OpenAI error event and
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import anyio
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-
 from servekit.admission import Ticket
 from servekit.api.core import ServingCore
-from servekit.api.disconnect import ClientGone, unless_disconnected
 from servekit.api.frames import FrameBuilder
+from servekit.asgi import Send, raw_headers, send_json
 from servekit.engine.protocol import Finish, GenerationEvent, GenerationRequest, TextDelta
 from servekit.errors import EngineFailure, QueueFull, ServeError
 from servekit.sse import DONE_FRAME, encode_error
 
-__all__ = ["run_generation"]
-
-_CLIENT_CLOSED = 499  # nginx's convention; nobody reads it, logs do
+__all__ = ["serve_generation"]
 
 
 @dataclass
@@ -79,42 +74,47 @@ def _record_failure(core: ServingCore, exc: ServeError) -> None:
 
 
 async def _close(events: AsyncIterator[GenerationEvent], ticket: Ticket) -> None:
-    with anyio.CancelScope(shield=True):
-        try:
-            await events.aclose()  # type: ignore[attr-defined]
-        finally:
-            ticket.release()
+    """Close the engine stream and free the slot, even while being cancelled."""
+    try:
+        await asyncio.shield(events.aclose())  # type: ignore[attr-defined]
+    finally:
+        ticket.release()
 
 
-async def run_generation(
+async def serve_generation(
     core: ServingCore,
-    request: Request,
     gen: GenerationRequest,
+    send: Send,
     *,
     stream: bool,
     include_usage: bool,
     arrival: float,
-) -> Response:
+) -> None:
+    """Admit, prime and answer one generation on ``send``.
+
+    A client that leaves cancels the calling task (:class:`DisconnectWatch`);
+    whatever it was waiting on (the queue, the first token, the socket), the
+    ticket is released and the engine stream closed.
+    """
     try:
-        # The common case needs no waiting, so no disconnect watcher either.
-        ticket = core.admission.try_acquire(gen.priority)
-        if ticket is None:
-            ticket = await unless_disconnected(request, core.admission.acquire(gen.priority))
-    except ClientGone:
-        core.metrics.outcome("cancelled")
-        return Response(status_code=_CLIENT_CLOSED)
+        ticket = core.admission.try_acquire(gen.priority) or await core.admission.acquire(
+            gen.priority
+        )
     except ServeError as exc:
         _record_failure(core, exc)
+        raise
+    except asyncio.CancelledError:
+        core.metrics.outcome("cancelled")
         raise
     core.metrics.queue_time.observe(ticket.queue_time)
     engine = core.engines.current()
     events = engine.generate(gen)
     try:
-        first = await unless_disconnected(request, anext(events))
-    except ClientGone:
+        first = await anext(events)
+    except asyncio.CancelledError:
         await _close(events, ticket)
         core.metrics.outcome("cancelled")
-        return Response(status_code=_CLIENT_CLOSED)
+        raise
     except ServeError as exc:
         await _close(events, ticket)
         _record_failure(core, exc)
@@ -132,20 +132,27 @@ async def run_generation(
     if version:
         headers["X-Model-Version"] = version
     if stream:
-        body = _stream(core, frames, clock, first, events, ticket, include_usage)
         headers.update({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": raw_headers(headers, b"text/event-stream; charset=utf-8"),
+            }
+        )
+        await _stream(core, frames, clock, first, events, ticket, include_usage, send)
+        return
     try:
-        text, finish = await unless_disconnected(request, _collect(clock, first, events))
-    except ClientGone:
+        text, finish = await _collect(clock, first, events)
+    except asyncio.CancelledError:
         core.metrics.outcome("cancelled")
-        return Response(status_code=_CLIENT_CLOSED)
+        raise
     except ServeError as exc:
         _record_failure(core, exc)
         raise
     finally:
         await _close(events, ticket)
-    return JSONResponse(frames.whole(text, finish), headers=headers)
+    await send_json(send, 200, frames.whole(text, finish), headers)
 
 
 async def _collect(
@@ -173,25 +180,30 @@ async def _stream(
     events: AsyncIterator[GenerationEvent],
     ticket: Ticket,
     include_usage: bool,
-) -> AsyncIterator[bytes]:
+    send: Send,
+) -> None:
     done = False
+
+    async def body(chunk: bytes, more: bool = True) -> None:
+        await send({"type": "http.response.body", "body": chunk, "more_body": more})
+
     try:
         role = frames.role()
         if role is not None:
-            yield role
+            await body(role)
         event = first
         while True:
             if isinstance(event, Finish):
                 clock.on_finish(event)
                 done = True
-                yield frames.finish(event.reason)
+                tail = frames.finish(event.reason)
                 if include_usage:
-                    yield frames.usage(event)
-                yield DONE_FRAME
+                    tail += frames.usage(event)
+                await body(tail + DONE_FRAME, more=False)
                 return
             clock.on_delta(event)
             if event.text:
-                yield frames.delta(event.text)
+                await body(frames.delta(event.text))
             try:
                 event = await anext(events)
             except StopAsyncIteration:
@@ -199,8 +211,7 @@ async def _stream(
     except ServeError as exc:
         done = True
         _record_failure(core, exc)
-        yield encode_error(exc)
-        yield DONE_FRAME
+        await body(encode_error(exc) + DONE_FRAME, more=False)
     finally:
         if not done:
             core.metrics.outcome("cancelled")

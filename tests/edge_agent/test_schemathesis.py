@@ -16,13 +16,15 @@ pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def test_schemathesis_all_checks_find_nothing(model_path: Any, tmp_path: Path) -> None:
+    # A context roomy enough for fuzzed prompts: a prompt over the context is a
+    # correct 400 that schemathesis would still count as a schema-valid rejection.
     port = free_port()
     cfg = tmp_path / "edge.yaml"
     cfg.write_text(
         f"""
 server: {{host: 127.0.0.1, port: {port}, log_level: warning}}
 instance: {{id: edge-st, region: test, version: v1}}
-engine: {{model_path: {model_path}, model_name: smol, n_ctx: 256, n_threads: 2,
+engine: {{model_path: {model_path}, model_name: smol, n_ctx: 2048, n_threads: 2,
           warmup_tokens: 1, default_max_tokens: 8}}
 admission: {{max_waiting: 64}}
 """

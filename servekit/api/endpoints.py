@@ -1,0 +1,146 @@
+"""The completion endpoints as plain ASGI, ahead of the FastAPI app.
+
+``POST /v1/chat/completions`` and ``POST /v1/completions`` are answered here
+(parse, validate, admit, prime, stream) without FastAPI's routing,
+dependency injection, validation layer or ``StreamingResponse`` task group:
+about a millisecond less time to first token per request on a small CPU.
+Every other request goes on to the FastAPI app, with its body bounded the
+same way (413) and replayed. The FastAPI app still documents these two paths
+(:func:`servekit.api.routes.build_serving_app`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Literal
+
+from servekit.api.core import ServingCore
+from servekit.api.generation import serve_generation
+from servekit.asgi import (
+    ASGIApp,
+    ClientGone,
+    DisconnectWatch,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_json,
+)
+from servekit.engine.protocol import GenerationRequest, Priority
+from servekit.errors import NotReady, ServeError, error_body
+from servekit.wire import ChatCompletionRequest, CompletionRequest, new_id, parse_request
+
+__all__ = ["CompletionEndpoints"]
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["chat", "completion"]
+PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class CompletionEndpoints:
+    """ASGI middleware: the two completion paths here, the rest to ``app``."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        arrival = time.perf_counter()  # TTFT includes parsing and validation
+        kind = PATHS.get(scope["path"])
+        if kind is not None and scope["method"] != "POST":
+            body = error_body("use POST", "invalid_request_error")
+            await send_json(send, 405, body, {"Allow": "POST"})
+            return
+        if scope["method"] not in _BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            raw = await read_body(receive, self.max_body_bytes, header(scope, b"content-length"))
+        except ClientGone:
+            return
+        except ServeError as exc:
+            await send_json(send, exc.status, exc.body(), {**exc.headers(), "Connection": "close"})
+            return
+        if kind is None:
+            await self.app(scope, _replay(raw, receive), send)
+            return
+        await self._complete(scope, kind, raw, arrival, receive, send)
+
+    async def _complete(
+        self, scope: Scope, kind: Kind, raw: bytes, arrival: float, receive: Receive, send: Send
+    ) -> None:
+        watch = DisconnectWatch(receive)
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            core = scope["app"].state.core if "app" in scope else None
+            if core is None:
+                raise NotReady("service is starting", retry_after=1)
+            gen, stream, usage = _generation(core, kind, raw, scope)
+            await serve_generation(
+                core, gen, tracked, stream=stream, include_usage=usage, arrival=arrival
+            )
+        except ServeError as exc:
+            if exc.status >= 500:
+                log.warning("request failed: %r", exc)
+            if not started:
+                await send_json(send, exc.status, exc.body(), exc.headers())
+        except asyncio.CancelledError:
+            if not watch.gone():
+                raise
+        except Exception:
+            log.exception("unhandled error")
+            if not started:
+                body = error_body("internal server error", "internal_error")
+                await send_json(send, 500, body)
+        finally:
+            watch.close()
+
+
+def _generation(
+    core: ServingCore, kind: Kind, raw: bytes, scope: Scope
+) -> tuple[GenerationRequest, bool, bool]:
+    """Validate the body against the served model and limits; the engine request."""
+    priority = Priority.parse(header(scope, b"x-priority"))
+    request_id = header(scope, b"x-request-id")
+    if kind == "chat":
+        chat = parse_request(ChatCompletionRequest, raw)
+        core.check_model(chat.model)
+        core.check_token_limits(
+            max_tokens=chat.max_tokens, max_completion_tokens=chat.max_completion_tokens
+        )
+        rid = request_id or new_id("chatcmpl")
+        return GenerationRequest.from_chat(chat, rid, priority), chat.stream, chat.include_usage()
+    text = parse_request(CompletionRequest, raw)
+    core.check_model(text.model)
+    core.check_token_limits(max_tokens=text.max_tokens)
+    rid = request_id or new_id("cmpl")
+    return GenerationRequest.from_completion(text, rid, priority), text.stream, text.include_usage()
+
+
+def _replay(raw: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the already-read body once, then the real one."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await receive()
+
+    return replay
