@@ -127,6 +127,7 @@ def _ema(old: float | None, new: float, alpha: float = 0.2) -> float:
 
 
 _Emit = Callable[[GenerationEvent | BaseException], None]
+_HANDOFF_WAIT_S = 0.02  # bound on holding decode for the first token's hand-off
 
 
 class LlamaCppEngine:
@@ -303,12 +304,13 @@ class LlamaCppEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[GenerationEvent | BaseException] = asyncio.Queue()
         cancel = threading.Event()
+        handed = threading.Event()  # the first token reached the consumer
 
         def emit(item: GenerationEvent | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
         job = loop.run_in_executor(
-            self._worker, self._run, request, tokens, limit, emit, cancel, warm
+            self._worker, self._run, request, tokens, limit, emit, cancel, handed, warm
         )
         try:
             while True:
@@ -316,9 +318,13 @@ class LlamaCppEngine:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
+                # Back for more: whatever the consumer did with the item (say,
+                # writing it to a socket) is done.
+                handed.set()
                 if isinstance(item, Finish):
                     break
         finally:
+            handed.set()
             cancel.set()
             if not job.done():
                 # Let the worker notice the flag; do not wait for it.
@@ -335,6 +341,7 @@ class LlamaCppEngine:
         limit: int,
         emit: _Emit,
         cancel: threading.Event,
+        handed: threading.Event,
         warm: bool = False,
     ) -> None:
         if cancel.is_set():
@@ -342,9 +349,8 @@ class LlamaCppEngine:
         self._running = 1
         try:
             # Warm-up runs while the whole node starts: its speeds mislead routers.
-            self._run_inner(
-                request, tokens, limit, emit, cancel, RateTracker() if warm else self._rates
-            )
+            rates = RateTracker() if warm else self._rates
+            self._run_inner(request, tokens, limit, emit, cancel, handed, rates)
         except ServeError as exc:
             emit(exc)
         except Exception as exc:  # the one boundary for llama.cpp failures
@@ -374,6 +380,7 @@ class LlamaCppEngine:
         limit: int,
         emit: _Emit,
         cancel: threading.Event,
+        handed: threading.Event,
         rates: RateTracker,
     ) -> None:
         llama, vocab = self._llama, self._vocab
@@ -423,6 +430,11 @@ class LlamaCppEngine:
                 if text:
                     emit(TextDelta(text, pending_tokens))
                     pending_tokens = 0
+                    if not handed.is_set():
+                        # Decoding the next token would take every core from the
+                        # event loop that is about to send this first one: let
+                        # it go out first (time to first token is what users feel).
+                        handed.wait(_HANDOFF_WAIT_S)
                 if stream.stopped:
                     reason = "stop"
                     break
