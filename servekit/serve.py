@@ -50,5 +50,8 @@ def run_service(
         http="httptools",
         loop="uvloop",
         access_log=False,
+        # Longer than any client pool keeps an idle connection (the router's:
+        # 30 s), so clients close first and never reuse a socket we just shut.
+        timeout_keep_alive=75,
     )
     _DrainingServer(config, on_drain).run()
