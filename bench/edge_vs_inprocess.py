@@ -2,10 +2,11 @@
 
 Prints, from one run:
   * TTFT and decode tokens/s: in-process ``Llama`` streaming vs the edge agent
-    (a real ``edge-agent serve`` subprocess, streamed over HTTP);
+    (a real ``edge-agent serve`` subprocess, streamed over HTTP), taking turns
+    request by request so that the machine's drift hits both alike;
   * TTFT with a cached ~1k-token system prompt vs a cold one, through the agent.
 
-Usage: .venv/bin/python bench/edge_vs_inprocess.py [--runs 7] [--tokens 64]
+Usage: .venv/bin/python bench/edge_vs_inprocess.py [--runs 15] [--tokens 64]
 Targets (issue 2): TTFT ratio <= 1.05, decode ratio >= 0.95, cached/cold <= 0.1.
 """
 
@@ -19,7 +20,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -33,58 +36,87 @@ PROMPT = "The history of the printing press begins"
 N_CTX = 2048
 
 
-def inprocess(runs: int, tokens: int) -> tuple[list[float], list[float]]:
-    from llama_cpp import Llama
-
-    llama = Llama(str(MODEL), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, verbose=False)
-    ttfts, rates = [], []
-    for _ in range(runs + 1):
-        start = time.perf_counter()
-        times = []
-        for _chunk in llama.create_completion(
-            PROMPT, max_tokens=tokens, temperature=0.0, top_k=0, min_p=0.0, stream=True
-        ):
-            times.append(time.perf_counter())
-        ttfts.append(times[0] - start)
-        rates.append((len(times) - 1) / (times[-1] - times[0]))
-    llama.close()
-    return ttfts[1:], rates[1:]  # the first run warms up, as the agent's warm-up does
+def inprocess_stream(llama: Any, tokens: int) -> tuple[float, float]:
+    """TTFT and decode tokens/s of one in-process streamed completion."""
+    start = time.perf_counter()
+    times = []
+    for _chunk in llama.create_completion(
+        PROMPT, max_tokens=tokens, temperature=0.0, top_k=0, min_p=0.0, stream=True
+    ):
+        times.append(time.perf_counter())
+    return times[0] - start, (len(times) - 1) / (times[-1] - times[0])
 
 
-def over_http(url: str, runs: int, tokens: int) -> tuple[list[float], list[float]]:
-    """Stream over one keep-alive socket, the request written in one segment.
+class HTTPStreamer:
+    """Streams over one keep-alive socket, the request written in one segment.
 
     A raw client, because the thing measured is the agent: httpx's sync client
     added ~13 ms per request on loopback here (two writes meet delayed ACKs),
     which curl and this client do not.
     """
-    host, port = url.removeprefix("http://").split(":")
-    payload = json.dumps(
-        {"model": "edge", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True}
-    ).encode()
-    request = (
-        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(payload)}\r\n\r\n".encode()
-        + payload
-    )
-    ttfts, rates = [], []
-    with socket.create_connection((host, int(port))) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(runs + 1):
-            start = time.perf_counter()
-            sock.sendall(request)
-            seen = b""
-            times: list[float] = []
-            while b"data: [DONE]" not in seen:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise RuntimeError("agent closed the connection")
-                now = time.perf_counter()
-                times += [now] * (chunk.count(b'"text":"') - chunk.count(b'"text":""'))
-                seen = seen[-32:] + chunk
-            ttfts.append(times[0] - start)
-            rates.append((len(times) - 1) / (times[-1] - times[0]))
-    return ttfts[1:], rates[1:]
+
+    def __init__(self, url: str, tokens: int) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        payload = json.dumps(
+            {"model": "edge", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0,
+             "stream": True}
+        ).encode()  # fmt: skip
+        self.request = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def stream(self) -> tuple[float, float]:
+        """TTFT and decode tokens/s of one streamed completion through the agent."""
+        start = time.perf_counter()
+        self.sock.sendall(self.request)
+        seen = b""
+        times: list[float] = []
+        while b"data: [DONE]" not in seen:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("agent closed the connection")
+            now = time.perf_counter()
+            times += [now] * (chunk.count(b'"text":"') - chunk.count(b'"text":""'))
+            seen = seen[-32:] + chunk
+        return times[0] - start, (len(times) - 1) / (times[-1] - times[0])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def interleaved(url: str, runs: int, tokens: int, block: int) -> dict[str, list[float]]:
+    """The same completion in-process and through the agent, in alternating blocks.
+
+    This machine's speed drifts by tens of percent over minutes, so the two
+    sides take turns in blocks of ``block`` requests (A B B A ...), and the
+    first request of every block is dropped: it only pays for the other
+    side's model having pushed this one's out of the CPU caches.
+    """
+    from llama_cpp import Llama
+
+    llama = Llama(str(MODEL), n_ctx=N_CTX, n_threads=2, n_threads_batch=2, verbose=False)
+    http = HTTPStreamer(url, tokens)
+    out: dict[str, list[float]] = {"ip_ttft": [], "ip_rate": [], "http_ttft": [], "http_rate": []}
+    sides: list[tuple[str, Callable[[], tuple[float, float]]]] = [
+        ("ip", lambda: inprocess_stream(llama, tokens)),
+        ("http", http.stream),
+    ]
+    try:
+        for i in range(max(1, runs // (block - 1))):
+            for name, run in sides if i % 2 == 0 else sides[::-1]:
+                run()
+                for _ in range(block - 1):
+                    ttft, rate = run()
+                    out[f"{name}_ttft"].append(ttft)
+                    out[f"{name}_rate"].append(rate)
+    finally:
+        http.close()
+        llama.close()
+    return out
 
 
 def system_prompt(tag: str) -> str:
@@ -122,8 +154,9 @@ def cached_vs_cold(url: str, runs: int) -> tuple[list[float], list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--block", type=int, default=5, help="requests per side per turn")
     args = parser.parse_args()
 
     port = free_port()
@@ -136,7 +169,7 @@ def main() -> None:
             f" warmup_tokens: 4, prefix_cache: {{enabled: true, capacity_mb: 512}}}}\n"
         )
         with service_process(["edge_agent", "serve", "--config", str(cfg)], url):
-            http_ttft, http_rate = over_http(url, args.runs, args.tokens)
+            pairs = interleaved(url, args.runs, args.tokens, args.block)
             cold, cached = cached_vs_cold(url, max(3, args.runs // 2))
             with httpx.Client() as client:
                 sys_tokens = client.post(url + "/v1/chat/completions", json={
@@ -144,7 +177,8 @@ def main() -> None:
                     "messages": [{"role": "system", "content": system_prompt("count")},
                                  {"role": "user", "content": "hi"}],
                 }, timeout=300).json()["usage"]["prompt_tokens"]  # fmt: skip
-    ip_ttft, ip_rate = inprocess(args.runs, args.tokens)
+    ip_ttft, ip_rate = pairs["ip_ttft"], pairs["ip_rate"]
+    http_ttft, http_rate = pairs["http_ttft"], pairs["http_rate"]
 
     med = statistics.median
     result = {
