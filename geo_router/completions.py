@@ -27,6 +27,7 @@ from geo_router.dispatch import RouteRequest
 from geo_router.planner import estimate_prompt_tokens
 from geo_router.relay import relay as relay_stream
 from servekit.errors import PayloadTooLarge, ServeError
+from servekit.sse import DONE_FRAME
 
 if TYPE_CHECKING:
     from geo_router.app import RouterState
@@ -207,7 +208,14 @@ class CompletionEndpoints:
         headers["Cache-Control"] = "no-cache"
         raw = _raw_headers(headers, b"text/event-stream; charset=utf-8")
         await send({"type": "http.response.start", "status": 200, "headers": raw})
+        ended = False
         async for chunk in relay:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        phase["finished"] = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if ended:
+                continue  # nothing follows [DONE]; the relay is drained for its bookkeeping
+            # The chunk that carries [DONE] also closes the response: one write, not two.
+            ended = chunk.endswith(DONE_FRAME)
+            phase["finished"] = ended
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            phase["finished"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
