@@ -96,8 +96,7 @@ class Dispatcher:
             reason = "fallback"
         else:
             reason = decision.reason(cand)
-        self.metrics.decisions.labels(cand.tier, req.region.region, reason).inc()
-        return Opened(primed, cand, reason)
+        return Opened(primed, cand, reason)  # the relay counts the decision once bytes flow
 
     def _payload(self, body: dict[str, Any], cand: Scored) -> bytes:
         out = dict(body)
