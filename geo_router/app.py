@@ -1,6 +1,6 @@
 """``create_app(settings)``: the router's ASGI app; its lifespan owns every client.
 
-The lifespan builds the aiohttp session, the candidate sources (static
+The lifespan builds the upstream connection pool, the candidate sources (static
 upstreams polled by URL, the registry when configured) and their refresh
 loops, the GeoIP reader, and the routing parts; handlers reach them through
 :class:`RouterState` on ``app.state``. Tests may pass ``candidates`` /
@@ -14,7 +14,6 @@ import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -26,6 +25,7 @@ from geo_router.catalog import CandidateSource, TrafficPoller, TrafficSource, op
 from geo_router.classifier import DifficultyClassifier
 from geo_router.completions import CompletionEndpoints
 from geo_router.dispatch import Dispatcher
+from geo_router.http_client import UpstreamPool
 from geo_router.metrics import RouterMetrics
 from geo_router.openapi import install_openapi
 from geo_router.planner import Planner
@@ -71,16 +71,12 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The TTFT deadline is enforced per attempt by the dispatcher; sock_read
-        # bounds the gap between chunks once a stream flows.
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            sock_connect=settings.connect_timeout_s,
-            sock_read=settings.routing.idle_timeout_s,
-        )
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0)
-        client = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False, trust_env=False
+        # The TTFT deadline is enforced per attempt by the dispatcher; the read
+        # timeout bounds the gap between chunks once a stream flows.
+        client = UpstreamPool(
+            connect_timeout_s=settings.connect_timeout_s,
+            read_timeout_s=settings.routing.idle_timeout_s,
+            keepalive_s=30.0,
         )
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(client.close)

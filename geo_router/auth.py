@@ -7,13 +7,14 @@ taken does not depend on how much of a digest matched.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
 import time
 from dataclasses import dataclass
 from typing import Literal
 
-from geo_router.settings import ApiKeySettings, AuthSettings, hash_key
+from geo_router.settings import ApiKeySettings, AuthSettings
 from servekit.errors import AuthenticationFailed, RateLimited
 
 __all__ = ["Authenticator", "RateLimiter", "Tenant", "TokenBucket"]
@@ -35,8 +36,8 @@ class Authenticator:
     def __init__(self, settings: AuthSettings) -> None:
         self._required = settings.required
         self._anonymous = Tenant("anonymous", settings.anonymous_priority, "anonymous")
-        self._keys: list[tuple[bytes, ApiKeySettings]] = [
-            (bytes.fromhex(k.sha256), k) for k in settings.keys
+        self._keys: list[tuple[bytes, Tenant]] = [
+            (bytes.fromhex(k.sha256), _tenant(k)) for k in settings.keys
         ]
 
     def authenticate(self, authorization: str | None) -> Tenant:
@@ -47,17 +48,21 @@ class Authenticator:
             raise AuthenticationFailed(
                 "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
             )
-        digest = bytes.fromhex(hash_key(key))
-        found: ApiKeySettings | None = None
-        for stored, entry in self._keys:
+        digest = hashlib.sha256(key.encode("utf-8")).digest()  # as settings.hash_key
+        found: Tenant | None = None
+        for stored, tenant in self._keys:
             # No early exit: every digest is compared whatever matched before.
             if hmac.compare_digest(stored, digest):
-                found = entry
+                found = tenant
         if found is None:
             raise AuthenticationFailed("invalid API key")
-        return Tenant(
-            found.tenant, found.priority, found.sha256[:12], found.rpm, found.tpm, found.burst_s
-        )
+        return found
+
+
+def _tenant(entry: ApiKeySettings) -> Tenant:
+    return Tenant(
+        entry.tenant, entry.priority, entry.sha256[:12], entry.rpm, entry.tpm, entry.burst_s
+    )
 
 
 def _bearer(header: str | None) -> str | None:

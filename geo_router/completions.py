@@ -14,22 +14,25 @@ closes the upstream stream.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from geo_router.bodycheck import validated_body
 from geo_router.continuation import Kind, StreamState, assemble
 from geo_router.dispatch import RouteRequest
 from geo_router.planner import estimate_prompt_tokens
 from geo_router.relay import relay as relay_stream
-from servekit.errors import InvalidRequest, PayloadTooLarge, ServeError
-from servekit.wire import ChatCompletionRequest, CompletionRequest, new_id, parse_request
+from servekit.errors import PayloadTooLarge, ServeError
+from servekit.sse import DONE_FRAME
 
 if TYPE_CHECKING:
     from geo_router.app import RouterState
 
-__all__ = ["CompletionEndpoints", "validated_body"]
+__all__ = ["CompletionEndpoints", "read_body", "request_id", "validated_body"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -39,31 +42,18 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
-# JSON Schema counts 2.0 as an integer; the strict wire types do not.
-_INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
+# Request ids: a random per-process prefix and a counter (uuid4 reads the OS
+# entropy pool on every call, a system call on the request path).
+_ID_PREFIX = "req-" + secrets.token_hex(6)
+_ID_COUNTER = itertools.count(1)
+
+
+def request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
 class _ClientGone(Exception):
     pass
-
-
-def validated_body(kind: Kind, raw: bytes) -> dict[str, Any]:
-    """The client's body as a dict (its own fields kept, to forward) once it validates."""
-    model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        parse_request(model, raw)  # raises the wire types' invalid_json error
-        raise InvalidRequest("request body is not valid JSON", code="invalid_json") from None
-    if isinstance(body, dict):
-        for key in _INT_FIELDS:
-            value = body.get(key)
-            if isinstance(value, float) and value.is_integer():
-                body[key] = int(value)
-    parsed = parse_request(model, body)
-    out: dict[str, Any] = body  # the wire type accepted it, so it is an object
-    out["stream"] = parsed.stream
-    return out
 
 
 async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes:
@@ -168,9 +158,9 @@ class CompletionEndpoints:
         state.limiter.check(tenant, estimate_prompt_tokens(body) + budget)
         client = scope.get("client")
         region = state.resolver.resolve(client[0] if client else None, headers)
-        request_id = headers.get("x-request-id") or new_id("req")
+        req_id = headers.get("x-request-id") or request_id()
         user = body.get("user")
-        sticky = user if isinstance(user, str) and user else request_id
+        sticky = user if isinstance(user, str) and user else req_id
         decision = state.planner.plan(body, region, sticky)
         upstream = dict(body)
         upstream["stream"] = True
@@ -180,7 +170,7 @@ class CompletionEndpoints:
             "content-type": "application/json",
             "accept": "text/event-stream",
             "x-priority": tenant.priority,
-            "x-request-id": request_id,
+            "x-request-id": req_id,
         }
         path = scope["path"]
         req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, upstream)
@@ -191,7 +181,7 @@ class CompletionEndpoints:
             "X-Route-Region": opened.cand.region,
             "X-Route-User-Region": region.region,
             "X-Route-Reason": opened.reason,
-            "X-Request-Id": request_id,
+            "X-Request-Id": req_id,
         }
         stream = StreamState(kind)
         relay = relay_stream(state.dispatcher, req, opened, stream)
@@ -218,7 +208,14 @@ class CompletionEndpoints:
         headers["Cache-Control"] = "no-cache"
         raw = _raw_headers(headers, b"text/event-stream; charset=utf-8")
         await send({"type": "http.response.start", "status": 200, "headers": raw})
+        ended = False
         async for chunk in relay:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        phase["finished"] = True
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if ended:
+                continue  # nothing follows [DONE]; the relay is drained for its bookkeeping
+            # The chunk that carries [DONE] also closes the response: one write, not two.
+            ended = chunk.endswith(DONE_FRAME)
+            phase["finished"] = ended
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            phase["finished"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

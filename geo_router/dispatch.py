@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from geo_router.continuation import Kind, StreamState, continuation_body
+from geo_router.http_client import UpstreamPool
 from geo_router.metrics import RouterMetrics
 from geo_router.planner import Decision, Planner
 from geo_router.region import ResolvedRegion
@@ -75,13 +74,13 @@ def _cause(err: ServeError) -> str:
 class Dispatcher:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        pool: UpstreamPool,
         planner: Planner,
         tracker: Tracker,
         metrics: RouterMetrics,
         routing: RoutingSettings,
     ) -> None:
-        self._session = session
+        self._pool = pool
         self._planner = planner
         self.tracker = tracker
         self.metrics = metrics
@@ -97,8 +96,7 @@ class Dispatcher:
             reason = "fallback"
         else:
             reason = decision.reason(cand)
-        self.metrics.decisions.labels(cand.tier, req.region.region, reason).inc()
-        return Opened(primed, cand, reason)
+        return Opened(primed, cand, reason)  # the relay counts the decision once bytes flow
 
     def _payload(self, body: dict[str, Any], cand: Scored) -> bytes:
         out = dict(body)
@@ -115,6 +113,11 @@ class Dispatcher:
         self, req: RouteRequest, cands: Sequence[Scored], body: dict[str, Any], hedge: bool
     ) -> tuple[Primed, Scored, int, bool]:
         """The first candidate to prime, trying them in order; hedged when slow."""
+        if not cands:
+            raise NotReady("no healthy upstream can serve this request", retry_after=1)
+        if not hedge or len(cands) < 2:
+            primed, cand, index = await self._in_turn(req, cands, body)
+            return primed, cand, index, False
         tasks: dict[asyncio.Task[Primed], tuple[int, Scored]] = {}
         started: dict[asyncio.Task[Primed], float] = {}
         nxt = 0
@@ -128,15 +131,13 @@ class Dispatcher:
             self.tracker.acquire(cand.id)
             url = cand.url + req.path
             task = asyncio.create_task(
-                open_stream(self._session, url, self._payload(body, cand), req.headers, deadline)
+                open_stream(self._pool, url, self._payload(body, cand), req.headers, deadline)
             )
             tasks[task] = (nxt, cand)
             started[task] = time.perf_counter()
             nxt += 1
 
         try:
-            if not cands:
-                raise NotReady("no healthy upstream can serve this request", retry_after=1)
             launch()
             while tasks:
                 timeout: float | None = None
@@ -189,11 +190,38 @@ class Dispatcher:
                     await task
                 self.tracker.release(cand.id)
                 self.tracker.abandoned(cand.id)
-            self._publish_circuits(cands)
 
-    def _publish_circuits(self, cands: Sequence[Scored]) -> None:
-        for cand in cands:
-            self.metrics.circuit.labels(cand.id).set(int(self.tracker.stats(cand.id).circuit))
+    async def _in_turn(
+        self, req: RouteRequest, cands: Sequence[Scored], body: dict[str, Any]
+    ) -> tuple[Primed, Scored, int]:
+        """Without a hedge: one attempt at a time, awaited in place (no task to schedule)."""
+        last_err: ServeError | None = None
+        deadline = self._routing.ttft_deadline_s
+        for index, cand in enumerate(cands):
+            self.tracker.acquire(cand.id)
+            try:
+                payload = self._payload(body, cand)
+                primed = await open_stream(
+                    self._pool, cand.url + req.path, payload, req.headers, deadline
+                )
+            except Exception as exc:
+                err = translate_error(exc, cand.url)
+                self.tracker.release(cand.id)
+                if not err.retryable:
+                    self.tracker.abandoned(cand.id)
+                    raise err from None
+                self.tracker.failure(cand.id)
+                self.metrics.fallbacks.labels(cand.tier, _cause(err)).inc()
+                last_err = err
+                continue
+            except BaseException:  # cancelled: the client went away
+                self.tracker.release(cand.id)
+                self.tracker.abandoned(cand.id)
+                raise
+            self.tracker.success(cand.id, primed.ttft_s * 1000.0)
+            return primed, cand, index
+        assert last_err is not None
+        raise last_err
 
     async def resume(
         self, req: RouteRequest, state: StreamState, tried: list[str]

@@ -40,7 +40,6 @@ async def relay(
     metrics, tracker = dispatcher.metrics, dispatcher.tracker
     primed, cand = opened.primed, opened.cand
     region = req.region.region
-    itl = metrics.itl.labels(cand.tier, region)
     tried = [cand.id]
     rewriting = False
     sent_before = 0
@@ -51,8 +50,11 @@ async def relay(
             state.record(primed.head)
             yield primed.head
             now = time.perf_counter()
+        # Accounting waits until the first bytes are on their way to the client.
         metrics.ttft.labels(cand.tier, region).observe(now - req.arrived)
         metrics.overhead.observe(max(0.0, now - req.arrived - primed.ttft_s))
+        metrics.decisions.labels(cand.tier, region, opened.reason).inc()
+        itl = metrics.itl.labels(cand.tier, region)
         last = now
         while True:
             pump = _Pump(primed, state, rewriting, sent_before)

@@ -12,12 +12,12 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from geo_router.completions import read_body, validated_body
+from geo_router.bodycheck import validated_body
+from geo_router.completions import read_body, request_id
 from geo_router.continuation import Kind
 from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.tracker import Circuit
 from servekit.errors import NotReady
-from servekit.wire import new_id
 
 if TYPE_CHECKING:
     from geo_router.app import RouterState
@@ -49,7 +49,7 @@ async def explain(request: Request) -> Response:
     peer = request.client.host if request.client else None
     region = state.resolver.resolve(peer, request.headers)
     user = peek.get("user")
-    sticky = user if isinstance(user, str) and user else new_id("req")
+    sticky = user if isinstance(user, str) and user else request_id()
     decision = state.planner.plan(peek, region, sticky)
     return JSONResponse(decision.to_dict())
 
