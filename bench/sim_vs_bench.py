@@ -5,12 +5,25 @@
         --bench-url http://127.0.0.1:9101 --rtt-ms 2 --edge-only --rate 1 --duration 60
     # the local topology through the router (hybrid-llm up --netem):
     python bench/sim_vs_bench.py --engine-url http://127.0.0.1:8101 \
-        --bench-url http://127.0.0.1:8080 --sim-config configs/local-sim.yaml --rate 1
+        --bench-url http://127.0.0.1:8080 --sim-config configs/local-sim.yaml \
+        --rate 0.5 --duration 90 --bucket 8:16
 
-1. measures the engine profile at ``--engine-url`` (``hybrid-llm profile``);
-2. drives Poisson load at ``--bench-url`` (``hybrid-llm bench --rate``);
-3. simulates the same fleet, profile, rate and measured prompt/output lengths;
-4. prints TTFT percentiles from both and the difference.
+All in one run (hold the bench lock around it), so machine drift hits every part:
+
+1. measures the engine profile at ``--engine-url`` (``hybrid-llm profile``), each
+   request after an idle pause drawn like the bench's arrival gaps (mean
+   ``1 / --rate``): on a shared machine an engine idle for a second or two
+   prefills up to twice as slowly as one measured back to back, and the bench's
+   requests find it idle;
+2. measures what the path adds (``--calibrate-path``, on by default): the same
+   requests alternately straight to the engine and through ``--bench-url``
+   (same-city routes only), with the same pauses; the median difference minus
+   the same-city RTT becomes the simulator's router overhead (measured, never
+   a tuning knob; clamped at 0);
+3. drives Poisson load at ``--bench-url`` (``hybrid-llm bench --rate``), then
+   profiles again; the simulation uses the mean of both profiles;
+4. simulates the same fleet, profile, rate and measured prompt/output lengths
+   and prints TTFT, TPOT and E2E percentiles from both and the difference.
 """
 
 from __future__ import annotations
