@@ -5,14 +5,23 @@ TTFT against prompt tokens is fitted with a line, whose slope is the prefill
 cost per token and whose intercept is the fixed overhead; the median TTFT at
 each length is kept too, since real engines are not linear. Decode step time by
 batch size: ``b`` concurrent streams, the median gap between tokens while all
-``b`` run. The result is an :class:`~hybrid_llm.sim.profiles.EngineProfile`
-for ``hybrid-llm simulate`` (printed as YAML).
+``b`` run.
+
+``gap_s`` puts an idle pause (exponentially distributed, that mean) before each
+prefill request, so the engine is measured in the state a request arriving at
+``1 / gap_s`` per second finds it. On a shared machine that state matters: on
+the development VM the same 14-token llama.cpp prefill takes ~125 ms back to
+back and ~230-300 ms after a 0.5-2 s pause (caches gone cold), so a
+back-to-back profile underestimates what light traffic sees by half. The
+result is an :class:`~hybrid_llm.sim.profiles.EngineProfile` for
+``hybrid-llm simulate`` (printed as YAML).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -59,8 +68,11 @@ async def measure_profile(
     batches: Sequence[int] | None = None,
     decode_tokens: int = 32,
     api_key: str | None = None,
+    gap_s: float = 0.0,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Measure prefill and decode figures of the server at ``url``."""
+    rng = random.Random(seed)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300) as client:
         slots = 1
@@ -76,6 +88,8 @@ async def measure_profile(
         ys: list[float] = []
         for length in prompt_lengths:
             for _ in range(repeats):
+                if gap_s > 0:
+                    await asyncio.sleep(rng.expovariate(1.0 / gap_s))
                 rec = await _one(client, workload, length, 1)
                 if rec.ok and rec.ttft is not None:
                     xs.append(rec.prompt_tokens or length)
@@ -125,6 +139,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--api-key")
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="mean idle seconds before each prefill request (1 / the request rate to model)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -139,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
                 repeats=args.repeats,
                 decode_tokens=args.decode_tokens,
                 api_key=args.api_key,
+                gap_s=args.gap,
             )
         )
     except RuntimeError as exc:

@@ -36,6 +36,7 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)
     output_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     tier: str = "-"
     region: str = "-"
     reason: str = "-"
@@ -105,6 +106,9 @@ async def send_streaming(
                     if isinstance(usage, dict):
                         usage_tokens = int(usage.get("completion_tokens") or 0)
                         record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                        details = usage.get("prompt_tokens_details")
+                        if isinstance(details, dict):
+                            record.cached_tokens = int(details.get("cached_tokens") or 0)
                     if not _text_of(event):
                         continue
                     text_events += 1

@@ -64,6 +64,8 @@ def create_app(timing: Timing) -> Starlette:
                     "prompt_tokens": words,
                     "completion_tokens": n,
                     "total_tokens": words + n,
+                    # As if the first half of the prompt hit the prefix cache.
+                    "prompt_tokens_details": {"cached_tokens": words // 2},
                 }
             elif chat:
                 event["choices"] = [{"index": 0, "delta": {"content": text}, "finish_reason": None}]

@@ -69,6 +69,9 @@ async def test_measured_timing_matches_known_server_delays(server: UvicornThread
     for r in records:
         assert r.output_tokens == TOKENS
         assert len(r.itl) == TOKENS - 1
+        # Server usage: prompt tokens and the prefix-cache hits among them.
+        assert r.prompt_tokens == 32
+        assert r.cached_tokens == 16
 
 
 @pytest.mark.anyio

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import time
+
 import pytest
 
 from hybrid_llm.profile import fit_line, measure_profile
@@ -31,3 +34,32 @@ async def test_profile_recovers_known_prefill_rate_and_step_time() -> None:
     assert 9 <= profile.decode_base_ms <= 16
     # The double's step does not grow with the batch.
     assert profile.decode_per_seq_ms < 2
+
+
+@pytest.mark.anyio
+async def test_profile_idles_before_each_prefill_request() -> None:
+    # gap_s: an exponential pause before each prefill request (seeded), so the
+    # engine is measured in the state traffic at 1/gap_s per second finds it.
+    timing = Timing(ttft=0.005, itl=0.002)
+    rng = random.Random(3)
+    pauses = sum(rng.expovariate(1 / 0.1) for _ in range(4))
+    with UvicornThread(create_app(timing)) as srv:
+        t0 = time.perf_counter()
+        await measure_profile(
+            srv.url, prompt_lengths=(8, 32), repeats=2, batches=[1], decode_tokens=3
+        )
+        fast = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = await measure_profile(
+            srv.url,
+            prompt_lengths=(8, 32),
+            repeats=2,
+            batches=[1],
+            decode_tokens=3,
+            gap_s=0.1,
+            seed=3,
+        )
+        slow = time.perf_counter() - t0
+    assert slow >= pauses
+    assert slow - fast >= pauses * 0.9
+    assert len(out["ttft_points"]) == 4
