@@ -266,15 +266,16 @@ def _is_branch_label(part: str) -> bool:
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def parse_request(model: type[_M], raw: bytes | str | dict[str, Any]) -> _M:
+def parse_request(model: type[_M], raw: bytes | str | dict[str, Any] | Any) -> _M:
     """Validate a request body; raise :class:`InvalidRequest` naming the parameter.
 
     Raw bodies are decoded by the ``json`` module first and validated as
     Python data, as FastAPI does: JSON that escapes a lone surrogate is still
-    JSON, which pydantic's own JSON parser would refuse.
+    JSON, which pydantic's own JSON parser would refuse. Anything else is
+    taken as already decoded JSON.
     """
     data: Any = raw
-    if not isinstance(raw, dict):
+    if isinstance(raw, bytes | str):
         try:
             data = json.loads(raw)
         except ValueError as exc:  # UnicodeDecodeError is one too

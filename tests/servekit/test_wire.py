@@ -112,3 +112,9 @@ def test_json_escaping_a_lone_surrogate_is_still_json() -> None:
     raw = rb'{"model": "m", "messages": [{"role": "user", "content": "a\ud800b"}]}'
     req = parse_request(ChatCompletionRequest, raw)
     assert req.messages[0].content == "a\ud800b"
+
+
+@pytest.mark.parametrize("decoded", [[None, None], 3, None, True])
+def test_already_decoded_non_objects_are_a_400(decoded: object) -> None:
+    with pytest.raises(InvalidRequest, match="JSON object"):
+        parse_request(ChatCompletionRequest, decoded)
