@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from geo_router.bodycheck import validated_body
@@ -26,19 +25,23 @@ from geo_router.continuation import Kind, StreamState, assemble
 from geo_router.dispatch import RouteRequest
 from geo_router.planner import estimate_prompt_tokens
 from geo_router.relay import relay as relay_stream
-from servekit.errors import PayloadTooLarge, ServeError
+from servekit.asgi import (
+    ClientGone,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    raw_headers,
+    read_body,
+    send_json,
+)
+from servekit.errors import ServeError
 from servekit.sse import DONE_FRAME
 
 if TYPE_CHECKING:
     from geo_router.app import RouterState
 
-__all__ = ["CompletionEndpoints", "read_body", "request_id", "validated_body"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+__all__ = ["CompletionEndpoints", "request_id", "validated_body"]
 
 PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
@@ -50,44 +53,6 @@ _ID_COUNTER = itertools.count(1)
 
 def request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
-
-
-class _ClientGone(Exception):
-    pass
-
-
-async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes:
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _raw_headers(headers: dict[str, str], content_type: bytes) -> list[tuple[bytes, bytes]]:
-    out = [(b"content-type", content_type)]
-    out += [(k.lower().encode(), v.encode("latin-1", "replace")) for k, v in headers.items()]
-    return out
-
-
-async def _send_json(
-    send: Send, status: int, body: Any, headers: dict[str, str] | None = None
-) -> None:
-    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    raw = _raw_headers(headers or {}, b"application/json")
-    raw.append((b"content-length", str(len(payload)).encode()))
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": payload})
 
 
 class CompletionEndpoints:
@@ -103,42 +68,31 @@ class CompletionEndpoints:
             return
         if scope["method"] != "POST":
             err = {"error": {"message": "use POST", "type": "invalid_request_error"}}
-            await _send_json(send, 405, err, {"Allow": "POST"})
+            await send_json(send, 405, err, {"Allow": "POST"})
             return
         state: RouterState = self.app.state.router
-        task = asyncio.current_task()
-        assert task is not None
-        phase = {"body": True, "finished": False, "gone": False}
-
-        async def watch() -> None:
-            message = await receive()
-            if message["type"] == "http.disconnect" and not phase["finished"]:
-                phase["gone"] = True
-                task.cancel()
-
-        watcher: asyncio.Task[None] | None = None
+        watch: DisconnectWatch | None = None
         try:
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
             raw = await read_body(
                 receive, state.settings.max_body_bytes, headers.get("content-length")
             )
-            watcher = asyncio.create_task(watch())
-            await self._route(state, kind, scope, headers, raw, send, phase)
-        except _ClientGone:
+            watch = DisconnectWatch(receive)
+            await self._route(state, kind, scope, headers, raw, send, watch)
+        except ClientGone:
             return
         except ServeError as exc:
             if exc.status < 500:
                 state.metrics.rejected.labels(str(exc.status)).inc()
-            phase["finished"] = True
-            await _send_json(send, exc.status, exc.body(), exc.headers())
+            if watch is not None:
+                watch.finish()
+            await send_json(send, exc.status, exc.body(), exc.headers())
         except asyncio.CancelledError:
-            if not phase["gone"]:
+            if watch is None or not watch.gone():
                 raise
-            task.uncancel()
         finally:
-            phase["finished"] = True
-            if watcher is not None:
-                watcher.cancel()
+            if watch is not None:
+                watch.close()
 
     async def _route(
         self,
@@ -148,7 +102,7 @@ class CompletionEndpoints:
         headers: dict[str, str],
         raw: bytes,
         send: Send,
-        phase: dict[str, bool],
+        watch: DisconnectWatch,
     ) -> None:
         arrived = time.perf_counter()
         tenant = state.auth.authenticate(headers.get("authorization"))
@@ -187,7 +141,7 @@ class CompletionEndpoints:
         relay = relay_stream(state.dispatcher, req, opened, stream)
         try:
             if body["stream"]:
-                await self._stream(relay, route_headers, send, phase)
+                await self._stream(relay, route_headers, send, watch)
                 return
             async for _ in relay:
                 pass
@@ -195,18 +149,18 @@ class CompletionEndpoints:
             await relay.aclose()
         if stream.error is not None:
             raise stream.error
-        phase["finished"] = True
-        await _send_json(send, 200, assemble(stream), route_headers)
+        watch.finish()
+        await send_json(send, 200, assemble(stream), route_headers)
 
     async def _stream(
         self,
         relay: AsyncGenerator[bytes, None],
         headers: dict[str, str],
         send: Send,
-        phase: dict[str, bool],
+        watch: DisconnectWatch,
     ) -> None:
         headers["Cache-Control"] = "no-cache"
-        raw = _raw_headers(headers, b"text/event-stream; charset=utf-8")
+        raw = raw_headers(headers, b"text/event-stream; charset=utf-8")
         await send({"type": "http.response.start", "status": 200, "headers": raw})
         ended = False
         async for chunk in relay:
@@ -214,8 +168,9 @@ class CompletionEndpoints:
                 continue  # nothing follows [DONE]; the relay is drained for its bookkeeping
             # The chunk that carries [DONE] also closes the response: one write, not two.
             ended = chunk.endswith(DONE_FRAME)
-            phase["finished"] = ended
+            if ended:
+                watch.finish()
             await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
         if not ended:
-            phase["finished"] = True
+            watch.finish()
             await send({"type": "http.response.body", "body": b"", "more_body": False})

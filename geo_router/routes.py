@@ -13,10 +13,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from geo_router.bodycheck import validated_body
-from geo_router.completions import read_body, request_id
+from geo_router.completions import request_id
 from geo_router.continuation import Kind
 from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.tracker import Circuit
+from servekit.asgi import read_body
 from servekit.errors import NotReady
 
 if TYPE_CHECKING:
