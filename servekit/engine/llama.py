@@ -430,11 +430,12 @@ class LlamaCppEngine:
                 if text:
                     emit(TextDelta(text, pending_tokens))
                     pending_tokens = 0
-                    if not handed.is_set():
-                        # Decoding the next token would take every core from the
-                        # event loop that is about to send this first one: let
-                        # it go out first (time to first token is what users feel).
-                        handed.wait(_HANDOFF_WAIT_S)
+                    # Decoding the next token would take every core from the
+                    # event loop that is about to send this one; a loop thread
+                    # preempting an OpenMP worker mid-decode stalls them all.
+                    # Let it go out first.
+                    handed.wait(_HANDOFF_WAIT_S)
+                    handed.clear()
                 if stream.stopped:
                     reason = "stop"
                     break
