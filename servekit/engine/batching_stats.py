@@ -12,6 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from servekit.engine.rates import percentile
+
 __all__ = ["BATCH_SIZE_BUCKETS", "BatchingSnapshot", "BatchingStats"]
 
 # Upper bounds of the batch-size histogram (sequences per decode step).
@@ -47,13 +49,6 @@ class BatchingSnapshot:
     requests_ok: int
     requests_failed: int
     requests_cancelled: int
-
-
-def _percentile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[k]
 
 
 @dataclass
@@ -136,9 +131,9 @@ class BatchingStats:
                 batch_sequences_total=self._batch_sequences_total,
                 mean_batch_sequences=mean,
                 batch_size_counts=tuple(self._bucket_counts),
-                ttft_p50_ms=_percentile(ttft, 0.50),
-                ttft_p95_ms=_percentile(ttft, 0.95),
-                ttft_p99_ms=_percentile(ttft, 0.99),
+                ttft_p50_ms=percentile(ttft, 0.50),
+                ttft_p95_ms=percentile(ttft, 0.95),
+                ttft_p99_ms=percentile(ttft, 0.99),
                 # Tokens per second of decode time: what the engine does while busy.
                 decode_tokens_per_s=decode / busy if busy > 0 and decode else None,
                 prefill_tokens_per_s=(

@@ -17,7 +17,6 @@ import os
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +43,7 @@ from servekit.engine.protocol import (
     LoadReport,
     TextDelta,
 )
+from servekit.engine.rates import RateTracker
 from servekit.engine.textstream import TextStream
 from servekit.errors import (
     EngineFailure,
@@ -94,36 +94,6 @@ class LlamaSettings(BaseModel):
     chat_template: str | None = Field(None, description="Override the GGUF's chat template.")
     prefix_cache: PrefixCacheSettings = PrefixCacheSettings()
     prompt_lookup: PromptLookupSettings = PromptLookupSettings()
-
-
-class RateTracker:
-    """Recent TTFTs (a window) and decode/prefill rates (moving averages)."""
-
-    def __init__(self, window: int = 128) -> None:
-        self._ttft: deque[float] = deque(maxlen=window)
-        self.decode_tps: float | None = None
-        self.prefill_tps: float | None = None
-
-    def ttft(self, seconds: float) -> None:
-        self._ttft.append(seconds * 1000.0)
-
-    def decode(self, tokens: int, seconds: float) -> None:
-        if tokens > 0 and seconds > 0:
-            self.decode_tps = _ema(self.decode_tps, tokens / seconds)
-
-    def prefill(self, tokens: int, seconds: float) -> None:
-        if tokens > 0 and seconds > 0:
-            self.prefill_tps = _ema(self.prefill_tps, tokens / seconds)
-
-    def ttft_quantile(self, q: float) -> float | None:
-        if not self._ttft:
-            return None
-        ordered = sorted(self._ttft)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _ema(old: float | None, new: float, alpha: float = 0.2) -> float:
-    return new if old is None else (1 - alpha) * old + alpha * new
 
 
 _Emit = Callable[[GenerationEvent | BaseException], None]
