@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from servekit.admission import AdmissionQueue
 from servekit.engine.protocol import Engine, LoadReport
-from servekit.errors import ContextLengthExceeded, ModelNotFound
+from servekit.errors import ContextLengthExceeded, ModelNotFound, NotReady
 from servekit.metrics import ServingMetrics
 
-__all__ = ["EngineSource", "FixedEngine", "ServingCore"]
+__all__ = ["EngineSource", "FixedEngine", "ServingCore", "core_of"]
 
 
 class EngineSource(Protocol):
@@ -80,3 +80,11 @@ class ServingCore:
             requests_ok=self.requests_ok,
             requests_failed=self.requests_failed,
         )
+
+
+def core_of(app: Any) -> ServingCore:
+    """The serving core the app's lifespan stored, or 503 while it is starting."""
+    core = getattr(getattr(app, "state", None), "core", None)
+    if core is None:
+        raise NotReady("service is starting", retry_after=1)
+    return cast(ServingCore, core)

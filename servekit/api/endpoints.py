@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Literal
 
-from servekit.api.core import ServingCore
+from servekit.api.core import ServingCore, core_of
 from servekit.api.generation import serve_generation
 from servekit.asgi import (
     ASGIApp,
@@ -31,7 +31,7 @@ from servekit.asgi import (
     send_json,
 )
 from servekit.engine.protocol import GenerationRequest, Priority
-from servekit.errors import NotReady, ServeError, error_body
+from servekit.errors import ServeError, error_body
 from servekit.wire import ChatCompletionRequest, CompletionRequest, new_id, parse_request
 
 __all__ = ["CompletionEndpoints"]
@@ -87,9 +87,7 @@ class CompletionEndpoints:
             await send(message)
 
         try:
-            core = scope["app"].state.core if "app" in scope else None
-            if core is None:
-                raise NotReady("service is starting", retry_after=1)
+            core = core_of(scope.get("app"))
             gen, stream, usage = _generation(core, kind, raw, scope)
             await serve_generation(
                 core, gen, tracked, stream=stream, include_usage=usage, arrival=arrival

@@ -11,7 +11,7 @@ from pydantic.json_schema import JsonSchemaMode
 
 from servekit.wire import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest
 
-__all__ = ["ERROR_SCHEMA", "SSE_EVENT_SCHEMA", "document_completions"]
+__all__ = ["ERROR_SCHEMA", "SSE_EVENT_SCHEMA", "document_completions", "error_doc"]
 
 # The OpenAI error shape, {"error": {"message", "type", "param", "code"}}.
 ERROR_SCHEMA: dict[str, Any] = {
@@ -42,7 +42,7 @@ SSE_EVENT_SCHEMA: dict[str, Any] = {
 _REF = "#/components/schemas/{model}"
 
 
-def _error(description: str) -> dict[str, Any]:
+def error_doc(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": ERROR_SCHEMA}}}
 
 
@@ -83,13 +83,13 @@ def _operation(
                     "text/event-stream": {"schema": SSE_EVENT_SCHEMA},
                 },
             },
-            "400": _error("Invalid request (bad parameter, prompt longer than the context)."),
-            "404": _error("Unknown model."),
-            "413": _error("Request body too large."),
-            "429": _error("Queue full or rate limited; see Retry-After."),
-            "500": _error("The engine failed."),
-            "503": _error("Not ready, draining, or upstream unavailable; see Retry-After."),
-            "504": _error("Upstream timed out."),
+            "400": error_doc("Invalid request (bad parameter, prompt longer than the context)."),
+            "404": error_doc("Unknown model."),
+            "413": error_doc("Request body too large."),
+            "429": error_doc("Queue full or rate limited; see Retry-After."),
+            "500": error_doc("The engine failed."),
+            "503": error_doc("Not ready, draining, or upstream unavailable; see Retry-After."),
+            "504": error_doc("Upstream timed out."),
         },
     }
 

@@ -8,10 +8,10 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from servekit.api.core import ServingCore
+from servekit.api.core import ServingCore, core_of
 from servekit.api.endpoints import CompletionEndpoints
 from servekit.api.errors import error_response, install_error_handlers
-from servekit.api.openapi import ERROR_SCHEMA, document_completions
+from servekit.api.openapi import document_completions, error_doc
 from servekit.errors import NotReady
 from servekit.wire import ModelCard, ModelList
 
@@ -19,14 +19,10 @@ __all__ = ["build_serving_app", "get_core"]
 
 
 def get_core(request: Request) -> ServingCore:
-    core = getattr(request.app.state, "core", None)
-    if core is None:
-        raise NotReady("service is starting", retry_after=1)
-    return cast(ServingCore, core)
+    return core_of(request.app)
 
 
 CoreDep = Annotated[ServingCore, Depends(get_core)]
-_ERROR_CONTENT = {"application/json": {"schema": ERROR_SCHEMA}}
 
 
 def openai_router() -> APIRouter:
@@ -50,7 +46,7 @@ def ops_router() -> APIRouter:
     @router.get(
         "/ready",
         summary="Readiness: 503 while loading, warming or draining",
-        responses={503: {"description": "Not ready.", "content": _ERROR_CONTENT}},
+        responses={503: error_doc("Not ready.")},
     )
     async def ready(request: Request) -> Response:
         core = getattr(request.app.state, "core", None)
