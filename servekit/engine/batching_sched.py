@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_sampler import SamplerChain
+from servekit.engine.batching_slots import Slot, choose_slot, common_prefix
 from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
 from servekit.engine.textstream import TextStream
@@ -69,7 +70,7 @@ class _Seq:
     max_new: int
     text: TextStream
     sampler: SamplerChain
-    slot: _Slot
+    slot: Slot[_Seq]
     n_past: int  # tokens of this sequence already in the slot's cache
     cached_prompt: int
     generated: int = 0  # completion tokens (an end-of-generation token is not one)
@@ -81,22 +82,6 @@ class _Seq:
     @property
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
-
-
-@dataclass(eq=False)
-class _Slot:
-    seq_id: int
-    cached: list[int] = field(default_factory=list)
-    seq: _Seq | None = None
-    last_used: float = 0.0
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Scheduler:
@@ -116,7 +101,7 @@ class Scheduler:
         self._chunk = chunk_tokens
         self._seed = seed
         self.stats = stats
-        self._slots: list[_Slot] = []
+        self._slots: list[Slot[_Seq]] = []
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._waiting: list[tuple[int, int, Job, Prepared]] = []
         self._order = itertools.count()
@@ -174,7 +159,7 @@ class Scheduler:
             model.close()
             loaded.set_exception(ValueError("need 1 <= chunk_tokens <= n_batch - n_slots"))
             return
-        self._slots = [_Slot(i) for i in range(model.n_slots)]
+        self._slots = [Slot[_Seq](i) for i in range(model.n_slots)]
         loaded.set_result(None)
         try:
             while not self._stopping:
@@ -233,10 +218,9 @@ class Scheduler:
             _, _, job, prepared = heapq.heappop(self._waiting)
             self.stats.waiting = len(self._waiting)
             prompt = prepared.tokens
-            # Longest shared prefix wins; among equals, the least recently used slot.
-            slot = max(free, key=lambda s: (_common_prefix(s.cached, prompt), -s.last_used))
+            slot = choose_slot(free, [s.slot.seq_id for s in self._running], prompt)
             # The last prompt token is always evaluated again: its logits start the answer.
-            keep = min(_common_prefix(slot.cached, prompt), len(prompt) - 1)
+            keep = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
             keep = self._model.forget(slot.seq_id, keep)
             slot.cached = prompt[:keep]
             self.stats.prompt_tokens += len(prompt)
@@ -257,27 +241,34 @@ class Scheduler:
             self.stats.running = len(self._running)
 
     def _step(self) -> None:
-        items: list[BatchItem] = []
-        decoding = [s for s in self._running if s.next_token is not None]
-        for seq in decoding:
-            assert seq.next_token is not None
-            seq.out_index = len(items)
-            items.append(BatchItem(seq.next_token, seq.n_past, seq.slot.seq_id, True))
+        # Prefill budget first-come first-served; the batch itself in slot order
+        # (see batching_slots: consecutive sequence ids share one pass over the
+        # weights), each sequence's tokens together.
         budget = self._chunk
-        finishing_prefill: list[_Seq] = []
+        takes: dict[int, int] = {}
         for seq in self._running:
             if budget <= 0:
                 break
-            if not seq.prefilling:
+            if seq.prefilling:
+                takes[id(seq)] = take = min(budget, len(seq.prompt) - seq.n_past)
+                budget -= take
+        items: list[BatchItem] = []
+        decoding: list[_Seq] = []
+        finishing_prefill: list[_Seq] = []
+        for seq in sorted(self._running, key=lambda s: s.slot.seq_id):
+            seq_id = seq.slot.seq_id
+            if seq.next_token is not None:
+                seq.out_index = len(items)
+                items.append(BatchItem(seq.next_token, seq.n_past, seq_id, True))
+                decoding.append(seq)
                 continue
-            take = min(budget, len(seq.prompt) - seq.n_past)
+            take = takes.get(id(seq), 0)
             for j in range(seq.n_past, seq.n_past + take):
                 last = j == len(seq.prompt) - 1
                 if last:
                     seq.out_index = len(items)
                     finishing_prefill.append(seq)
-                items.append(BatchItem(seq.prompt[j], j, seq.slot.seq_id, last))
-            budget -= take
+                items.append(BatchItem(seq.prompt[j], j, seq_id, last))
         prefill_tokens = len(items) - len(decoding)
         started = time.perf_counter()
         try:

@@ -1,0 +1,64 @@
+"""Slots of the batching engine, and which one a new prompt takes.
+
+llama.cpp keeps one KV stream per sequence id when ``kv_unified`` is off, and
+then splits a batch into micro-batches of *consecutive, increasing* sequence
+ids (``llama_batch_allocr::split_equal`` with ``sequential``). Every
+micro-batch reads all the model's weights again: on this CPU a batch of
+sequences {0, 1, 3, 4} costs two passes where {0, 1, 2, 3} costs one. So the
+scheduler orders each batch by slot, and a new prompt goes where it keeps the
+running slots in as few consecutive runs as possible, unless another slot
+already holds a long stretch of its prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+__all__ = ["REUSE_MIN_TOKENS", "Slot", "choose_slot", "common_prefix", "runs"]
+
+# A cached prefix at least this long beats keeping the batch in one run:
+# prefilling it again costs more than a split batch for one request's life.
+REUSE_MIN_TOKENS = 64
+
+SeqT = TypeVar("SeqT")
+
+
+@dataclass(eq=False)
+class Slot(Generic[SeqT]):
+    seq_id: int
+    cached: list[int] = field(default_factory=list)
+    seq: SeqT | None = None  # the sequence running in it, if any
+    last_used: float = 0.0
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def runs(ids: Collection[int]) -> int:
+    """How many runs of consecutive ids ``ids`` falls into: micro-batches per step."""
+    return sum(1 for i in ids if i - 1 not in ids)
+
+
+def choose_slot(
+    free: Sequence[Slot[SeqT]], busy: Collection[int], prompt: Sequence[int]
+) -> Slot[SeqT]:
+    """The free slot for ``prompt``, given the ids of the slots already running.
+
+    A long cached prefix wins (the longest); otherwise the slot that leaves the
+    fewest runs, then the longest prefix, then the least recently used.
+    """
+    busy_set = set(busy)
+
+    def key(slot: Slot[SeqT]) -> tuple[int, int, int, float]:
+        shared = common_prefix(slot.cached, prompt)
+        long_reuse = shared if shared >= REUSE_MIN_TOKENS else 0
+        return (long_reuse, -runs(busy_set | {slot.seq_id}), shared, -slot.last_used)
+
+    return max(free, key=key)

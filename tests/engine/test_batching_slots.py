@@ -1,0 +1,72 @@
+"""Slot choice for the batching engine: few micro-batches, long prefixes kept."""
+
+from __future__ import annotations
+
+from servekit.engine.batching_slots import (
+    REUSE_MIN_TOKENS,
+    Slot,
+    choose_slot,
+    common_prefix,
+    runs,
+)
+
+
+def slots(n: int) -> list[Slot[object]]:
+    return [Slot[object](i) for i in range(n)]
+
+
+def test_runs_counts_consecutive_stretches() -> None:
+    assert runs(set()) == 0
+    assert runs({0, 1, 2, 3}) == 1
+    assert runs({0, 1, 3, 4}) == 2
+    assert runs({7, 0, 2, 5}) == 4
+
+
+def test_common_prefix() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+
+
+def test_new_prompt_extends_the_running_run() -> None:
+    all_slots = slots(8)
+    busy = {0, 1, 2}
+    free = [s for s in all_slots if s.seq_id not in busy]
+    assert choose_slot(free, busy, [5, 6, 7]).seq_id == 3
+
+
+def test_new_prompt_fills_a_gap() -> None:
+    all_slots = slots(8)
+    busy = {0, 1, 3, 4}
+    free = [s for s in all_slots if s.seq_id not in busy]
+    assert choose_slot(free, busy, [5, 6, 7]).seq_id == 2
+
+
+def test_short_shared_prefix_does_not_split_the_batch() -> None:
+    all_slots = slots(8)
+    prompt = list(range(100, 140))
+    all_slots[6].cached = prompt[:30]  # a chat template's system preamble, say
+    busy = {0, 1}
+    free = [s for s in all_slots if s.seq_id not in busy]
+    assert choose_slot(free, busy, prompt).seq_id == 2
+
+
+def test_long_cached_prefix_wins_over_contiguity() -> None:
+    all_slots = slots(8)
+    prompt = list(range(1000, 1000 + REUSE_MIN_TOKENS + 20))
+    all_slots[6].cached = prompt[: REUSE_MIN_TOKENS + 10]
+    all_slots[5].cached = prompt[:REUSE_MIN_TOKENS]
+    busy = {0, 1}
+    free = [s for s in all_slots if s.seq_id not in busy]
+    assert choose_slot(free, busy, prompt).seq_id == 6
+
+
+def test_among_equals_the_longer_prefix_then_least_recently_used() -> None:
+    all_slots = slots(4)
+    all_slots[1].cached = [1, 2]
+    all_slots[3].cached = [1, 2, 3]
+    # nothing runs: every choice is one run; the longer (short) prefix wins
+    assert choose_slot(all_slots, set(), [1, 2, 3, 4]).seq_id == 3
+    all_slots[3].cached = [1, 2]
+    all_slots[1].last_used, all_slots[3].last_used = 5.0, 2.0
+    assert choose_slot([all_slots[1], all_slots[3]], set(), [1, 2, 3, 4]).seq_id == 3
