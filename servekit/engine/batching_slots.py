@@ -7,7 +7,10 @@ micro-batch reads all the model's weights again: on this CPU a batch of
 sequences {0, 1, 3, 4} costs two passes where {0, 1, 2, 3} costs one. So the
 scheduler orders each batch by slot, and a new prompt goes where it keeps the
 running slots in as few consecutive runs as possible, unless another slot
-already holds a long stretch of its prompt.
+already holds a long stretch of its prompt. Among the rest, it prefers the
+slot where it keeps the most cached tokens and throws away the fewest: a short
+shared preamble is no reason to evict a long cached conversation that an empty
+slot would have spared.
 """
 
 from __future__ import annotations
@@ -52,13 +55,15 @@ def choose_slot(
     """The free slot for ``prompt``, given the ids of the slots already running.
 
     A long cached prefix wins (the longest); otherwise the slot that leaves the
-    fewest runs, then the longest prefix, then the least recently used.
+    fewest runs, then the most shared minus evicted cached tokens, then the
+    least recently used.
     """
     busy_set = set(busy)
 
     def key(slot: Slot[SeqT]) -> tuple[int, int, int, float]:
         shared = common_prefix(slot.cached, prompt)
         long_reuse = shared if shared >= REUSE_MIN_TOKENS else 0
-        return (long_reuse, -runs(busy_set | {slot.seq_id}), shared, -slot.last_used)
+        kept = shared - (len(slot.cached) - shared)
+        return (long_reuse, -runs(busy_set | {slot.seq_id}), kept, -slot.last_used)
 
     return max(free, key=key)

@@ -70,3 +70,14 @@ def test_among_equals_the_longer_prefix_then_least_recently_used() -> None:
     all_slots[3].cached = [1, 2]
     all_slots[1].last_used, all_slots[3].last_used = 5.0, 2.0
     assert choose_slot([all_slots[1], all_slots[3]], set(), [1, 2, 3, 4]).seq_id == 3
+
+
+def test_short_shared_preamble_does_not_evict_a_long_cache() -> None:
+    all_slots = slots(4)
+    preamble = list(range(20))
+    long_conversation = preamble + list(range(500, 1500))
+    all_slots[0].cached = long_conversation
+    other = preamble + list(range(2000, 2030))
+    assert choose_slot(all_slots, set(), other).seq_id != 0
+    # ...and the conversation coming back still finds its slot.
+    assert choose_slot(all_slots, set(), [*long_conversation, 7]).seq_id == 0
