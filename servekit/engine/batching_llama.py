@@ -116,6 +116,14 @@ class LlamaBatchModel(LlamaVocab):
         if rc != 0:
             raise EngineFailure(f"llama_decode failed with status {rc}")
 
+    def copy(self, src: int, dst: int) -> None:
+        """Make ``dst``'s cache a copy of ``src``'s (applied at the next decode).
+
+        With one KV stream per sequence llama.cpp copies the whole stream; trim
+        ``dst`` with :meth:`forget` afterwards to the prefix it should keep.
+        """
+        llama_cpp.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+
     def forget(self, seq: int, keep: int = 0) -> int:
         """Drop a sequence's cache from position ``keep`` on; return how many tokens remain."""
         if keep > 0 and llama_cpp.llama_memory_seq_rm(self._mem, seq, keep, -1):

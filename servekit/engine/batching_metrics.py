@@ -65,6 +65,11 @@ class BatchingCollector(Collector):
         yield counter(
             "servekit:batch_prefill_tokens", "Prompt tokens evaluated.", snap.prefill_tokens
         )
+        yield counter(
+            "servekit:batch_prefix_copies",
+            "Admissions that started from a copy of another slot's cached prefix.",
+            snap.prefix_copies,
+        )
         hist = HistogramMetricFamily(
             "servekit:batch_size_sequences",
             "Sequences per decode step.",

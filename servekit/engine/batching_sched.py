@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_sampler import SamplerChain
-from servekit.engine.batching_slots import Slot, choose_slot, common_prefix
+from servekit.engine.batching_slots import Slot, choose_slot, common_prefix, donor
 from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
 from servekit.engine.textstream import TextStream
@@ -219,9 +219,15 @@ class Scheduler:
             self.stats.waiting = len(self._waiting)
             prompt = prepared.tokens
             slot = choose_slot(free, [s.slot.seq_id for s in self._running], prompt)
+            shared = common_prefix(slot.cached, prompt)
+            source = donor(self._slots, slot, prompt)
+            if source is not None:
+                # Another slot holds more of the prompt: start from a copy of it.
+                self._model.copy(source[0].seq_id, slot.seq_id)
+                shared = source[1]
+                self.stats.prefix_copies += 1
             # The last prompt token is always evaluated again: its logits start the answer.
-            keep = min(common_prefix(slot.cached, prompt), len(prompt) - 1)
-            keep = self._model.forget(slot.seq_id, keep)
+            keep = self._model.forget(slot.seq_id, min(shared, len(prompt) - 1))
             slot.cached = prompt[:keep]
             self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep

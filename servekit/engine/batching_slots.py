@@ -10,7 +10,10 @@ running slots in as few consecutive runs as possible, unless another slot
 already holds a long stretch of its prompt. Among the rest, it prefers the
 slot where it keeps the most cached tokens and throws away the fewest: a short
 shared preamble is no reason to evict a long cached conversation that an empty
-slot would have spared.
+slot would have spared. The chosen slot need not prefill what another slot
+holds, though: :func:`donor` names a slot whose cache to copy in first
+(``llama_memory_seq_cp`` copies a whole KV stream, a few ms on this CPU, where
+prefilling a chat template's preamble on one core costs hundreds).
 """
 
 from __future__ import annotations
@@ -19,11 +22,23 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["REUSE_MIN_TOKENS", "Slot", "choose_slot", "common_prefix", "runs"]
+__all__ = [
+    "COPY_MIN_TOKENS",
+    "REUSE_MIN_TOKENS",
+    "Slot",
+    "choose_slot",
+    "common_prefix",
+    "donor",
+    "runs",
+]
 
 # A cached prefix at least this long beats keeping the batch in one run:
 # prefilling it again costs more than a split batch for one request's life.
 REUSE_MIN_TOKENS = 64
+
+# Copying another slot's cache pays when it spares at least this many tokens
+# of prefill (a stream copy costs about what a few tokens of prefill do).
+COPY_MIN_TOKENS = 16
 
 SeqT = TypeVar("SeqT")
 
@@ -67,3 +82,23 @@ def choose_slot(
         return (long_reuse, -runs(busy_set | {slot.seq_id}), kept, -slot.last_used)
 
     return max(free, key=key)
+
+
+def donor(
+    slots: Sequence[Slot[SeqT]], chosen: Slot[SeqT], prompt: Sequence[int]
+) -> tuple[Slot[SeqT], int] | None:
+    """The slot whose cache ``chosen`` should copy before taking ``prompt``, if any.
+
+    The one sharing the longest prefix with the prompt, if that beats what
+    ``chosen`` already holds by at least :data:`COPY_MIN_TOKENS`; with how many
+    tokens it shares.
+    """
+    own = common_prefix(chosen.cached, prompt)
+    best: tuple[Slot[SeqT], int] | None = None
+    for slot in slots:
+        if slot is chosen:
+            continue
+        shared = common_prefix(slot.cached, prompt)
+        if shared >= own + COPY_MIN_TOKENS and (best is None or shared > best[1]):
+            best = (slot, shared)
+    return best

@@ -35,6 +35,7 @@ class BatchingSnapshot:
     prefill_tokens: int
     prompt_tokens: int
     reused_prompt_tokens: int
+    prefix_copies: int  # admissions that started from a copy of another slot's cache
     last_batch_sequences: int
     last_batch_tokens: int
     batch_sequences_total: int  # summed over steps; / steps = mean batch size
@@ -64,6 +65,7 @@ class BatchingStats:
     prefill_tokens: int = 0
     prompt_tokens: int = 0  # of admitted requests; reused ones were not prefilled
     reused_prompt_tokens: int = 0
+    prefix_copies: int = 0
     last_batch_sequences: int = 0
     last_batch_tokens: int = 0
     requests_ok: int = 0
@@ -126,6 +128,7 @@ class BatchingStats:
                 prefill_tokens=self.prefill_tokens,
                 prompt_tokens=self.prompt_tokens,
                 reused_prompt_tokens=self.reused_prompt_tokens,
+                prefix_copies=self.prefix_copies,
                 last_batch_sequences=self.last_batch_sequences,
                 last_batch_tokens=self.last_batch_tokens,
                 batch_sequences_total=self._batch_sequences_total,

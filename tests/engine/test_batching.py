@@ -109,10 +109,14 @@ async def test_disconnect_frees_the_slot_and_its_cache(engine: BatchingLlamaEngi
     assert engine.load().running == SLOTS
     before = engine.stats().requests_cancelled
     await streams[0].aclose()
-    # The freed slot serves a new request while the others still run, and its
-    # cache was dropped: not even the shared system-prompt prefix is reused.
+    # The freed slot serves a new request while the others still run. Its own
+    # cache was dropped, so the chat template's shared preamble it starts from is
+    # a copy of a running slot's.
+    copies = engine.stats().prefix_copies
     _, fin, _ = await asyncio.wait_for(collect(engine, chat("Say yes.", max_tokens=2)), 30)
-    assert (fin.completion_tokens, fin.cached_prompt_tokens) == (2, 0)
+    assert fin.completion_tokens == 2
+    assert engine.stats().prefix_copies == copies + 1
+    assert 0 < fin.cached_prompt_tokens < fin.prompt_tokens - 2
     assert engine.stats().requests_cancelled == before + 1
     for s in streams[1:]:
         await s.aclose()

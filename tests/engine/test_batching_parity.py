@@ -190,3 +190,34 @@ async def counting_prompt(engine: LlamaCppEngine, tokens: int) -> GenerationRequ
         while len(await engine.tokenize(numbers(k + step))) <= tokens:
             k += step
     return numbers(k)
+
+
+async def test_a_prefix_copied_from_another_slot_gives_the_same_answer(
+    engines: tuple[LlamaCppEngine, BatchingLlamaEngine], model_path: Path
+) -> None:
+    single, batching = engines
+    system = (
+        "You are the help desk of a railway company. Answer in one short sentence, "
+        "name the station when you can, never invent timetables, and be polite. " * 2
+    )
+
+    def ask(question: str, max_tokens: int) -> GenerationRequest:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        messages = (Message("system", system), Message("user", question))
+        return GenerationRequest("t", params, messages=messages)
+
+    later = ask("Where do I buy a ticket?", 16)
+    want_text, want_fin = await run(single, later)
+    copies = batching.stats().prefix_copies
+    # One request holds the shared system prompt in its slot while it runs; the
+    # next one gets another slot and starts from a copy of that slot's cache.
+    holder = batching.generate(ask("When does the first train leave?", 120))
+    assert isinstance(await anext(holder), TextDelta)  # its prompt is all in the cache
+    text, fin = await run(batching, later)
+    await holder.aclose()  # type: ignore[attr-defined]
+    assert batching.stats().prefix_copies == copies + 1
+    assert fin.cached_prompt_tokens >= 64
+    assert fin.prompt_tokens == want_fin.prompt_tokens
+    if text != want_text:
+        gap = top2_gap_at_divergence(model_path, await single.tokenize(later), want_text, text)
+        assert gap < NEAR_TIE, (want_text, text, gap)
