@@ -3,11 +3,25 @@
 predicted TTFT = RTT(user region → instance region)
                + queue wait (requests beyond capacity × typical service time / capacity)
                + prefill estimate (prompt tokens / prefill rate)
+               + busy slowdown (running sequences × the engine's TTFT spread)
 
 The busy count is the larger of the instance's last load report and the
 router's own in-flight count, so a burst between two heartbeats does not
-herd onto one instance. Candidates within ``p2c_window_ms`` of the best
-compete by power of two choices, sampled by their slow-start weight.
+herd onto one instance. Requests of this router that ended after the report
+was taken no longer count in it: a report up to a poll period old would
+otherwise keep an idle edge busy for that long after its last answer.
+
+A batching engine admits a new prompt while others decode, but not for free:
+the prefill shares the engine's compute (on a CPU edge, its one core) with
+their decode steps, and a prompt landing in a slot without the cached prefix
+prefills in full. The engine reports its own recent TTFT P50 and P95; a new
+arrival at an idle engine sees about the P50, one at a busy engine about the
+tail, so each sequence already running (up to capacity) adds the reported
+spread P95 - P50, times ``busy_slowdown_weight``. Nothing is added until the
+engine has reported both, nor for an idle engine.
+
+Candidates within ``p2c_window_ms`` of the best compete by power of two
+choices, sampled by their slow-start weight.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ from typing import Any
 from geo_router.region import RttTable
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
+from servekit.engine.protocol import LoadReport
 from servekit.registry.protocol import InstanceState
 
 __all__ = ["Scored", "Scorer", "instance_url"]
@@ -38,6 +53,7 @@ class Scored:
     queue_ms: float
     prefill_ms: float
     bias_ms: float
+    busy_ms: float
     weight: float
     circuit: Circuit
 
@@ -70,6 +86,7 @@ class Scored:
             "rtt_ms": round(self.rtt_ms, 2),
             "queue_ms": round(self.queue_ms, 2),
             "prefill_ms": round(self.prefill_ms, 2),
+            "busy_ms": round(self.busy_ms, 2),
             "bias_ms": round(self.bias_ms, 2),
             "weight": round(self.weight, 3),
             "circuit": self.circuit.name.lower(),
@@ -102,7 +119,10 @@ class Scorer:
         stats = self._tracker.stats(info.id, now)
         tier = info.tier
         capacity = max(1, load.capacity or info.capacity)
-        busy = max(load.running + load.waiting, stats.inflight)
+        reported = load.running + load.waiting
+        if reported and state.last_heartbeat:
+            reported = max(0, reported - stats.released_since(state.last_heartbeat))
+        busy = max(reported, stats.inflight)
         excess = busy - capacity + 1
         service_ms = self._routing.default_service_ms.get(tier, 2000.0)
         if load.decode_tokens_per_s:
@@ -112,19 +132,28 @@ class Scorer:
             tier, 1000.0
         )
         prefill_ms = prompt_tokens / prefill_tps * 1000.0
+        busy_ms = min(busy, capacity) * self._spread_ms(load) if capacity > 1 else 0.0
         rtt = self._rtt.rtt_ms(user_region, info.region)
         ramp = self._routing.slow_start_s
         weight = 1.0 if ramp <= 0 else min(1.0, max(0.05, (now - stats.first_seen) / ramp))
         return Scored(
             state=state,
-            predicted_ms=rtt + queue_ms + prefill_ms + bias_ms,
+            predicted_ms=rtt + queue_ms + prefill_ms + busy_ms + bias_ms,
             rtt_ms=rtt,
             queue_ms=queue_ms,
             prefill_ms=prefill_ms,
             bias_ms=bias_ms,
+            busy_ms=busy_ms,
             weight=weight,
             circuit=stats.circuit,
         )
+
+    def _spread_ms(self, load: LoadReport) -> float:
+        """What one running sequence adds to a new arrival's TTFT: the reported P95 - P50."""
+        if load.ttft_p50_ms is None or load.ttft_p95_ms is None:
+            return 0.0
+        spread = max(0.0, load.ttft_p95_ms - load.ttft_p50_ms)
+        return spread * self._routing.busy_slowdown_weight
 
     def order(self, scored: Sequence[Scored]) -> list[Scored]:
         """Best first: a power-of-two pick among the near-best, then by predicted TTFT."""

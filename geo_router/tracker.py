@@ -35,6 +35,11 @@ class InstanceStats:
     probing: bool = False
     inflight: int = 0
     ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    # Wall-clock ends of the router's requests there (to discount stale load reports).
+    released: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+
+    def released_since(self, wall: float) -> int:
+        return sum(1 for t in self.released if t > wall)
 
     def ttft_p95_ms(self) -> float | None:
         if len(self.ttft_ms) < 5:
@@ -84,6 +89,7 @@ class Tracker:
     def release(self, instance_id: str) -> None:
         s = self.stats(instance_id)
         s.inflight = max(0, s.inflight - 1)
+        s.released.append(time.time())
 
     def success(self, instance_id: str, ttft_ms: float | None = None) -> None:
         s = self.stats(instance_id)

@@ -74,7 +74,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     load.add_argument("--rate", type=_floats, help="Poisson request rates per s, e.g. 1,2,4")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per step")
     p.add_argument("--requests", type=int, default=200, help="max requests per step")
-    p.add_argument("--warmup", type=int, default=1, help="requests sent before measuring")
+    p.add_argument(
+        "--warmup", type=int, default=1, help="requests per variant sent before measuring"
+    )
+    p.add_argument(
+        "--warmup-concurrency",
+        type=int,
+        default=1,
+        help="warm-up requests in flight at once (N warms N engine slots and connections)",
+    )
     p.add_argument(
         "--bucket",
         type=parse_bucket,
@@ -122,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         duration=args.duration,
         max_requests=args.requests,
         warmup=args.warmup,
+        warmup_concurrency=max(1, args.warmup_concurrency),
         api_key=args.api_key,
         timeout=args.timeout,
         seed=args.seed,

@@ -61,7 +61,8 @@ class RunPlan:
     variants: list[Variant]
     duration: float = 10.0
     max_requests: int = 200
-    warmup: int = 0
+    warmup: int = 0  # requests per variant before measuring, not recorded
+    warmup_concurrency: int = 1
     api_key: str | None = None
     timeout: float = 120.0
     max_in_flight: int = 1024
@@ -147,8 +148,11 @@ async def run_plan(plan: RunPlan, progress: object = None) -> list[StepRun]:
     ) as client:
         t0 = time.perf_counter()
         if plan.warmup:
+            # Every variant warms its own path (pooled connections, engine slots'
+            # prefix caches), so none is measured cold while another is warm.
             warm = RunPlan(**{**plan.__dict__, "max_requests": plan.warmup, "duration": 1e9})
-            await _closed_loop(client, warm, plan.variants[0], 1, t0)
+            for variant in plan.variants:
+                await _closed_loop(client, warm, variant, plan.warmup_concurrency, t0)
         for index, step in enumerate(plan.steps):
             for variant in plan.variants:
                 # Every variant of a step gets the same arrival times: same offered load.

@@ -67,6 +67,59 @@ def test_a_saturated_local_edge_spills_to_the_neighbour_or_center() -> None:
     assert d.candidates[1].queue_ms == pytest.approx(4 * 3000.0)
 
 
+def test_a_busy_batching_edge_spills_by_its_reported_ttft_spread() -> None:
+    # Below capacity there is no queue, but each running sequence slows a new
+    # arrival by the engine's own P95 - P50: 2 x 100 ms > the 40 ms to the west.
+    spread = {"capacity": 4, "ttft_p50_ms": 100.0, "ttft_p95_ms": 200.0}
+    busy = inst("e", running=2, **spread)
+    states = [busy, inst("w", region="west", **spread), inst("c", "center", "center")]
+    p, _ = planner(states, center_bias_ms=1000)
+    d = p.plan(SIMPLE, EAST, "u")
+    assert (d.candidates[0].id, d.reason(d.candidates[0])) == ("w", "spill-region")
+    local = next(c for c in d.candidates if c.id == "e")
+    assert (local.queue_ms, local.busy_ms) == (0.0, pytest.approx(200.0))
+    assert local.to_dict()["busy_ms"] == pytest.approx(200.0)
+    # One running sequence: 2 + 100 ms > 40 ms, it spills too; an idle one wins.
+    one = inst("e", running=1, **spread)
+    assert planner([one, states[1]])[0].plan(SIMPLE, EAST, "u").candidates[0].id == "w"
+    idle = inst("e", **spread)
+    assert planner([idle, states[1]])[0].plan(SIMPLE, EAST, "u").candidates[0].id == "e"
+    # Switched off, or before the engine reports TTFTs, only the queue counts.
+    p, _ = planner(states, center_bias_ms=1000, busy_slowdown_weight=0)
+    assert p.plan(SIMPLE, EAST, "u").candidates[0].id == "e"
+    unreported = inst("e", running=2, capacity=4)
+    p, _ = planner([unreported, inst("w", region="west", capacity=4)])
+    assert p.plan(SIMPLE, EAST, "u").candidates[0].id == "e"
+
+
+def test_the_router_s_own_inflight_count_makes_an_edge_busy_too() -> None:
+    spread = {"capacity": 4, "ttft_p50_ms": 100.0, "ttft_p95_ms": 200.0}
+    p, tracker = planner([inst("e", **spread), inst("w", region="west", **spread)])
+    assert p.plan(SIMPLE, EAST, "u").candidates[0].id == "e"
+    tracker.acquire("e")  # dispatched, not yet in a load report
+    assert p.plan(SIMPLE, EAST, "u").candidates[0].id == "w"
+
+
+def test_requests_that_ended_after_the_load_report_no_longer_count_in_it() -> None:
+    spread = {"capacity": 4, "ttft_p50_ms": 100.0, "ttft_p95_ms": 200.0}
+    stale = inst("e", running=2, **spread)  # reported while two of ours ran there
+    p, tracker = planner([stale, inst("w", region="west", **spread)])
+    before = p.plan(SIMPLE, EAST, "u").candidates
+    assert (before[0].id, before[0].busy_ms) == ("w", 0.0)
+    for _ in range(2):
+        tracker.acquire("e")
+        tracker.release("e")  # both answered since: the edge is idle
+    after = p.plan(SIMPLE, EAST, "u").candidates
+    assert (after[0].id, after[0].busy_ms) == ("e", 0.0)
+    # Releases before the report was taken do not discount it.
+    states = [inst("e", **spread)]
+    p, tracker = planner(states)
+    tracker.acquire("e")
+    tracker.release("e")
+    states[0] = inst("e", running=2, **spread)  # a newer report: two from other routers
+    assert p.plan(SIMPLE, EAST, "u").candidates[0].busy_ms == pytest.approx(200.0)
+
+
 def test_router_inflight_counts_before_the_next_load_report() -> None:
     p, tracker = planner([inst("e1", capacity=2), inst("e2", capacity=2)], p2c_window_ms=0)
     for _ in range(3):

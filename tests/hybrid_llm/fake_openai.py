@@ -5,6 +5,8 @@ before the first token and ``itl`` between the following ones, streams
 ``max_tokens`` one-word tokens and answers with the router's ``X-Route-*``
 headers (the tier echoed from the request's ``X-Want-Tier``, so tests can pin
 routes). ``fail_every`` makes every n-th request a 429 in the OpenAI error shape.
+``arrivals`` (when given) records each request's tier and how many were in
+flight when it arrived.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ class Timing:
     region: str = "region-a"
 
 
-def create_app(timing: Timing) -> Starlette:
+def create_app(timing: Timing, arrivals: list[tuple[str, int]] | None = None) -> Starlette:
     served = 0
+    in_flight = 0
 
     async def complete(request: Request) -> Response:
-        nonlocal served
+        nonlocal served, in_flight
         served += 1
         if timing.fail_every and served % timing.fail_every == 0:
             return JSONResponse(
@@ -45,6 +48,9 @@ def create_app(timing: Timing) -> Starlette:
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         chat = request.url.path.endswith("/chat/completions")
         tier = request.headers.get("x-want-tier", "edge")
+        if arrivals is not None:
+            arrivals.append((tier, in_flight))
+        in_flight += 1  # until its stream ends
         if chat:
             text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
         else:
@@ -74,6 +80,14 @@ def create_app(timing: Timing) -> Starlette:
             return b"data: " + json.dumps(event).encode() + b"\n\n"
 
         async def stream() -> AsyncIterator[bytes]:
+            nonlocal in_flight
+            try:
+                async for chunk in frames():
+                    yield chunk
+            finally:
+                in_flight -= 1
+
+        async def frames() -> AsyncIterator[bytes]:
             if chat:
                 yield frame("")  # the role-only first event carries no text
             await asyncio.sleep(timing.ttft + words * timing.prefill_s_per_token)

@@ -119,6 +119,27 @@ async def test_poisson_rate_offers_about_the_rate(server: UvicornThread) -> None
     assert len(runs[1].records) == len(runs[0].records)
 
 
+@pytest.mark.anyio
+async def test_warm_up_runs_for_every_variant_at_its_concurrency_and_is_not_recorded() -> None:
+    arrivals: list[tuple[str, int]] = []
+    with UvicornThread(create_app(Timing(ttft=0.1, itl=0.0), arrivals)) as srv:
+        plan = _plan(
+            srv.url,
+            variants=[Variant("hybrid"), Variant("center", {"X-Want-Tier": "center"})],
+            steps=[LoadStep("concurrency", 1)],
+            max_requests=2,
+            warmup=3,
+            warmup_concurrency=3,
+        )
+        runs = await run_plan(plan)
+    assert [len(r.records) for r in runs] == [2, 2]  # the warm-up is not measured
+    # Each variant warmed before any step: three at once (the last of each
+    # burst arrives with two in flight), then the measured steps one at a time.
+    tiers = [tier for tier, _ in arrivals]
+    assert tiers == ["edge"] * 3 + ["center"] * 3 + ["edge"] * 2 + ["center"] * 2
+    assert [max(n for _, n in arrivals[i : i + 3]) for i in (0, 3)] == [2, 2]
+
+
 def test_percentile_and_knee() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
