@@ -131,10 +131,15 @@ class Planner:
     ) -> Decision:
         name = str(body.get("model", ""))
         aliases = self._routing.aliases
+        listed = self._candidates()
+        available = self._tracker.available
         pool = [
             s
-            for s in self.healthy()
-            if s.info.id not in exclude and self._tracker.available(s.info.id)
+            for s in listed
+            if s.healthy
+            and not s.load.draining
+            and s.info.id not in exclude
+            and available(s.info.id)
         ]
         if name in aliases:
             tier = aliases[name]
@@ -144,7 +149,7 @@ class Planner:
                 tier = "center" if cls.difficulty == "hard" else "edge"
                 decision.tier = tier
         else:
-            if not any(s.info.model == name for s in self._candidates()):
+            if not any(s.info.model == name for s in listed):
                 raise ModelNotFound(f"model {name!r} does not exist", param="model")
             decision = Decision(region, None, None, name)
             pool = [s for s in pool if s.info.model == name]

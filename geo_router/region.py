@@ -36,6 +36,9 @@ class GeoLookup(Protocol):
     def close(self) -> None: ...
 
 
+_PEERS_MAX = 65536  # peer addresses whose region is remembered
+
+
 class RegionResolver:
     def __init__(self, settings: RegionSettings, geo: GeoLookup | None = None) -> None:
         self._default = settings.default
@@ -47,15 +50,31 @@ class RegionResolver:
             table, key=lambda item: item[0].prefixlen, reverse=True
         )
         self._geo = geo
+        # Peers that are not trusted proxies: their region depends on the
+        # address alone (CIDR table, GeoIP, default), so it is worked out once
+        # per address; parsing and matching addresses is the slow part.
+        self._by_peer: dict[str, ResolvedRegion] = {}
 
     def resolve(self, peer: str | None, headers: Mapping[str, str]) -> ResolvedRegion:
+        if peer is not None:
+            known = self._by_peer.get(peer)
+            if known is not None:
+                return known
         peer_ip = _parse_ip(peer)
-        client_ip = peer_ip
         if peer_ip is not None and self._trusted(peer_ip):
             region = headers.get(self._header, "").strip()
             if region:
                 return ResolvedRegion(region, "header", str(peer_ip))
-            client_ip = self._forwarded_client(headers.get("x-forwarded-for", ""), peer_ip)
+            forwarded = self._forwarded_client(headers.get("x-forwarded-for", ""), peer_ip)
+            return self._of_address(forwarded)
+        resolved = self._of_address(peer_ip)
+        if peer is not None:
+            if len(self._by_peer) >= _PEERS_MAX:
+                self._by_peer.clear()
+            self._by_peer[peer] = resolved
+        return resolved
+
+    def _of_address(self, client_ip: IPAddress | None) -> ResolvedRegion:
         if client_ip is None:
             return ResolvedRegion(self._default, "default", None)
         for net, region in self._cidrs:

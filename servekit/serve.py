@@ -7,6 +7,7 @@ about it while in-flight requests finish within the grace period.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from types import FrameType
@@ -37,7 +38,9 @@ def run_service(
     on_drain: Callable[[], None] = lambda: None,
     log_level: str = "info",
     graceful_s: float = 30.0,
+    http: type[asyncio.Protocol] | str = "httptools",
 ) -> None:
+    """Serve ``app``; ``http`` is uvicorn's HTTP protocol (a name or a protocol class)."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -47,7 +50,7 @@ def run_service(
         port=port,
         log_level=log_level,
         timeout_graceful_shutdown=int(graceful_s),
-        http="httptools",
+        http=http,
         loop="uvloop",
         access_log=False,
         # Longer than any client pool keeps an idle connection (the router's:

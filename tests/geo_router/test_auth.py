@@ -22,6 +22,16 @@ def test_known_keys_map_to_their_tenant_and_priority() -> None:
     assert auth.authenticate("bearer  k2 ").name == "b"
 
 
+def test_a_remembered_key_answers_the_same_and_wrong_keys_still_fail() -> None:
+    auth = _auth()
+    first = auth.authenticate("Bearer k1")
+    assert auth.authenticate("Bearer k1") is first
+    for wrong in ("Bearer k1x", "Bearer k", "Basic k1", "k1"):
+        with pytest.raises(AuthenticationFailed):
+            auth.authenticate(wrong)
+    assert auth.authenticate("Bearer k2").name == "b"
+
+
 @pytest.mark.parametrize("header", [None, "", "Bearer", "Basic k1", "Bearer nope", "k1"])
 def test_missing_or_wrong_keys_are_rejected(header: str | None) -> None:
     with pytest.raises(AuthenticationFailed) as info:

@@ -44,3 +44,15 @@ def test_rtt_table_is_symmetric_with_defaults() -> None:
     assert rtt.rtt_ms("east", "west") == rtt.rtt_ms("west", "east") == 70.0
     assert rtt.rtt_ms("east", "east") == SETTINGS.same_region_rtt_ms
     assert rtt.rtt_ms("east", "mars") == SETTINGS.unknown_rtt_ms
+
+
+def test_repeated_peers_answer_alike_and_proxies_follow_their_headers() -> None:
+    resolver = RegionResolver(SETTINGS)
+    for _ in range(2):  # the second answer comes from the per-peer memory
+        assert resolver.resolve("192.168.7.9", {"x-client-region": "north"}).region == "west"
+        assert resolver.resolve("not-an-ip", {}).source == "default"
+    # A trusted proxy's answer depends on its headers, every time.
+    assert resolver.resolve("10.0.0.9", {"x-client-region": "north"}).region == "north"
+    assert resolver.resolve("10.0.0.9", {"x-client-region": "south"}).region == "south"
+    assert resolver.resolve("10.0.0.9", {"x-forwarded-for": "192.168.7.5"}).region == "west"
+    assert resolver.resolve("10.0.0.9", {}).region == "center"
