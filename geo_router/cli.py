@@ -24,7 +24,6 @@ __all__ = ["classify_lines", "main"]
 
 def _serve(args: argparse.Namespace) -> int:
     from geo_router.app import create_app
-    from geo_router.server_protocol import RouterHttpProtocol
     from servekit.serve import run_service
 
     settings = load_settings(RouterSettings, args.config, host=args.host, port=args.port)
@@ -40,7 +39,6 @@ def _serve(args: argparse.Namespace) -> int:
         on_drain=drain,
         log_level=args.log_level,
         graceful_s=settings.graceful_shutdown_s,
-        http=RouterHttpProtocol,
     )
     return 0
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import uvicorn
 
+from servekit.http_protocol import HeadWithBodyProtocol
+
 __all__ = ["run_service"]
 
 
@@ -38,9 +40,13 @@ def run_service(
     on_drain: Callable[[], None] = lambda: None,
     log_level: str = "info",
     graceful_s: float = 30.0,
-    http: type[asyncio.Protocol] | str = "httptools",
+    http: type[asyncio.Protocol] | str = HeadWithBodyProtocol,
 ) -> None:
-    """Serve ``app``; ``http`` is uvicorn's HTTP protocol (a name or a protocol class)."""
+    """Serve ``app``; ``http`` is uvicorn's HTTP protocol (a name or a protocol class).
+
+    The default is uvicorn's httptools protocol with each response's head sent
+    together with its first body bytes (:mod:`servekit.http_protocol`).
+    """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 
 from geo_router.app import create_app
-from geo_router.server_protocol import RouterHttpProtocol
 from servekit.engine.protocol import LoadReport
+from servekit.http_protocol import HeadWithBodyProtocol
 from servekit.registry.protocol import InstanceInfo, InstanceState
 from tests.geo_router.conftest import KEY, refused_url, router_settings, serve_fake
 from tests.geo_router.fake_upstream import Behavior
@@ -39,7 +39,7 @@ def state(url: str, iid: str, tier: str = "edge", region: str = "east") -> Insta
 def routed(states: list[InstanceState], **routing: Any) -> Iterator[str]:
     settings = router_settings([], routing={"ttft_deadline_s": 1.0, "slow_start_s": 0, **routing})
     app = create_app(settings, candidates=lambda: states)
-    with UvicornThread(app, http=RouterHttpProtocol) as server:
+    with UvicornThread(app, http=HeadWithBodyProtocol) as server:
         yield server.url
 
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from geo_router.app import create_app
-from geo_router.server_protocol import RouterHttpProtocol
+from servekit.http_protocol import HeadWithBodyProtocol
 from tests.geo_router.conftest import KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
 from tests.support.servers import UvicornThread
@@ -20,7 +20,7 @@ def test_sdk_streams_and_completes_and_retries_429_after_retry_after() -> None:
         settings = router_settings([upstream(edge)])
         settings.auth.keys[0].rpm = 60  # one request a second, no burst: Retry-After is 1
         settings.auth.keys[0].burst_s = 1
-        with UvicornThread(create_app(settings), http=RouterHttpProtocol) as server:
+        with UvicornThread(create_app(settings), http=HeadWithBodyProtocol) as server:
             client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=2)
             msgs = [{"role": "user", "content": "say five words"}]
             done = client.chat.completions.create(model="auto", messages=msgs)  # type: ignore[arg-type]

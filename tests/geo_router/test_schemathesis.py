@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from geo_router.app import create_app
-from geo_router.server_protocol import RouterHttpProtocol
+from servekit.http_protocol import HeadWithBodyProtocol
 from tests.geo_router.conftest import KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
 from tests.support.servers import UvicornThread
@@ -21,7 +21,7 @@ def test_schemathesis_finds_nothing(tmp_path: Path) -> None:
     with (
         serve_fake(Behavior(words=3)) as up,
         UvicornThread(
-            create_app(router_settings([upstream(up)])), http=RouterHttpProtocol
+            create_app(router_settings([upstream(up)])), http=HeadWithBodyProtocol
         ) as router,
     ):
         cmd = [

@@ -1,4 +1,4 @@
-"""The router's server protocol sends a response head together with its first body bytes."""
+"""The services' server protocol sends a response head together with its first body bytes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from geo_router.server_protocol import HeadWithFirstWrite, RouterHttpProtocol
 from servekit.asgi import Receive, Scope, Send
+from servekit.http_protocol import HeadWithBodyProtocol, HeadWithFirstWrite
 from tests.support.servers import UvicornThread
 
 
@@ -118,7 +118,7 @@ class _Tap(asyncio.Transport):
         self._inner.resume_reading()
 
 
-class _TappedProtocol(RouterHttpProtocol):
+class _TappedProtocol(HeadWithBodyProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_Tap(transport))
 

@@ -1,15 +1,16 @@
-"""The router's HTTP/1.1 server protocol: uvicorn's, with the head sent with the first bytes.
+"""The services' HTTP/1.1 server protocol: uvicorn's, with the head sent with the first bytes.
 
 uvicorn writes a response's status line and headers to the socket the moment
 the app sends ``http.response.start``, and each body message as a write of
-its own. For a routed stream the head and the first chunk are sent back to
-back, so that makes two TCP segments: the client wakes for the head, parses
-it, sleeps, and wakes again for the token it is waiting for (on a small
-machine it may even preempt the router between the two writes). Measured on
-this project's 2-core VM at one stream, the client saw the first chunk
+its own. For a stream (routed, or the edge's first token) the head and the
+first chunk are sent back to back, so that makes two TCP segments: the
+client wakes for the head, parses it, sleeps, and wakes again for the token
+it is waiting for (on a small machine it may even preempt the server between
+the two writes). Measured on
+this project's 2-core VM at one routed stream, the client saw the first chunk
 after two reads instead of one and ~0.1 ms later than with one write.
 
-:class:`RouterHttpProtocol` is uvicorn's ``httptools`` protocol with one
+:class:`HeadWithBodyProtocol` is uvicorn's ``httptools`` protocol with one
 change: each response's transport holds the head back until the next write
 (the first body bytes), and both go out as one write. A head with nothing
 after it within the same event-loop iteration is flushed then, so a slow
@@ -25,7 +26,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["HeadWithFirstWrite", "RouterHttpProtocol"]
+__all__ = ["HeadWithBodyProtocol", "HeadWithFirstWrite"]
 
 
 class HeadWithFirstWrite(asyncio.Transport):
@@ -77,7 +78,7 @@ class HeadWithFirstWrite(asyncio.Transport):
         return self._transport.get_extra_info(name, default)
 
 
-class RouterHttpProtocol(HttpToolsProtocol):
+class HeadWithBodyProtocol(HttpToolsProtocol):
     """uvicorn's ``httptools`` protocol; each response's head leaves with its first bytes."""
 
     def on_headers_complete(self) -> None:
