@@ -15,9 +15,10 @@ One command, one lock hold (issue 8's acceptance run):
    replay the same Poisson arrivals at each rate, one after the other, after
    warming their own paths (and every engine slot of each ``--warm-edge``,
    as many requests at once as it has slots: a batching edge keeps a prefix
-   cache per slot, and a slot's first prompt prefills the chat template in
-   full, 45 tokens instead of 14, 380-430 ms instead of ~140. A server that
-   has run for a minute has used all its slots; the center's replicas, one
+   cache per slot, and before the engine copied prefixes between slots a
+   slot's first prompt prefilled the chat template in full, 45 tokens
+   instead of 14, 380-430 ms instead of ~140; a server that has run for a
+   minute has used all its slots, so warming keeps runs comparable; the center's replicas, one
    sequence each, are warmed by the center variant's own warm-up);
    ``hybrid`` sends ``model=auto`` (the router decides), ``center`` sends
    ``model=center`` (all to the center, 150 ms away). JSON and PNG are written to ``--out``.
