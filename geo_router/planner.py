@@ -117,7 +117,7 @@ class Planner:
         self._traffic = traffic
 
     def healthy(self) -> list[InstanceState]:
-        return [s for s in self._candidates() if s.healthy and not s.load.draining]
+        return [s for s in self._candidates() if _serving(s)]
 
     def models(self) -> list[str]:
         return sorted({s.info.model for s in self.healthy() if s.info.model})
@@ -134,12 +134,7 @@ class Planner:
         listed = self._candidates()
         available = self._tracker.available
         pool = [
-            s
-            for s in listed
-            if s.healthy
-            and not s.load.draining
-            and s.info.id not in exclude
-            and available(s.info.id)
+            s for s in listed if _serving(s) and s.info.id not in exclude and available(s.info.id)
         ]
         if name in aliases:
             tier = aliases[name]
@@ -206,3 +201,8 @@ def ensure_center(ordered: list[Scored], attempts: int) -> list[Scored]:
         return ordered
     rest = [s for s in ordered if s is not center]
     return [*rest[: attempts - 1], center, *rest[attempts - 1 :]]
+
+
+def _serving(state: InstanceState) -> bool:
+    """Healthy and not draining: may be offered new requests."""
+    return state.healthy and not state.load.draining
