@@ -343,6 +343,12 @@ class LlamaCppEngine:
             return cached
         return live
 
+    def _save_state(self, tokens: list[int]) -> None:
+        """Keep the context's state, which holds exactly ``tokens``, in the prefix cache."""
+        assert self._cache is not None
+        assert self._llama is not None
+        self._cache.store(tokens, read_context_state(self._lib, self._llama._ctx.ctx))
+
     def _run_inner(
         self,
         request: GenerationRequest,
@@ -380,6 +386,10 @@ class LlamaCppEngine:
         pending_tokens = 0
         reason = "length"
         t_first = 0.0
+        # The context holds exactly the prompt from the first token until the
+        # next decode: the state is saved then, but after the first token has
+        # been handed over (copying a long prompt's state takes milliseconds).
+        save = False
         try:
             for token in gen:
                 if produced == 0:
@@ -387,8 +397,7 @@ class LlamaCppEngine:
                     rates.ttft(t_first - t0)
                     if len(tokens) - reused >= 16:  # a token or two measures decode, not prefill
                         rates.prefill(len(tokens) - reused, t_first - t0)
-                    if self._cache is not None and len(tokens) - reused >= 16:
-                        self._cache.store(tokens, read_context_state(self._lib, llama._ctx.ctx))
+                    save = self._cache is not None and len(tokens) - reused >= 16
                 if cancel.is_set():
                     return
                 if vocab.is_eog(token):
@@ -400,6 +409,10 @@ class LlamaCppEngine:
                 if text:
                     emit(TextDelta(text, pending_tokens))
                     pending_tokens = 0
+                if save:
+                    self._save_state(tokens)
+                    save = False
+                if text:
                     # Decoding the next token would take every core from the
                     # event loop that is about to send this one; a loop thread
                     # preempting an OpenMP worker mid-decode stalls them all.
@@ -414,6 +427,8 @@ class LlamaCppEngine:
                     break
         finally:
             gen.close()
+            if save:  # stopped at the first token: the context still holds the prompt
+                self._save_state(tokens)
         tail = stream.flush()
         if tail or pending_tokens:
             emit(TextDelta(tail, pending_tokens))

@@ -133,6 +133,25 @@ async def test_repeated_long_prefix_hits_the_cache(engine: LlamaCppEngine) -> No
     assert report.prefix_cache_hit_tokens >= f2.cached_prompt_tokens
 
 
+async def test_a_prompt_stopped_at_its_first_token_is_still_cached(
+    engine: LlamaCppEngine,
+) -> None:
+    system = "You answer in one word, always. " * 16
+    first = GenerationRequest(
+        "a", SamplingParams(max_tokens=1, temperature=0.0),
+        messages=(Message("system", system), Message("user", "Colour of snow?")),
+    )  # fmt: skip
+    second = GenerationRequest(
+        "b", SamplingParams(max_tokens=4, temperature=0.0),
+        messages=(Message("system", system), Message("user", "Colour of grass?")),
+    )  # fmt: skip
+    _, f1 = await run(engine, first)
+    assert f1.completion_tokens == 1
+    await run(engine, chat("Something unrelated entirely.", max_tokens=2))
+    _, f2 = await run(engine, second)
+    assert f2.cached_prompt_tokens > 100
+
+
 async def test_continue_final_message_continues_the_turn(engine: LlamaCppEngine) -> None:
     full, _ = await run(engine, chat("Name three colors.", max_tokens=10))
     head = full[: len(full) // 2]
