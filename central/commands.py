@@ -176,6 +176,10 @@ def llamacpp_settings(
     small queue of its own: the gateway's queue is where priorities apply.
     """
     engine: dict[str, Any] = {"kind": "llama", **_llama_fields(spec, model_name)}
+    if spec.slots > 1:
+        engine["kind"] = "llama-batching"
+        engine["slots"] = spec.slots
+        engine["ctx_per_slot"] = engine.pop("n_ctx")
     base: dict[str, Any] = {
         "server": {"host": spec.host, "port": port, "log_level": "warning"},
         "instance": {"id": f"central-{spec.name}", "region": "center", "version": version},

@@ -226,8 +226,15 @@ class LlamaCppReplica(_Spec):
     kind: Literal["llamacpp"] = "llamacpp"
     mode: Literal["subprocess", "inprocess"] = "subprocess"
     model_path: Path = Field(description="GGUF file to serve.")
-    n_ctx: int = Field(2048, ge=64)
+    n_ctx: int = Field(2048, ge=64, description="Context per sequence, in tokens.")
     n_threads: int | None = Field(None, ge=1)
+    slots: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Sequences decoded together. 1 runs the single-sequence engine; more run "
+        "the batching engine, as vLLM and TensorRT-LLM batch on a GPU (subprocess mode).",
+    )
     max_waiting: int = Field(16, ge=0, description="The stand-in's own queue length.")
     edge_settings: dict[str, Any] = Field(
         default_factory=dict,
@@ -235,9 +242,15 @@ class LlamaCppReplica(_Spec):
         "(in-process: only its `engine` block applies).",
     )
 
+    @model_validator(mode="after")
+    def _batching_needs_a_process(self) -> LlamaCppReplica:
+        if self.mode == "inprocess" and self.slots > 1:
+            raise ValueError("an inprocess stand-in runs one sequence; use mode: subprocess")
+        return self
+
     @property
     def capacity(self) -> int:
-        return 1
+        return self.slots
 
 
 class UrlReplica(_Spec):

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from central.cli import main
 from central.commands import build_plan, llama_settings, trtllm_options
 from central.settings import load
 from central.specs import LlamaCppReplica, TrtllmReplica, VllmReplica
-from edge_agent.settings import EdgeSettings
+from edge_agent.settings import BatchingEngineSettings, EdgeSettings, EngineSettings
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -165,9 +166,12 @@ def test_cpu_config_runs_the_edge_agent_as_a_subprocess(tmp_path: Path) -> None:
     assert plan.env == {}
     assert plan.endpoint.load_source == "load"
     assert plan.endpoint.health_path == "/ready"
-    assert plan.endpoint.capacity == 1
-    # The generated file is a valid edge-agent config that serves the gateway's model name.
+    assert plan.endpoint.capacity == 4
+    # The generated file is a valid edge-agent config that serves the gateway's model name,
+    # batching as many sequences as the gateway counts on.
     edge = EdgeSettings.model_validate(yaml.safe_load(plan.files[config_file]))
+    assert isinstance(edge.engine, BatchingEngineSettings)
+    assert (edge.engine.slots, edge.engine.ctx_per_slot) == (4, 2048)
     assert edge.engine.model_name == "smollm2-135m-instruct"
     assert edge.engine.model_path.is_absolute()
     assert edge.engine.n_threads == 1
@@ -189,6 +193,22 @@ def test_in_process_stand_in_settings(tmp_path: Path) -> None:
     assert settings.n_ctx == 512
     assert settings.warmup_tokens == 0
     assert settings.model_path.is_absolute()
+
+
+def test_a_single_slot_stand_in_runs_the_single_sequence_engine(tmp_path: Path) -> None:
+    model = tmp_path / "x.gguf"
+    model.write_bytes(b"GGUF")
+    spec = LlamaCppReplica(name="one", model_path=model, n_ctx=512)
+    plan = build_plan(spec, port=18002, model_name="m", run_dir=tmp_path, python="/py")
+    edge = EdgeSettings.model_validate(yaml.safe_load(plan.files[tmp_path / "one.edge-agent.yaml"]))
+    assert isinstance(edge.engine, EngineSettings)
+    assert edge.engine.n_ctx == 512
+    assert plan.endpoint.capacity == 1
+
+
+def test_an_in_process_stand_in_cannot_batch() -> None:
+    with pytest.raises(ValidationError, match="subprocess"):
+        LlamaCppReplica(name="x", mode="inprocess", model_path=Path("m.gguf"), slots=2)
 
 
 def test_cli_print_commands(capsys: pytest.CaptureFixture[str]) -> None:

@@ -142,22 +142,26 @@ def test_repeated_system_prompt_sticks_to_one_replica(gateway: str) -> None:
 
 def test_concurrent_load_spreads_across_replicas(gateway: str) -> None:
     before = {n: r["served"] for n, r in _replicas(gateway).items()}
-    barrier = threading.Barrier(2)
+    questions = ("Why?", "How?", "When?", "Where?")
+    barrier = threading.Barrier(len(questions))
     codes: list[int] = []
 
     def one(question: str) -> None:
         barrier.wait()
         codes.append(_chat(gateway, question, max_tokens=16).status_code)
 
-    threads = [threading.Thread(target=one, args=(q,)) for q in ("Why?", "How?")]
+    threads = [threading.Thread(target=one, args=(q,)) for q in questions]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    assert codes == [200, 200]
+    assert codes == [200] * len(questions)
     after = {n: r["served"] for n, r in _replicas(gateway).items()}
-    # Same system prompt, but its home is busy and the other replica idle.
-    assert sorted(after[n] - before[n] for n in after) == [1, 1]
+    # Same system prompt, one home replica; but past its bounded share of the
+    # load (1.25x an even split) the rest go to the other replica.
+    deltas = sorted(after[n] - before[n] for n in after)
+    assert sum(deltas) == len(questions)
+    assert deltas[0] >= 1
 
 
 def test_registered_as_center_with_aggregate_load(
@@ -169,14 +173,14 @@ def test_registered_as_center_with_aggregate_load(
     info = found[0].info
     assert (info.tier, info.region, info.model, info.version) == ("center", "center", MODEL, "q4_1")
     assert info.url == gateway
-    assert info.capacity == 2
+    assert info.capacity == 8  # two replicas batching four sequences each
     assert info.tags == ("llamacpp",)
     before = found[0].load.requests_ok
     assert _chat(gateway, "Register me.").status_code == 200
 
     def beat_carried_it() -> bool:
         load = _center_instances(db)[0].load
-        return load.requests_ok > before and load.ready and load.capacity == 2
+        return load.requests_ok > before and load.ready and load.capacity == 8
 
     _wait(beat_carried_it, 10, "a heartbeat with the new request count")
 
