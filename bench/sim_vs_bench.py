@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,7 @@ from hybrid_llm.bench import (
 from hybrid_llm.bench.client import send_streaming
 from hybrid_llm.bench.stats import percentile
 from hybrid_llm.profile import measure_profile
-from hybrid_llm.sim import EngineProfile, SimConfig, Simulation, summarize_result
+from hybrid_llm.sim import EngineProfile, SimConfig, SimResult, Simulation
 from servekit.config import load_settings
 
 
@@ -101,7 +103,7 @@ async def _path_overhead_ms(
                     out.append(rec.ttft)
     if not direct or not routed:
         raise SystemExit("path calibration: no successful requests")
-    overhead = (statistics.median(routed) - statistics.median(direct)) * 1000 - args.rtt_ms
+    overhead = (statistics.median(routed) - statistics.median(direct)) * 1000 - float(args.rtt_ms)
     print(
         f"path: direct TTFT p50 {statistics.median(direct) * 1000:.1f} ms (n={len(direct)}), "
         f"through {args.bench_url} (same city) {statistics.median(routed) * 1000:.1f} ms "
@@ -139,10 +141,15 @@ def _mean_profile(a: EngineProfile, b: EngineProfile) -> EngineProfile:
     )
 
 
-async def main() -> None:
+def _route(tier: str, region: str) -> str:
+    """Where a request was served: ``center`` or ``edge@<region>``."""
+    return "center" if tier == "center" else f"{tier}@{region}"
+
+
+def _arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
-    p.add_argument("--engine-url", required=True, help="an edge agent, for the profile")
-    p.add_argument("--bench-url", required=True, help="what users hit (proxy or router)")
+    p.add_argument("--engine-url", help="an edge agent, for the profile")
+    p.add_argument("--bench-url", help="what users hit (proxy or router)")
     p.add_argument("--sim-config", type=Path, help="fleet to simulate (default: --edge-only)")
     p.add_argument("--edge-only", action="store_true")
     p.add_argument("--rtt-ms", type=float, default=2.0, help="--edge-only: user<->edge RTT")
@@ -171,16 +178,62 @@ async def main() -> None:
         help="take the decode step from the bench's TPOT (on one machine the router, proxies "
         "and client share the cores with the engines while the bench runs)",
     )
-    args = p.parse_args()
+    p.add_argument(
+        "--edge-load",
+        action="append",
+        default=[],
+        metavar="INSTANCE=URL",
+        help="a simulated instance (edge/<region>/<i>) and the real one's URL: its /load "
+        "just before the bench (TTFT P50/P95, rates) is the simulated one's starting state",
+    )
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=128,
+        help="the edge engine's prefill chunk (engine.chunk_tokens of configs/edge-local.yaml)",
+    )
+    p.add_argument("--save", type=Path, help="write what was measured here (JSON)")
+    p.add_argument(
+        "--replay",
+        type=Path,
+        help="simulate a saved measurement again (--save of an earlier run) instead of "
+        "measuring: the simulator's model changes, the bench data stays the same",
+    )
+    return p
 
+
+async def _warm_states(pairs: list[str]) -> dict[str, dict[str, Any]]:
+    """Each named instance's /load now: what its engine reports before the bench."""
+    out: dict[str, dict[str, Any]] = {}
+    async with httpx.AsyncClient(timeout=10) as client:
+        for pair in pairs:
+            name, _, url = pair.partition("=")
+            load = (await client.get(url.rstrip("/") + "/load")).json()
+            out[name] = {
+                "ttft_p50_ms": load.get("ttft_p50_ms"),
+                "ttft_p95_ms": load.get("ttft_p95_ms"),
+                "samples": min(512, int(load.get("requests_ok") or 0)),
+                "decode_tokens_per_s": load.get("decode_tokens_per_s"),
+                "prefill_tokens_per_s": load.get("prefill_tokens_per_s"),
+            }
+            print(f"{name} before the bench ({url}): {out[name]}")
+    return out
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Profile, path calibration and bench in one go; everything the simulation needs."""
+    if not args.engine_url or not args.bench_url:
+        raise SystemExit("--engine-url and --bench-url are needed to measure")
     words = int(args.bucket.split(":")[0])
     lengths = sorted({1, words, 2 * words, 64})  # bracket the bench's prompts
     gap = args.profile_gap if args.profile_gap is not None else 1.0 / args.rate
-    print(f"load average at start: {_load()}; profile and path requests {gap:g} s apart (mean)")
+    load_start = _load()
+    print(f"load average at start: {load_start}; profile and path requests {gap:g} s apart (mean)")
     before = await _profile(args.engine_url, lengths, args.repeats, gap)
     users = load_settings(SimConfig, args.sim_config).regions[0].name if args.sim_config else None
     path_ms = await _path_overhead_ms(args, users, gap) if args.calibrate_path else None
 
+    warm = await _warm_states(args.edge_load)
     plan = RunPlan(
         url=args.bench_url,
         workload=Workload(args.model, [parse_bucket(args.bucket)]),
@@ -191,25 +244,39 @@ async def main() -> None:
         warmup=1,
     )
     records = [r for r in (await run_plan(plan))[0].records if r.ok]
-    ttft = [r.ttft * 1000 for r in records if r.ttft is not None]
-    tpot = [r.tpot * 1000 for r in records if r.tpot is not None]
-    e2e = [r.e2e * 1000 for r in records if r.e2e is not None]
-    prompt = statistics.mean(r.prompt_tokens for r in records if r.prompt_tokens) if records else 0
     # A shared machine drifts: profile again and take the mean of both.
     after = await _profile(args.engine_url, lengths, args.repeats, gap)
     profile = _mean_profile(before, after)
+    tpot = [r.tpot for r in records if r.tpot is not None]
     if args.decode_from_bench and tpot:
-        profile = profile.model_copy(update={"decode_base_ms": statistics.median(tpot)})
+        profile = profile.model_copy(update={"decode_base_ms": statistics.median(tpot) * 1000})
+    return {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "load_start": load_start,
+        "load_end": _load(),
+        "profile": profile.model_dump(),
+        "profiles": [before.model_dump(), after.model_dump()],
+        "path_ms": path_ms,
+        "warm": warm,
+        "records": [r.to_dict() for r in records],
+    }
+
+
+def simulate(args: argparse.Namespace, measured: dict[str, Any]) -> SimResult:
+    """The same fleet, profile, rate and lengths as the measurement, simulated."""
+    records = measured["records"]
+    profile = EngineProfile.model_validate(measured["profile"])
+    prompt = statistics.mean(r["prompt_tokens"] for r in records if r["prompt_tokens"])
+    output = statistics.mean(r["output_tokens"] for r in records)
     print(
-        f"profile (mean of before/after): decode step {profile.decode_base_ms:.1f} ms, "
+        f"profile (mean of before/after): decode step {profile.decode_base_ms:.1f} ms "
+        f"+ {profile.decode_per_seq_ms:.1f} ms/extra sequence, slots {profile.slots}, "
         f"prefill points {[(x, round(y * 1000)) for x, y in profile.prefill_points]}"
     )
-    output = statistics.mean(r.output_tokens for r in records) if records else 0
     print(
         f"bench: {len(records)} ok requests at {args.rate}/s; prompt {prompt:.0f} tokens, "
         f"output {output:.1f} tokens"
     )
-
     if args.sim_config:
         config = load_settings(SimConfig, args.sim_config).model_dump()
         config["regions"][0]["rate"] = args.rate
@@ -221,19 +288,73 @@ async def main() -> None:
     config["center"]["profile"] = profile.model_dump()
     config["workload"]["prompt_tokens"] = {"kind": "fixed", "value": max(1, round(prompt))}
     config["workload"]["output_tokens"] = {"kind": "fixed", "value": max(1, round(output))}
-    if path_ms is not None:
-        config.setdefault("policy", {})["router_overhead_ms"] = max(0.0, path_ms)
+    cached = [r["cached_tokens"] for r in records if r["cached_tokens"]]
+    config["workload"]["cached_prefix_tokens"] = round(statistics.median(cached)) if cached else 0
+    config["edge_profile"]["chunk_tokens"] = args.chunk_tokens
+    config["warm"] = measured.get("warm") or {}
+    if measured["path_ms"] is not None:
+        config.setdefault("policy", {})["router_overhead_ms"] = max(0.0, measured["path_ms"])
     config["duration_s"] = max(args.duration, 400 / max(args.rate, 1e-3))  # enough samples
     config["warmup_s"] = 5.0
-    sim = summarize_result(Simulation(SimConfig.model_validate(config)).run())
+    return Simulation(SimConfig.model_validate(config)).run()
+
+
+def compare(records: list[dict[str, Any]], result: SimResult) -> None:
+    """Percentiles of both side by side, and where the requests were served."""
+    window = [
+        r
+        for r in result.requests
+        if result.measured_from <= r.arrival < result.measured_to and r.e2e is not None
+    ]
+    bench: dict[str, list[float]] = {"TTFT": [], "TPOT": [], "E2E": []}
+    sim: dict[str, list[float]] = {"TTFT": [], "TPOT": [], "E2E": []}
+    for rec in records:
+        for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e")):
+            if rec[key] is not None:
+                bench[name].append(rec[key] * 1000)
+    for req in window:
+        for name, value in (("TTFT", req.ttft), ("TPOT", req.tpot), ("E2E", req.e2e)):
+            if value is not None:
+                sim[name].append(value * 1000)
     print(f"{'ms':<10}{'bench':>10}{'simulated':>12}{'diff':>9}")
-    for name, values in (("TTFT", ttft), ("TPOT", tpot), ("E2E", e2e)):
-        predicted = sim["same_city"][f"{name.lower()}_ms"]
+    for name in bench:
         for q in (50, 95, 99):
-            measured_q = percentile(values, q) or float("nan")
-            sim_q = predicted[f"p{q}"] or float("nan")
+            measured_q = percentile(bench[name], q) or float("nan")
+            sim_q = percentile(sim[name], q) or float("nan")
             diff = (sim_q - measured_q) / measured_q * 100
             print(f"{name + ' p' + str(q):<10}{measured_q:>10.1f}{sim_q:>12.1f}{diff:>8.1f}%")
+    routes_b = Counter(_route(r["tier"], r["region"]) for r in records)
+    routes_s = Counter(
+        _route(r.winner.instance.tier, r.winner.instance.region)
+        for r in window
+        if r.winner is not None and r.winner.instance is not None
+    )
+    print(f"{'route':<18}{'bench':>14}{'simulated':>16}")
+    for route in sorted(set(routes_b) | set(routes_s)):
+        nb, ns = routes_b[route], routes_s[route]
+        share_b = nb / max(1, len(records)) * 100
+        share_s = ns / max(1, len(window)) * 100
+        print(f"{route:<18}{nb:>6} {share_b:>5.1f}%{ns:>8} {share_s:>5.1f}%")
+
+
+async def main() -> None:
+    args = _arg_parser().parse_args()
+    if args.replay:
+        measured = json.loads(args.replay.read_text(encoding="utf-8"))
+        saved = measured["args"]
+        keys = ("sim_config", "edge_only", "rtt_ms", "rate", "duration", "bucket", "chunk_tokens")
+        for key in keys:
+            value = saved.get(key)
+            if key in saved:
+                setattr(args, key, Path(value) if key == "sim_config" and value else value)
+        print(f"replaying {args.replay} (measured at load {measured['load_start']})")
+    else:
+        measured = await measure(args)
+        if args.save:
+            args.save.parent.mkdir(parents=True, exist_ok=True)
+            args.save.write_text(json.dumps(measured, indent=1), encoding="utf-8")
+            print(f"measurement saved to {args.save}")
+    compare(measured["records"], simulate(args, measured))
     print(f"load average at end: {_load()}")
 
 
