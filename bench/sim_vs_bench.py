@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
@@ -41,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from geo_router.planner import estimate_prompt_tokens
 from hybrid_llm.bench import (
     LoadStep,
     RunPlan,
@@ -53,6 +55,7 @@ from hybrid_llm.bench.client import send_streaming
 from hybrid_llm.bench.stats import percentile
 from hybrid_llm.profile import measure_profile
 from hybrid_llm.sim import EngineProfile, SimConfig, SimResult, Simulation
+from hybrid_llm.sim.request import SimRequest
 from servekit.config import load_settings
 
 
@@ -262,19 +265,28 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def simulate(args: argparse.Namespace, measured: dict[str, Any]) -> SimResult:
-    """The same fleet, profile, rate and lengths as the measurement, simulated."""
+def _config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, Any]:
+    """The same fleet, profile, rate and lengths as the measurement."""
     records = measured["records"]
     profile = EngineProfile.model_validate(measured["profile"])
     prompt = statistics.mean(r["prompt_tokens"] for r in records if r["prompt_tokens"])
     output = statistics.mean(r["output_tokens"] for r in records)
+    # The preamble every prompt shares: the least any request found cached (later
+    # prompts of one run share a few more tokens with the one before them).
+    cached = [r["cached_tokens"] for r in records if r["cached_tokens"]]
+    prefix = min(cached) if cached else 0
+    # What the router estimates from the client's text (its own code, on the bench's bodies).
+    bucket = parse_bucket(args.bucket)
+    workload = Workload(args.model, [bucket])
+    estimate = statistics.mean(estimate_prompt_tokens(workload.body(bucket)) for _ in range(20))
     print(
         f"profile (mean of before/after): decode step {profile.decode_base_ms:.1f} ms "
         f"+ {profile.decode_per_seq_ms:.1f} ms/extra sequence, slots {profile.slots}, "
         f"prefill points {[(x, round(y * 1000)) for x, y in profile.prefill_points]}"
     )
     print(
-        f"bench: {len(records)} ok requests at {args.rate}/s; prompt {prompt:.0f} tokens, "
+        f"bench: {len(records)} ok requests at {args.rate}/s; prompt {prompt:.0f} tokens "
+        f"({prefix} of them a cached prefix; the router estimates {estimate:.0f}), "
         f"output {output:.1f} tokens"
     )
     if args.sim_config:
@@ -284,57 +296,86 @@ def simulate(args: argparse.Namespace, measured: dict[str, Any]) -> SimResult:
             region["rate"] = 0.0
     else:
         config = _edge_only(args.rtt_ms, args.rate)
-    config["edge_profile"] = profile.model_dump()
+    config["edge_profile"] = profile.model_dump() | {"chunk_tokens": args.chunk_tokens}
     config["center"]["profile"] = profile.model_dump()
     config["workload"]["prompt_tokens"] = {"kind": "fixed", "value": max(1, round(prompt))}
     config["workload"]["output_tokens"] = {"kind": "fixed", "value": max(1, round(output))}
-    cached = [r["cached_tokens"] for r in records if r["cached_tokens"]]
-    config["workload"]["cached_prefix_tokens"] = round(statistics.median(cached)) if cached else 0
-    config["edge_profile"]["chunk_tokens"] = args.chunk_tokens
+    config["workload"]["cached_prefix_tokens"] = prefix
+    config["workload"]["template_tokens"] = max(0, round(prompt - estimate))
     config["warm"] = measured.get("warm") or {}
     if measured["path_ms"] is not None:
         config.setdefault("policy", {})["router_overhead_ms"] = max(0.0, measured["path_ms"])
-    config["duration_s"] = max(args.duration, 400 / max(args.rate, 1e-3))  # enough samples
-    config["warmup_s"] = 5.0
-    return Simulation(SimConfig.model_validate(config)).run()
+    return config
 
 
-def compare(records: list[dict[str, Any]], result: SimResult) -> None:
-    """Percentiles of both side by side, and where the requests were served."""
-    window = [
+def _window(result: SimResult) -> list[SimRequest]:
+    return [
         r
         for r in result.requests
         if result.measured_from <= r.arrival < result.measured_to and r.e2e is not None
     ]
-    bench: dict[str, list[float]] = {"TTFT": [], "TPOT": [], "E2E": []}
-    sim: dict[str, list[float]] = {"TTFT": [], "TPOT": [], "E2E": []}
-    for rec in records:
-        for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e")):
-            if rec[key] is not None:
-                bench[name].append(rec[key] * 1000)
-    for req in window:
-        for name, value in (("TTFT", req.ttft), ("TPOT", req.tpot), ("E2E", req.e2e)):
-            if value is not None:
-                sim[name].append(value * 1000)
-    print(f"{'ms':<10}{'bench':>10}{'simulated':>12}{'diff':>9}")
-    for name in bench:
-        for q in (50, 95, 99):
-            measured_q = percentile(bench[name], q) or float("nan")
-            sim_q = percentile(sim[name], q) or float("nan")
-            diff = (sim_q - measured_q) / measured_q * 100
-            print(f"{name + ' p' + str(q):<10}{measured_q:>10.1f}{sim_q:>12.1f}{diff:>8.1f}%")
-    routes_b = Counter(_route(r["tier"], r["region"]) for r in records)
-    routes_s = Counter(
-        _route(r.winner.instance.tier, r.winner.instance.region)
-        for r in window
-        if r.winner is not None and r.winner.instance is not None
+
+
+def simulate(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, list[SimRequest]]:
+    """Two simulations of the measured fleet: the bench's own arrival times (its
+    Poisson schedule is seeded, the same every run) replayed with different seeds
+    until there are 400 requests, each replay starting from the engines' state
+    before the bench; and one long Poisson run at the same rate."""
+    config = _config(args, measured)
+    starts = sorted(r["start"] for r in measured["records"])
+    trace = dict(config, warmup_s=0.0, duration_s=(starts[-1] if starts else 0.0) + 1.0)
+    trace["regions"] = [dict(r) for r in config["regions"]]
+    trace["regions"][0]["arrivals"] = starts
+    replays = max(1, math.ceil(400 / max(1, len(starts))))
+    traced: list[SimRequest] = []
+    for seed in range(replays):
+        traced += _window(Simulation(SimConfig.model_validate(trace | {"seed": seed})).run())
+    config["duration_s"] = max(args.duration, 400 / max(args.rate, 1e-3))  # enough samples
+    config["warmup_s"] = 5.0
+    poisson = _window(Simulation(SimConfig.model_validate(config)).run())
+    print(
+        f"simulated: the bench's arrivals x {replays} seeds, and Poisson {config['duration_s']:g}s"
     )
-    print(f"{'route':<18}{'bench':>14}{'simulated':>16}")
-    for route in sorted(set(routes_b) | set(routes_s)):
-        nb, ns = routes_b[route], routes_s[route]
-        share_b = nb / max(1, len(records)) * 100
-        share_s = ns / max(1, len(window)) * 100
-        print(f"{route:<18}{nb:>6} {share_b:>5.1f}%{ns:>8} {share_s:>5.1f}%")
+    return {"sim (bench arrivals)": traced, "sim (Poisson)": poisson}
+
+
+def _pct(values: list[float], q: int) -> float:
+    return percentile(values, q) or float("nan")
+
+
+def compare(records: list[dict[str, Any]], sims: dict[str, list[SimRequest]]) -> None:
+    """Percentiles of both side by side, and where the requests were served."""
+    keys = (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e"))
+    bench = {n: [r[k] * 1000 for r in records if r[k] is not None] for n, k in keys}
+    header = f"{'ms':<10}{'bench':>9}"
+    for name in sims:
+        header += f"{name:>24}{'diff':>8}"
+    print(header)
+    for name, key in keys:
+        for q in (50, 95, 99):
+            measured_q = _pct(bench[name], q)
+            line = f"{name + ' p' + str(q):<10}{measured_q:>9.1f}"
+            for reqs in sims.values():
+                values = [getattr(r, key) * 1000 for r in reqs if getattr(r, key) is not None]
+                sim_q = _pct(values, q)
+                line += f"{sim_q:>24.1f}{(sim_q - measured_q) / measured_q * 100:>7.1f}%"
+            print(line)
+    routes_b = Counter(_route(r["tier"], r["region"]) for r in records)
+    routes_s = {
+        name: Counter(
+            _route(r.winner.instance.tier, r.winner.instance.region)
+            for r in reqs
+            if r.winner is not None and r.winner.instance is not None
+        )
+        for name, reqs in sims.items()
+    }
+    print(f"{'route':<18}{'bench':>14}" + "".join(f"{name:>24}" for name in sims))
+    for route in sorted(set(routes_b).union(*routes_s.values())):
+        line = f"{route:<18}{routes_b[route]:>7} {routes_b[route] / len(records) * 100:>5.1f}%"
+        for name, reqs in sims.items():
+            n = routes_s[name][route]
+            line += f"{n:>17} {n / max(1, len(reqs)) * 100:>5.1f}%"
+        print(line)
 
 
 async def main() -> None:

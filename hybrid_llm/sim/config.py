@@ -64,6 +64,11 @@ class RegionSpec(BaseModel):
     name: str
     edges: int = Field(1, ge=0, description="edge nodes in this region")
     rate: float = Field(1.0, ge=0, description="requests per second from users here")
+    arrivals: list[float] | None = Field(
+        None,
+        description="a trace instead of Poisson at `rate`: arrival times in seconds after "
+        "warmup_s (e.g. a bench run's request starts)",
+    )
 
 
 class CenterSpec(BaseModel):
@@ -80,8 +85,13 @@ class WorkloadSpec(BaseModel):
         0,
         ge=0,
         description="leading prompt tokens every request shares (a chat template's preamble): "
-        "a batching engine copies them from another slot instead of prefilling them, and the "
-        "router, which estimates tokens from the client's text, does not see them",
+        "a batching engine copies them from another slot instead of prefilling them",
+    )
+    template_tokens: int = Field(
+        0,
+        ge=0,
+        description="prompt tokens the client did not send (the chat template's): the router "
+        "estimates a prompt's tokens from the client's text, without them",
     )
 
 

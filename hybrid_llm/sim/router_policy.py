@@ -19,9 +19,9 @@ requests go to the center with edges as the last resort, and a center is kept
 among the first ``max_attempts`` candidates so failover ends there.
 
 The router estimates a prompt's tokens from the text the client sent
-(``estimate_prompt_tokens``); the simulator has token counts, and uses the
-prompt without its shared prefix (the chat template's preamble, which the
-router never sees) as that estimate.
+(``estimate_prompt_tokens``); the simulator has token counts, and leaves out
+the workload's ``template_tokens`` (the chat template's, which the client
+never sent).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class RouterPolicy:
         center: Target = fleet.center
         by_id: dict[str, Target] = {t.name: t for t in edges}
         by_id[center.name] = center
-        tokens = max(1, req.prompt_tokens - req.cached_tokens)
+        tokens = req.estimated_tokens or req.prompt_tokens
 
         def score(target: Target, bias_ms: float = 0.0) -> Scored:
             state = self.states[target.name]

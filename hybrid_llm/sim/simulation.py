@@ -106,7 +106,10 @@ class Simulation:
     def run(self) -> SimResult:
         self.policy.start(self.loop, self.fleet)
         for region in self.config.regions:
-            if region.rate > 0:
+            if region.arrivals is not None:
+                for at in region.arrivals:
+                    self.loop.at(self.config.warmup_s + at, self._arrive, region.name, 0.0)
+            elif region.rate > 0:
                 self.loop.at(
                     self.rng.expovariate(region.rate), self._arrive, region.name, region.rate
                 )
@@ -141,9 +144,10 @@ class Simulation:
             hard=self.rng.random() < wl.hard_fraction,
         )
         req.cached_tokens = min(wl.cached_prefix_tokens, req.prompt_tokens - 1)
+        req.estimated_tokens = max(1, req.prompt_tokens - wl.template_tokens)
         self.requests.append(req)
         self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
-        nxt = now + self.rng.expovariate(rate)
+        nxt = now + self.rng.expovariate(rate) if rate > 0 else float("inf")
         if nxt < self.config.duration_s:
             self.loop.at(nxt, self._arrive, region, rate)
 
