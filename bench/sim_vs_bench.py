@@ -146,6 +146,8 @@ def _mean_profile(a: EngineProfile, b: EngineProfile) -> EngineProfile:
 
 def _route(tier: str, region: str) -> str:
     """Where a request was served: ``center`` or ``edge@<region>``."""
+    if tier == "-":  # no router headers: straight to the engine (--edge-only)
+        return "direct"
     return "center" if tier == "center" else f"{tier}@{region}"
 
 
@@ -361,9 +363,10 @@ def compare(records: list[dict[str, Any]], sims: dict[str, list[SimRequest]]) ->
                 line += f"{sim_q:>24.1f}{(sim_q - measured_q) / measured_q * 100:>7.1f}%"
             print(line)
     routes_b = Counter(_route(r["tier"], r["region"]) for r in records)
+    direct = all(r["tier"] == "-" for r in records)
     routes_s = {
         name: Counter(
-            _route(r.winner.instance.tier, r.winner.instance.region)
+            "direct" if direct else _route(r.winner.instance.tier, r.winner.instance.region)
             for r in reqs
             if r.winner is not None and r.winner.instance is not None
         )

@@ -110,7 +110,7 @@ class RouterPolicy:
             report = target.report()  # the registry's first probe, before serving
             self._infos[target.name] = _info(target, report.capacity)
             self._publish(loop, target.name, report)
-        loop.after(self.rng.uniform(0, self.poll_interval_s), self._poll, loop, targets, home)
+        loop.after(self.poll_interval_s, self._poll, loop, targets, home)
 
     def _poll(self, loop: EventLoop, targets: list[Target], home: str) -> None:
         for target in targets:
