@@ -129,15 +129,16 @@ class Instance:
     ) -> None:
         """Start from the figures a real engine reported (its history before the run).
 
-        ``samples`` TTFTs with that P50 and P95 (the P95 for the top tenth), and
-        one prefill and one decode step, a window ago, with those rates: they count
-        until newer steps push them out of the rate window, as on the engine.
+        ``samples`` TTFTs with that P50 and P95 (every tenth one the P95, so the
+        tail leaves the window as slowly as the rest when new ones push old ones
+        out), and one prefill and one decode step, a window ago, with those rates:
+        they count until newer steps push them out of the rate window, as on the
+        engine.
         """
         if ttft_p50_ms is not None and samples > 0:
             high = ttft_p95_ms if ttft_p95_ms is not None else ttft_p50_ms
-            tail = max(1, samples // 10)
             for i in range(samples):
-                self.stats.record_ttft((high if i < tail else ttft_p50_ms) / 1000.0)
+                self.stats.record_ttft((high if i % 10 == 9 else ttft_p50_ms) / 1000.0)
         then = self.loop.now - RATE_WINDOW_S / 2
         prefill_s = 0.0
         if prefill_tokens_per_s:
