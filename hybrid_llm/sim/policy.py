@@ -106,8 +106,8 @@ class Fleet:
 class Policy(Protocol):
     """Chooses where a request goes, and hears what the router would hear."""
 
-    def start(self, loop: EventLoop, fleet: Fleet) -> None:
-        """Begin whatever runs in the background (polling load reports)."""
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
+        """Begin whatever runs in the background until ``until`` (polling load reports)."""
         ...
 
     def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]: ...
@@ -128,7 +128,7 @@ class Policy(Protocol):
 
 
 class AllToCenter:
-    def start(self, loop: EventLoop, fleet: Fleet) -> None:
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
         return None
 
     def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]:

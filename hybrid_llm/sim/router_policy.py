@@ -102,7 +102,7 @@ class RouterPolicy:
         self._scored: dict[str, Scored] = {}
 
     # -- the router's view of the fleet: polled load reports ------------------
-    def start(self, loop: EventLoop, fleet: Fleet) -> None:
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
         targets: list[Target] = [e for edges in fleet.edges.values() for e in edges]
         targets.append(fleet.center)
         home = self.router_region or next(iter(fleet.edges), fleet.center.region)
@@ -110,13 +110,14 @@ class RouterPolicy:
             report = target.report()  # the registry's first probe, before serving
             self._infos[target.name] = _info(target, report.capacity)
             self._publish(loop, target.name, report)
-        loop.after(self.poll_interval_s, self._poll, loop, targets, home)
+        loop.after(self.poll_interval_s, self._poll, loop, targets, home, until)
 
-    def _poll(self, loop: EventLoop, targets: list[Target], home: str) -> None:
+    def _poll(self, loop: EventLoop, targets: list[Target], home: str, until: float) -> None:
         for target in targets:
             rtt = self.rtt.rtt(home, target.region) / 1000.0
             loop.after(1.5 * rtt, self._probe, loop, target, rtt)
-        loop.after(self.poll_interval_s, self._poll, loop, targets, home)
+        if loop.now + self.poll_interval_s < until:  # no routing after the last arrival
+            loop.after(self.poll_interval_s, self._poll, loop, targets, home, until)
 
     def _probe(self, loop: EventLoop, target: Target, rtt: float) -> None:
         loop.after(0.5 * rtt, self._publish, loop, target.name, target.report())

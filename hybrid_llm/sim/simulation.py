@@ -104,7 +104,7 @@ class Simulation:
 
     # -- arrivals and dispatch ------------------------------------------------
     def run(self) -> SimResult:
-        self.policy.start(self.loop, self.fleet)
+        self.policy.start(self.loop, self.fleet, self.config.duration_s)
         for region in self.config.regions:
             if region.arrivals is not None:
                 for at in region.arrivals:
