@@ -2,11 +2,16 @@
 
     # a single edge behind a delay proxy (hybrid-llm netem), no router:
     python bench/sim_vs_bench.py --engine-url http://127.0.0.1:8101 \
-        --bench-url http://127.0.0.1:9101 --rtt-ms 2 --edge-only --rate 1 --duration 60
+        --bench-url http://127.0.0.1:9101 --rtt-ms 2 --edge-only --rate 2 --duration 60 \
+        --model edge --edge-load edge/a/0=http://127.0.0.1:8101
     # the local topology through the router (hybrid-llm up --netem):
     python bench/sim_vs_bench.py --engine-url http://127.0.0.1:8101 \
         --bench-url http://127.0.0.1:8080 --sim-config configs/local-sim.yaml \
-        --rate 0.5 --duration 90 --bucket 8:16
+        --rate 0.5 --duration 90 --bucket 8:16 \
+        --edge-load edge/region-a/0=http://127.0.0.1:8101 \
+        --edge-load edge/region-b/0=http://127.0.0.1:8102 --save var/svb-0.5.json
+    # the same measurement simulated again (after a change to the simulator):
+    python bench/sim_vs_bench.py --replay var/svb-0.5.json
 
 All in one run (hold the bench lock around it), so machine drift hits every part:
 
@@ -20,10 +25,23 @@ All in one run (hold the bench lock around it), so machine drift hits every part
    (same-city routes only), with the same pauses; the median difference minus
    the same-city RTT becomes the simulator's router overhead (measured, never
    a tuning knob; clamped at 0);
-3. drives Poisson load at ``--bench-url`` (``hybrid-llm bench --rate``), then
-   profiles again; the simulation uses the mean of both profiles;
-4. simulates the same fleet, profile, rate and measured prompt/output lengths
-   and prints TTFT, TPOT and E2E percentiles from both and the difference.
+3. reads each ``--edge-load`` instance's ``/load`` right before the bench: the
+   simulated instance starts from the TTFT P50/P95 and rates its real engine
+   reported (the router's busy penalty is computed from them, and the profile's
+   long prompts are in that TTFT window);
+4. drives Poisson load at ``--bench-url`` (``hybrid-llm bench --rate``; its
+   schedule is seeded, the same arrival times every run), then profiles again;
+   the simulation uses the mean of both profiles;
+5. simulates the same fleet, profile, measured prompt/output lengths, shared
+   prompt prefix (the least any request found cached) and the router's own
+   token estimate of the bench's text, twice: on the bench's own arrival times
+   (replayed with different seeds to 400 requests) and as a long Poisson run;
+   prints P50/P95/P99 of TTFT, TPOT and E2E from the bench and both
+   simulations with the differences, and the share of requests per route.
+
+``--save`` writes the measurement (profile, path, edge state, every bench
+record) as JSON; ``--replay`` simulates a saved one again without measuring,
+so a change to the simulator is compared on the same bench data.
 """
 
 from __future__ import annotations
