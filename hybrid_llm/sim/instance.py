@@ -129,16 +129,20 @@ class Instance:
     ) -> None:
         """Start from the figures a real engine reported (its history before the run).
 
-        ``samples`` TTFTs with that P50 and P95 (every tenth one the P95, so the
-        tail leaves the window as slowly as the rest when new ones push old ones
-        out), and one prefill and one decode step, a window ago, with those rates:
-        they count until newer steps push them out of the rate window, as on the
+        ``samples`` TTFTs with that P50 and P95: a tenth of them (at least as many
+        as the engine's nearest-rank P95 needs) the P95, spread evenly so the tail
+        leaves the window as slowly as the rest when new ones push old ones out;
+        and one prefill and one decode step, a window ago, with those rates: they
+        count until newer steps push them out of the rate window, as on the
         engine.
         """
         if ttft_p50_ms is not None and samples > 0:
             high = ttft_p95_ms if ttft_p95_ms is not None else ttft_p50_ms
+            needed = samples - round(0.95 * (samples - 1))  # see servekit.engine.rates
+            tail = max(needed, samples // 10)
             for i in range(samples):
-                self.stats.record_ttft((high if i % 10 == 9 else ttft_p50_ms) / 1000.0)
+                top = (i + 1) * tail // samples > i * tail // samples
+                self.stats.record_ttft((high if top else ttft_p50_ms) / 1000.0)
         then = self.loop.now - RATE_WINDOW_S / 2
         prefill_s = 0.0
         if prefill_tokens_per_s:
