@@ -23,7 +23,7 @@ from geo_router.metrics import RouterMetrics
 from geo_router.planner import Decision, Planner
 from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scored
-from geo_router.settings import RoutingSettings
+from geo_router.settings import HedgeSettings, RoutingSettings
 from geo_router.tracker import Tracker
 from geo_router.upstream import (
     Primed,
@@ -39,7 +39,7 @@ from servekit.errors import (
 )
 from servekit.sse import DONE_FRAME
 
-__all__ = ["Dispatcher", "Opened", "RouteRequest"]
+__all__ = ["Dispatcher", "Opened", "RouteRequest", "hedge_delay_s"]
 
 
 @dataclass(slots=True)
@@ -59,6 +59,14 @@ class Opened:
     primed: Primed
     cand: Scored
     reason: str
+
+
+def hedge_delay_s(hedge: HedgeSettings, tracker: Tracker, cand: Scored) -> float:
+    """How long an attempt at ``cand`` may take before a hedge races it: the router's
+    own P95 TTFT there, else the instance's reported P95, else the default."""
+    p95 = tracker.stats(cand.id).ttft_p95_ms() or cand.state.load.ttft_p95_ms
+    delay = p95 if p95 is not None else hedge.default_delay_ms
+    return max(hedge.min_delay_ms, delay) / 1000.0
 
 
 def _cause(err: ServeError) -> str:
@@ -104,10 +112,7 @@ class Dispatcher:
         return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
 
     def _hedge_delay_s(self, cand: Scored) -> float:
-        hedge = self._routing.hedge
-        p95 = self.tracker.stats(cand.id).ttft_p95_ms() or cand.state.load.ttft_p95_ms
-        delay = p95 if p95 is not None else hedge.default_delay_ms
-        return max(hedge.min_delay_ms, delay) / 1000.0
+        return hedge_delay_s(self._routing.hedge, self.tracker, cand)
 
     async def _race(
         self, req: RouteRequest, cands: Sequence[Scored], body: dict[str, Any], hedge: bool

@@ -86,10 +86,11 @@ class Tracker:
         if s.circuit is Circuit.HALF_OPEN:
             s.probing = True
 
-    def release(self, instance_id: str) -> None:
+    def release(self, instance_id: str, now: float | None = None) -> None:
+        """A request there ended; ``now`` is wall-clock time (a simulation passes its own)."""
         s = self.stats(instance_id)
         s.inflight = max(0, s.inflight - 1)
-        s.released.append(time.time())
+        s.released.append(time.time() if now is None else now)
 
     def success(self, instance_id: str, ttft_ms: float | None = None) -> None:
         s = self.stats(instance_id)

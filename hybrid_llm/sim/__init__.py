@@ -12,9 +12,10 @@ from hybrid_llm.sim.config import (
     PolicySpec,
     RegionSpec,
     SimConfig,
+    WarmState,
     WorkloadSpec,
 )
-from hybrid_llm.sim.instance import Instance, LoadView
+from hybrid_llm.sim.instance import Instance
 from hybrid_llm.sim.policy import AllToCenter, CenterPool, Fleet, Policy
 from hybrid_llm.sim.profiles import PRESETS, EngineProfile
 from hybrid_llm.sim.report import size_edges, summarize_result
@@ -29,13 +30,13 @@ __all__ = [
     "Fleet",
     "Instance",
     "LengthDist",
-    "LoadView",
     "Policy",
     "PolicySpec",
     "RegionSpec",
     "SimConfig",
     "SimResult",
     "Simulation",
+    "WarmState",
     "WorkloadSpec",
     "size_edges",
     "summarize_result",

@@ -18,6 +18,7 @@ __all__ = [
     "PolicySpec",
     "RegionSpec",
     "SimConfig",
+    "WarmState",
     "WorkloadSpec",
     "resolve_profile",
 ]
@@ -63,6 +64,11 @@ class RegionSpec(BaseModel):
     name: str
     edges: int = Field(1, ge=0, description="edge nodes in this region")
     rate: float = Field(1.0, ge=0, description="requests per second from users here")
+    arrivals: list[float] | None = Field(
+        None,
+        description="a trace instead of Poisson at `rate`: arrival times in seconds after "
+        "warmup_s (e.g. a bench run's request starts)",
+    )
 
 
 class CenterSpec(BaseModel):
@@ -75,6 +81,18 @@ class WorkloadSpec(BaseModel):
     prompt_tokens: LengthDist = Field(default_factory=lambda: LengthDist(kind="fixed", value=200))
     output_tokens: LengthDist = Field(default_factory=lambda: LengthDist(kind="fixed", value=128))
     hard_fraction: float = Field(0.2, ge=0, le=1, description="share the router sends to center")
+    cached_prefix_tokens: int = Field(
+        0,
+        ge=0,
+        description="leading prompt tokens every request shares (a chat template's preamble): "
+        "a batching engine copies them from another slot instead of prefilling them",
+    )
+    template_tokens: int = Field(
+        0,
+        ge=0,
+        description="prompt tokens the client did not send (the chat template's): the router "
+        "estimates a prompt's tokens from the client's text, without them",
+    )
 
 
 class PolicySpec(BaseModel):
@@ -88,6 +106,22 @@ class PolicySpec(BaseModel):
         default_factory=dict,
         description="geo_router RoutingSettings overrides (center_bias_ms, p2c_window_ms, ...)",
     )
+    poll_interval_s: float = Field(
+        1.0, gt=0, description="the router reads each instance's load report this often"
+    )
+    router_region: str | None = Field(
+        None, description="where the router polls from (default: the first region)"
+    )
+
+
+class WarmState(BaseModel):
+    """What an instance's engine reported before the simulated run (its history)."""
+
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    samples: int = Field(0, ge=0, le=512, description="TTFTs in the engine's window")
+    decode_tokens_per_s: float | None = Field(None, gt=0)
+    prefill_tokens_per_s: float | None = Field(None, gt=0)
 
 
 class SimConfig(BaseModel):
@@ -99,6 +133,10 @@ class SimConfig(BaseModel):
     center: CenterSpec
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
+    warm: dict[str, WarmState] = Field(
+        default_factory=dict,
+        description="instance name (edge/<region>/<i>, center/<i>) -> its engine's state at t=0",
+    )
     duration_s: float = Field(60.0, gt=0, description="arrivals are generated for this long")
     warmup_s: float = Field(5.0, ge=0, description="arrivals before this are not measured")
     seed: int = 0

@@ -1,29 +1,45 @@
 """One simulated engine instance: slots, a FIFO prefill server and a
 continuously batched decode whose step time grows with the batch.
 
-Prefill has priority and stalls decode while it runs (vLLM without chunked
-prefill; llama.cpp's single sequence trivially). Decode is fluid: all running
-sequences advance one token per step, so the instance keeps a virtual token
-clock ``V`` and a heap of the ``V`` at which each sequence finishes; only
-arrivals, prefill ends and completions are events, never single tokens.
+The batching scheduler it follows (``servekit.engine.batching_sched``) builds
+every step from one token of each decoding sequence plus up to ``chunk_tokens``
+prompt tokens of one prefilling sequence, so a prefill slows the decoders
+without starving them: here a prefill takes its measured time (the profile's
+TTFT at that prompt length) plus the per-sequence cost of the decoders riding
+along, and each decoder gains one token per prefill step. A new sequence
+copies the shared prompt prefix (the chat template's preamble) from another
+slot, so only the rest counts as prefilled tokens.
+
+Decode is fluid: all running sequences advance one token per step, so the
+instance keeps a virtual token clock ``V`` and a heap of the ``V`` at which
+each sequence finishes; only arrivals, prefill ends and completions are
+events, never single tokens.
+
+What the instance reports (:meth:`Instance.report`) is what an edge's
+``/load`` carries, from the engine's own bookkeeping
+(:class:`servekit.engine.batching_stats.BatchingStats` on the simulated
+clock): slots in use and waiting, TTFT P50/P95 of the last 512 sequences
+(from slot to first token), decode and prefill rates over the last 10 s of
+steps.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from hybrid_llm.sim.events import EventLoop
 from hybrid_llm.sim.profiles import EngineProfile
+from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
+from servekit.engine.protocol import LoadReport
 
 if TYPE_CHECKING:
     from hybrid_llm.sim.request import Job
 
-__all__ = ["Instance", "InstanceSink", "LoadView"]
-
-_EPS = 1e-12
+__all__ = ["Instance", "InstanceSink"]
 
 
 class InstanceSink(Protocol):
@@ -32,18 +48,6 @@ class InstanceSink(Protocol):
     def first_token(self, job: Job, now: float) -> None: ...
 
     def done(self, job: Job, now: float) -> None: ...
-
-
-@dataclass(frozen=True)
-class LoadView:
-    """What the router sees of an instance: the fields of servekit's LoadReport."""
-
-    waiting: int
-    running: int
-    capacity: int
-    queue_limit: int
-    prefill_tokens_per_s: float
-    decode_step_s: float
 
 
 @dataclass(eq=False)
@@ -59,6 +63,7 @@ class Instance:
     prefill_q: deque[Job] = field(default_factory=deque)
     prefill_job: Job | None = None
     prefill_end: float = 0.0
+    prefill_start: float = 0.0
     decode: list[tuple[float, int, Job]] = field(default_factory=list)
     decode_n: int = 0
     vclock: float = 0.0
@@ -68,13 +73,15 @@ class Instance:
     served: int = 0
     occupied: float = 0.0  # integral of used slots over time
     _seq: int = 0
+    _carry: float = 0.0  # decoded token fraction not yet recorded as a step
 
     def __post_init__(self) -> None:
         # Hot-path copies of the profile (pydantic attribute access is slow).
         self._base = self.profile.decode_base_ms / 1000.0
         self._per = self.profile.decode_per_seq_ms / 1000.0
         self._slots = self.profile.slots
-
+        self._chunk = self.profile.chunk_tokens
+        self.stats = BatchingStats(slots=self._slots)
         self.marks: list[tuple[float, float]] = [(0.0, 0.0), (0.0, 0.0)]
 
     def mark(self, which: int) -> None:
@@ -96,15 +103,57 @@ class Instance:
         return self.decode_n + (1 if self.prefill_job is not None else 0)
 
     # -- what the router sees -------------------------------------------------
-    def load(self) -> LoadView:
-        return LoadView(
-            waiting=self.backlog,
-            running=self.active,
+    def report(self) -> LoadReport:
+        """The instance's ``/load`` now: the engine's figures, the admission queue's counts."""
+        self._advance(self.loop.now)  # steps up to now are done
+        snap = self.stats.snapshot()
+        return LoadReport(
+            ready=True,
+            waiting=len(self.waiting),
+            running=self.used,
             capacity=self._slots,
             queue_limit=self.profile.queue_limit,
-            prefill_tokens_per_s=self.profile.prefill_tokens_per_s,
-            decode_step_s=self._step(self.decode_n),
+            ttft_p50_ms=snap.ttft_p50_ms,
+            ttft_p95_ms=snap.ttft_p95_ms,
+            decode_tokens_per_s=snap.decode_tokens_per_s,
+            prefill_tokens_per_s=snap.prefill_tokens_per_s,
         )
+
+    def warm(
+        self,
+        ttft_p50_ms: float | None,
+        ttft_p95_ms: float | None,
+        samples: int,
+        decode_tokens_per_s: float | None,
+        prefill_tokens_per_s: float | None,
+    ) -> None:
+        """Start from the figures a real engine reported (its history before the run).
+
+        ``samples`` TTFTs with that P50 and P95: a tenth of them (at least as many
+        as the engine's nearest-rank P95 needs) the P95, spread evenly so the tail
+        leaves the window as slowly as the rest when new ones push old ones out;
+        and one prefill and one decode step, a window ago, with those rates: they
+        count until newer steps push them out of the rate window, as on the
+        engine.
+        """
+        if ttft_p50_ms is not None and samples > 0:
+            high = ttft_p95_ms if ttft_p95_ms is not None else ttft_p50_ms
+            needed = samples - round(0.95 * (samples - 1))  # see servekit.engine.rates
+            tail = max(needed, samples // 10)
+            for i in range(samples):
+                top = (i + 1) * tail // samples > i * tail // samples
+                self.stats.record_ttft((high if top else ttft_p50_ms) / 1000.0)
+        then = self.loop.now - RATE_WINDOW_S / 2
+        prefill_s = 0.0
+        if prefill_tokens_per_s:
+            prefill_s = 1000 / prefill_tokens_per_s
+            self.stats.record_step(1, 0, 1000, prefill_s, now=then)
+        if decode_tokens_per_s:
+            # decode / (all busy seconds) is the reported rate, prefill steps included
+            tokens = 1000
+            seconds = max(1e-6, tokens / decode_tokens_per_s - prefill_s)
+            tokens = max(1, round(decode_tokens_per_s * (seconds + prefill_s)))
+            self.stats.record_step(1, tokens, 0, seconds, now=then)
 
     def full(self) -> bool:
         return self.used >= self._slots and len(self.waiting) >= self.profile.queue_limit
@@ -120,6 +169,7 @@ class Instance:
         if self.used < self._slots:
             self.used += 1
             job.state = "prefill_q"
+            job.admitted = now
             self.prefill_q.append(job)
         else:
             job.state = "waiting"
@@ -154,10 +204,15 @@ class Instance:
         if dt > 0:
             self.occupied += self.used * dt
             if self.prefill_job is not None:
-                self.busy += dt
+                self.busy += dt  # recorded as one step when the prefill ends
             elif self.decode_n:
                 self.busy += dt
-                self.vclock += dt / self._step(self.decode_n)
+                steps = dt / self._step(self.decode_n)
+                self.vclock += steps
+                tokens = steps * self.decode_n + self._carry
+                whole = int(tokens)
+                self._carry = tokens - whole
+                self.stats.record_step(self.decode_n, whole, 0, dt, now=now)
         self.last = now
 
     def _free(self, now: float) -> None:
@@ -166,14 +221,26 @@ class Instance:
             job = self.waiting.popleft()
             self.used += 1
             job.state = "prefill_q"
+            job.admitted = now
             self.prefill_q.append(job)
+
+    def _uncached(self, job: Job) -> int:
+        """Prompt tokens the engine computes (the last one always is)."""
+        prompt = job.req.prompt_tokens
+        return max(1, prompt - min(job.req.cached_tokens, prompt - 1))
+
+    def _prefill_steps(self, job: Job) -> int:
+        return 1 if self._chunk is None else math.ceil(self._uncached(job) / self._chunk)
 
     def _settle(self, now: float) -> None:
         if self.prefill_job is None and self.prefill_q:
             job = self.prefill_q.popleft()
             job.state = "prefill"
             self.prefill_job = job
-            self.prefill_end = now + self.profile.prefill_s(job.req.prompt_tokens)
+            self.prefill_start = now
+            # The decoders ride along in every prefill step, each adding its cost.
+            riders = self._per * self.decode_n * self._prefill_steps(job)
+            self.prefill_end = now + self.profile.prefill_s(job.req.prompt_tokens) + riders
         self.epoch += 1
         if self.prefill_job is not None:
             self.loop.at(self.prefill_end, self._fire, self.epoch)
@@ -192,27 +259,35 @@ class Instance:
         self._advance(now)
         job = self.prefill_job
         if job is not None:
-            self.prefill_job = None
-            job.first_token = now
-            self.sink.first_token(job, now)
-            if job.req.output_tokens <= 1:
-                self._finish(job, now)
-            else:
-                self._seq += 1
-                job.state = "decode"
-                heapq.heappush(
-                    self.decode, (self.vclock + job.req.output_tokens - 1, self._seq, job)
-                )
-                self.decode_n += 1
-        else:
-            heap = self.decode
-            while heap and heap[0][0] <= self.vclock + 1e-9:
-                _, _, done = heapq.heappop(heap)
-                if done.cancelled:
-                    continue
-                self.decode_n -= 1
-                self._finish(done, now)
+            self._prefilled(job, now)
+        heap = self.decode
+        while heap and heap[0][0] <= self.vclock + 1e-9:
+            _, _, done = heapq.heappop(heap)
+            if done.cancelled:
+                continue
+            self.decode_n -= 1
+            self._finish(done, now)
         self._settle(now)
+
+    def _prefilled(self, job: Job, now: float) -> None:
+        self.prefill_job = None
+        steps = self._prefill_steps(job)
+        decoders = self.decode_n
+        if decoders:
+            self.vclock += steps  # one token of every decoder per prefill step
+        self.stats.record_step(
+            decoders + 1, decoders * steps, self._uncached(job), now - self.prefill_start, now=now
+        )
+        self.stats.record_ttft(now - job.admitted)
+        job.first_token = now
+        self.sink.first_token(job, now)
+        if job.req.output_tokens <= 1:
+            self._finish(job, now)
+        else:
+            self._seq += 1
+            job.state = "decode"
+            heapq.heappush(self.decode, (self.vclock + job.req.output_tokens - 1, self._seq, job))
+            self.decode_n += 1
 
     def _finish(self, job: Job, now: float) -> None:
         job.state = "done"

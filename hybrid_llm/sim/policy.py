@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from hybrid_llm.geography import RttTable
-from hybrid_llm.sim.instance import Instance, LoadView
+from hybrid_llm.sim.events import EventLoop
+from hybrid_llm.sim.instance import Instance
 from hybrid_llm.sim.request import Job, SimRequest
+from servekit.engine.protocol import LoadReport
 
 __all__ = ["AllToCenter", "CenterPool", "Fleet", "Policy", "Target"]
 
@@ -33,7 +35,7 @@ class Target(Protocol):
     @property
     def region(self) -> str: ...
 
-    def load(self) -> LoadView: ...
+    def report(self) -> LoadReport: ...
 
     def submit(self, job: Job) -> bool: ...
 
@@ -48,19 +50,21 @@ class CenterPool:
         self.region = region
         self.replicas = list(replicas)
 
-    def load(self) -> LoadView:
-        first = self.replicas[0]
-        waiting = running = 0
-        for r in self.replicas:
-            waiting += r.backlog
-            running += r.active
-        return LoadView(
-            waiting=waiting,
-            running=running,
-            capacity=first.profile.slots * len(self.replicas),
-            queue_limit=first.profile.queue_limit * len(self.replicas),
-            prefill_tokens_per_s=first.profile.prefill_tokens_per_s,  # one request, one replica
-            decode_step_s=first.load().decode_step_s,
+    def report(self) -> LoadReport:
+        """The gateway's ``/load``: its replicas' reports combined as ``central.pool`` does."""
+        reports = [r.report() for r in self.replicas]
+        decode = [x.decode_tokens_per_s for x in reports if x.decode_tokens_per_s is not None]
+        p50 = [x.ttft_p50_ms for x in reports if x.ttft_p50_ms is not None]
+        p95 = [x.ttft_p95_ms for x in reports if x.ttft_p95_ms is not None]
+        return LoadReport(
+            ready=True,
+            waiting=sum(x.waiting for x in reports),
+            running=sum(x.running for x in reports),
+            capacity=sum(x.capacity for x in reports),
+            queue_limit=sum(x.queue_limit for x in reports),
+            ttft_p50_ms=sum(p50) / len(p50) if p50 else None,
+            ttft_p95_ms=max(p95) if p95 else None,
+            decode_tokens_per_s=sum(decode) / len(decode) if decode else None,
         )
 
     def submit(self, job: Job) -> bool:
@@ -100,15 +104,44 @@ class Fleet:
 
 
 class Policy(Protocol):
-    """Chooses where a request goes; ``hedge_after_s`` None means never hedge."""
+    """Chooses where a request goes, and hears what the router would hear."""
 
-    hedge_after_s: float | None
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
+        """Begin whatever runs in the background until ``until`` (polling load reports)."""
+        ...
 
     def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]: ...
 
+    def hedge_after(self, target: Target) -> float | None:
+        """Seconds before a hedge races an attempt at ``target``; None: never."""
+        ...
+
+    def sent(self, target: Target) -> None: ...
+
+    def primed(self, target: Target, ttft_s: float) -> None:
+        """The first token from ``target`` reached the router ``ttft_s`` after sending."""
+        ...
+
+    def released(self, target: Target, failed: bool = False) -> None:
+        """A request there ended at the router (``failed``: answered 429)."""
+        ...
+
 
 class AllToCenter:
-    hedge_after_s: float | None = None
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
+        return None
 
     def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]:
         return [fleet.center]
+
+    def hedge_after(self, target: Target) -> float | None:
+        return None
+
+    def sent(self, target: Target) -> None:
+        return None
+
+    def primed(self, target: Target, ttft_s: float) -> None:
+        return None
+
+    def released(self, target: Target, failed: bool = False) -> None:
+        return None

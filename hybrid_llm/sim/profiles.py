@@ -29,6 +29,12 @@ class EngineProfile(BaseModel):
     queue_limit: int = Field(64, ge=0, description="waiting requests before it answers 429")
     gpus: int = Field(1, ge=0, description="GPUs one instance occupies (0 for CPU)")
     overhead_ms: float = Field(0.0, ge=0, description="fixed per-request cost (HTTP, tokenize)")
+    chunk_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="prompt tokens per batched step (chunked prefill, each step also carries "
+        "one token of every decoding sequence); None: a prompt prefills in one step",
+    )
     prefill_points: list[tuple[int, float]] = Field(
         default_factory=list,
         description="measured (prompt tokens, seconds to first token); when given, prefill "

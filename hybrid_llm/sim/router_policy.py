@@ -1,13 +1,27 @@
-"""The hybrid policy driven by the router's own code: ``geo_router.scoring``.
+"""The hybrid policy driven by the router's own code: ``geo_router.scoring``,
+``geo_router.tracker`` and the hedge rule of ``geo_router.dispatch``.
 
-Each candidate becomes the ``InstanceState`` the router would read from the
-registry (identity plus the load report the instance heartbeats), the router's
-:class:`~geo_router.scoring.Scorer` predicts its TTFT (RTT + queue wait +
-prefill, slow start, power-of-two choices among the near-best) and orders
-them; the tier logic follows ``geo_router.planner``: simple requests score
-edges and the center (with the center's cost bias) together, hard requests go
-to the center with edges as the last resort, and a center is kept among the
-first ``max_attempts`` candidates so failover ends there.
+Every ``poll_interval_s`` the router reads each instance's ``/load`` over the
+RTT between them (the static registry's probe: ``/ready``, then ``/load``;
+the report is taken one and a half RTTs after the poll starts and stamped as
+its heartbeat half an RTT later), so it routes on reports up to a period old.
+The simulated instances report what a real edge does (running and waiting
+counts, its recent TTFT P50/P95, decode and prefill rates; see
+:meth:`hybrid_llm.sim.instance.Instance.report`). The router's
+:class:`~geo_router.tracker.Tracker` counts its own requests in flight and the
+ones that ended since a report (so a stale report is discounted), its own TTFT
+per instance (the hedge delay) and 429s (the circuit breaker); its
+:class:`~geo_router.scoring.Scorer` predicts each candidate's TTFT (RTT + queue
+wait + prefill + busy slowdown, power-of-two choices among the near-best) and
+orders them. The tier logic follows ``geo_router.planner``: simple requests
+score edges and the center (with the center's cost bias) together, hard
+requests go to the center with edges as the last resort, and a center is kept
+among the first ``max_attempts`` candidates so failover ends there.
+
+The router estimates a prompt's tokens from the text the client sent
+(``estimate_prompt_tokens``); the simulator has token counts, and leaves out
+the workload's ``template_tokens`` (the chat template's, which the client
+never sent).
 """
 
 from __future__ import annotations
@@ -15,13 +29,14 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from geo_router.dispatch import hedge_delay_s  # the dispatcher's own hedge rule
 from geo_router.planner import ensure_center  # the planner's own failover rule
 from geo_router.region import RttTable as RouterRtt
 from geo_router.scoring import Scored, Scorer
 from geo_router.settings import RegionSettings, RoutingSettings
 from geo_router.tracker import Tracker
 from hybrid_llm.geography import RttTable
-from hybrid_llm.sim.instance import LoadView
+from hybrid_llm.sim.events import EventLoop
 from hybrid_llm.sim.policy import Fleet, Target
 from hybrid_llm.sim.request import SimRequest
 from servekit.engine.protocol import LoadReport
@@ -42,26 +57,16 @@ def router_routing(mean_output: float, **overrides: object) -> RoutingSettings:
     return RoutingSettings.model_validate(data)
 
 
-def _state(target: Target, load: LoadView) -> InstanceState:
-    info = InstanceInfo(
+def _info(target: Target, capacity: int) -> InstanceInfo:
+    return InstanceInfo(
         id=target.name,
         tier=target.tier,
         region=target.region,
         address="sim",
         port=0,
         model="sim",
-        capacity=load.capacity,
+        capacity=capacity,
     )
-    report = LoadReport(
-        ready=True,
-        waiting=load.waiting,
-        running=load.running,
-        capacity=load.capacity,
-        queue_limit=load.queue_limit,
-        decode_tokens_per_s=1.0 / load.decode_step_s,
-        prefill_tokens_per_s=load.prefill_tokens_per_s,
-    )
-    return InstanceState(info=info, load=report, healthy=True, last_heartbeat=0.0)
 
 
 class RouterPolicy:
@@ -75,41 +80,102 @@ class RouterPolicy:
         clock: Callable[[], float],
         *,
         choices: int = 2,
-        hedge_after_s: float | None = None,
+        hedge: bool = False,
+        poll_interval_s: float = 1.0,
+        router_region: str | None = None,
     ) -> None:
         regions = RegionSettings(
             rtt_ms=rtt.rtt_ms, same_region_rtt_ms=rtt.same_region_ms, unknown_rtt_ms=rtt.default_ms
         )
         self.routing = routing
-        self.scorer = Scorer(routing, RouterRtt(regions), Tracker(routing.breaker), rng)
+        self.tracker = Tracker(routing.breaker)
+        self.scorer = Scorer(routing, RouterRtt(regions), self.tracker, rng)
+        self.rtt = rtt
         self.rng = rng
         self.clock = clock
         self.choices = choices
-        self.hedge_after_s = hedge_after_s
+        self.hedge = hedge
+        self.poll_interval_s = poll_interval_s
+        self.router_region = router_region
+        self.states: dict[str, InstanceState] = {}
+        self._infos: dict[str, InstanceInfo] = {}
+        self._scored: dict[str, Scored] = {}
 
+    # -- the router's view of the fleet: polled load reports ------------------
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
+        targets: list[Target] = [e for edges in fleet.edges.values() for e in edges]
+        targets.append(fleet.center)
+        home = self.router_region or next(iter(fleet.edges), fleet.center.region)
+        for target in targets:
+            report = target.report()  # the registry's first probe, before serving
+            self._infos[target.name] = _info(target, report.capacity)
+            self._publish(loop, target.name, report)
+        loop.after(self.poll_interval_s, self._poll, loop, targets, home, until)
+
+    def _poll(self, loop: EventLoop, targets: list[Target], home: str, until: float) -> None:
+        for target in targets:
+            rtt = self.rtt.rtt(home, target.region) / 1000.0
+            loop.after(1.5 * rtt, self._probe, loop, target, rtt)
+        if loop.now + self.poll_interval_s < until:  # no routing after the last arrival
+            loop.after(self.poll_interval_s, self._poll, loop, targets, home, until)
+
+    def _probe(self, loop: EventLoop, target: Target, rtt: float) -> None:
+        loop.after(0.5 * rtt, self._publish, loop, target.name, target.report())
+
+    def _publish(self, loop: EventLoop, name: str, report: LoadReport) -> None:
+        self.states[name] = InstanceState(
+            info=self._infos[name], load=report, healthy=True, last_heartbeat=loop.now
+        )
+
+    # -- routing ----------------------------------------------------------------
     def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]:
         now = self.clock()
-        pool: list[tuple[Target, LoadView]] = []
-        for edge in fleet.sample_edges(req.region, self.choices, self.rng):
-            load = edge.load()
-            if load.waiting < load.queue_limit:  # a full one would answer 429
-                pool.append((edge, load))
+        available = self.tracker.available
+        edges = [
+            e
+            for e in fleet.sample_edges(req.region, self.choices, self.rng)
+            if available(e.name, now)
+        ]
         center: Target = fleet.center
-        by_id: dict[str, Target] = {t.name: t for t, _ in pool}
+        by_id: dict[str, Target] = {t.name: t for t in edges}
         by_id[center.name] = center
+        tokens = req.estimated_tokens or req.prompt_tokens
 
-        def score(target: Target, load: LoadView, bias_ms: float = 0.0) -> Scored:
-            state = _state(target, load)
-            return self.scorer.score(state, req.region, req.prompt_tokens, bias_ms, now=now)
+        def score(target: Target, bias_ms: float = 0.0) -> Scored:
+            state = self.states[target.name]
+            return self.scorer.score(state, req.region, tokens, bias_ms, now=now)
 
+        centers = [score(center)] if available(center.name, now) else []
         if req.hard:
-            ordered = self.scorer.order([score(center, center.load())])
+            ordered = self.scorer.order(centers)
             if self.routing.hard_may_use_edge:
-                ordered += sorted(
-                    (score(e, load) for e, load in pool), key=lambda s: s.predicted_ms
-                )
+                ordered += sorted((score(e) for e in edges), key=lambda s: s.predicted_ms)
         else:
-            scored = [score(e, load) for e, load in pool]
-            scored.append(score(center, center.load(), self.routing.center_bias_ms))
+            scored = [score(e) for e in edges]
+            if centers:
+                scored.append(score(center, self.routing.center_bias_ms))
             ordered = ensure_center(self.scorer.order(scored), self.routing.max_attempts)
+        ordered = ordered[: self.routing.max_attempts]
+        self._scored = {s.id: s for s in ordered}
         return [by_id[s.id] for s in ordered]
+
+    # -- what the router hears --------------------------------------------------
+    def hedge_after(self, target: Target) -> float | None:
+        if not self.hedge:
+            return None
+        scored = self._scored.get(target.name)
+        if scored is None:
+            return self.routing.hedge.default_delay_ms / 1000.0
+        return hedge_delay_s(self.routing.hedge, self.tracker, scored)
+
+    def sent(self, target: Target) -> None:
+        self.tracker.acquire(target.name)
+
+    def primed(self, target: Target, ttft_s: float) -> None:
+        self.tracker.success(target.name, ttft_s * 1000.0)
+
+    def released(self, target: Target, failed: bool = False) -> None:
+        now = self.clock()
+        self.tracker.release(target.name, now)
+        if failed:
+            self.tracker.failure(target.name, now)

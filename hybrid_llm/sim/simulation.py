@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hybrid_llm.sim.config import SimConfig
+from hybrid_llm.sim.config import SimConfig, WarmState
 from hybrid_llm.sim.events import EventLoop
 from hybrid_llm.sim.instance import Instance
 from hybrid_llm.sim.policy import AllToCenter, CenterPool, Fleet, Policy, Target
@@ -34,13 +34,19 @@ def build_policy(config: SimConfig, rng: random.Random, clock: Callable[[], floa
         return AllToCenter()
     from hybrid_llm.sim.router_policy import RouterPolicy, router_routing
 
+    router = dict(spec.router)
+    hedge = dict(router.get("hedge") or {})
+    hedge.setdefault("default_delay_ms", spec.hedge_after_ms)
+    router["hedge"] = hedge
     return RouterPolicy(
         config.rtt,
         rng,
-        router_routing(config.workload.output_tokens.mean(), **spec.router),
+        router_routing(config.workload.output_tokens.mean(), **router),
         clock,
         choices=spec.choices,
-        hedge_after_s=spec.hedge_after_ms / 1000.0 if spec.name == "hybrid-hedge" else None,
+        hedge=spec.name == "hybrid-hedge",
+        poll_interval_s=spec.poll_interval_s,
+        router_region=spec.router_region,
     )
 
 
@@ -81,6 +87,13 @@ class Simulation:
         self.requests: list[SimRequest] = []
         self._client_s = config.rtt.same_region_ms / 1000.0
         self._overhead_s = config.policy.router_overhead_ms / 1000.0
+        for inst in self.instances:
+            # Warm from t=0: what the engine reported before, else its profile's rates.
+            warm = config.warm.get(inst.name) or WarmState(
+                decode_tokens_per_s=1000.0 / inst.profile.decode_base_ms,
+                prefill_tokens_per_s=inst.profile.prefill_tokens_per_s,
+            )
+            inst.warm(**warm.model_dump())
 
     def _instance(
         self, name: str, tier: Literal["edge", "center"], region: str, profile: EngineProfile
@@ -91,8 +104,12 @@ class Simulation:
 
     # -- arrivals and dispatch ------------------------------------------------
     def run(self) -> SimResult:
+        self.policy.start(self.loop, self.fleet, self.config.duration_s)
         for region in self.config.regions:
-            if region.rate > 0:
+            if region.arrivals is not None:
+                for at in region.arrivals:
+                    self.loop.at(self.config.warmup_s + at, self._arrive, region.name, 0.0)
+            elif region.rate > 0:
                 self.loop.at(
                     self.rng.expovariate(region.rate), self._arrive, region.name, region.rate
                 )
@@ -126,36 +143,49 @@ class Simulation:
             output_tokens=wl.output_tokens.sample(self.rng),
             hard=self.rng.random() < wl.hard_fraction,
         )
+        req.cached_tokens = min(wl.cached_prefix_tokens, req.prompt_tokens - 1)
+        req.estimated_tokens = max(1, req.prompt_tokens - wl.template_tokens)
         self.requests.append(req)
         self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
-        nxt = now + self.rng.expovariate(rate)
+        nxt = now + self.rng.expovariate(rate) if rate > 0 else float("inf")
         if nxt < self.config.duration_s:
             self.loop.at(nxt, self._arrive, region, rate)
 
     def _route(self, req: SimRequest) -> None:
         candidates = self.policy.candidates(req, self.fleet)
+        if not candidates:
+            req.failed = True
+            return
         self._dispatch(req, candidates, 0)
-        hedge = self.policy.hedge_after_s
+        hedge = self.policy.hedge_after(candidates[0])
         if hedge is not None and len(candidates) > 1:
             self.loop.after(hedge, self._hedge, req, candidates)
 
     def _dispatch(self, req: SimRequest, candidates: list[Target], index: int) -> None:
         target = candidates[index]
         rtt = self.fleet.rtt_s(req.region, target.region)
-        job = Job(req, rtt)
+        job = Job(req, rtt, target=target, sent=self.loop.now)
         req.jobs.append(job)
+        self.policy.sent(target)
         self.loop.after(rtt / 2, self._deliver, job, target, candidates, index)
 
     def _deliver(self, job: Job, target: Target, candidates: list[Target], index: int) -> None:
         if job.req.winner is not None:
-            return  # the other copy already answered
+            return  # the other copy already answered (the router released it then)
         if target.submit(job):
             return
         # 429: the router hears it one way later and tries the next candidate.
         job.state = "done"
-        self.loop.after(job.rtt / 2, self._rejected, job.req, candidates, index)
+        self.loop.after(job.rtt / 2, self._rejected, job, candidates, index)
 
-    def _rejected(self, req: SimRequest, candidates: list[Target], index: int) -> None:
+    def _release(self, job: Job, failed: bool = False) -> None:
+        if not job.released and job.target is not None:
+            job.released = True
+            self.policy.released(job.target, failed)
+
+    def _rejected(self, job: Job, candidates: list[Target], index: int) -> None:
+        req = job.req
+        self._release(job, failed=True)
         if req.winner is not None:
             return
         if index + 1 < len(candidates):
@@ -189,10 +219,14 @@ class Simulation:
             return
         req.winner = job
         req.ttft = self.loop.now + self._client_s / 2 - req.arrival
+        if job.target is not None:
+            self.policy.primed(job.target, self.loop.now - job.sent)
         for other in req.jobs:
-            if other is not job and other.instance is not None:
-                # The abort reaches the loser one way later.
-                self.loop.after(other.rtt / 2, other.instance.cancel, other)
+            if other is not job:
+                self._release(other)  # the router drops the losing attempt now
+                if other.instance is not None:
+                    # The abort reaches the loser one way later.
+                    self.loop.after(other.rtt / 2, other.instance.cancel, other)
 
     def done(self, job: Job, now: float) -> None:
         req = job.req
@@ -203,3 +237,4 @@ class Simulation:
         if req.output_tokens > 1:
             req.tpot = (now - job.first_token) / (req.output_tokens - 1)
         req.e2e = now + job.rtt / 2 + self._client_s / 2 - req.arrival
+        self.loop.after(job.rtt / 2, self._release, job)  # the last byte at the router

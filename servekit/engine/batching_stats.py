@@ -79,9 +79,12 @@ class BatchingStats:
     _decode_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record_step(self, sequences: int, decode: int, prefill: int, seconds: float) -> None:
-        """One ``llama_decode``: ``sequences`` distinct sequences, token counts by kind."""
-        now = time.monotonic()
+    def record_step(
+        self, sequences: int, decode: int, prefill: int, seconds: float, now: float | None = None
+    ) -> None:
+        """One ``llama_decode``: ``sequences`` distinct sequences, token counts by kind
+        (``now``: monotonic time it ended; a simulation passes its own clock)."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             self.steps += 1
             self.busy_seconds += seconds

@@ -49,19 +49,20 @@ def _instance(profile: EngineProfile = PROFILE) -> tuple[EventLoop, Instance, Re
     return loop, Instance("i", "edge", "a", profile, loop, rec), rec
 
 
-def test_prefill_is_serial_and_decode_batches() -> None:
+def test_prefill_is_serial_and_decoders_ride_along() -> None:
     loop, inst, rec = _instance()
     jobs = [_job(0), _job(1)]
     for job in jobs:
         assert inst.submit(job)
     loop.run()
-    # Prefill 100 tokens at 1000/s each, one after the other; decode of the first
-    # stalls during the second's prefill.
+    # Prefill 100 tokens at 1000/s each, one after the other; the first, decoding by
+    # then, rides along in the second's prefill step: +5 ms, and one token for it.
     assert rec.first[0] == pytest.approx(0.1)
-    assert rec.first[1] == pytest.approx(0.2)
-    # From 0.2 both decode 10 tokens together at 10 + 5 ms per step.
-    assert rec.finished[0] == pytest.approx(0.2 + 10 * 0.015)
-    assert rec.finished[1] == pytest.approx(0.2 + 10 * 0.015)
+    assert rec.first[1] == pytest.approx(0.205)
+    # From 0.205 both decode at 10 + 5 ms per step: the first has 9 tokens left,
+    # the second 10 (its last one alone at 10 ms).
+    assert rec.finished[0] == pytest.approx(0.205 + 9 * 0.015)
+    assert rec.finished[1] == pytest.approx(0.205 + 9 * 0.015 + 0.010)
     assert inst.used == 0
     assert inst.busy == pytest.approx(0.35)
 
@@ -70,7 +71,8 @@ def test_full_slots_queue_then_429() -> None:
     loop, inst, rec = _instance()
     jobs = [_job(i, output=1) for i in range(4)]
     assert [inst.submit(j) for j in jobs] == [True, True, True, False]
-    assert inst.load().waiting == 2  # one in the prefill queue, one waiting for a slot
+    report = inst.report()  # what its /load says: slots in use, and one waiting for a slot
+    assert (report.running, report.waiting, report.capacity) == (2, 1, 2)
     loop.run()
     # One-token answers finish at their first token; the waiting one starts after.
     assert [rec.first[i] for i in range(3)] == pytest.approx([0.1, 0.2, 0.3])
