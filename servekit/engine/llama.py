@@ -97,7 +97,6 @@ class LlamaSettings(BaseModel):
 
 
 _Emit = Callable[[GenerationEvent | BaseException], None]
-_HANDOFF_WAIT_S = 0.02  # bound on holding decode for the first token's hand-off
 
 
 class LlamaCppEngine:
@@ -274,13 +273,12 @@ class LlamaCppEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[GenerationEvent | BaseException] = asyncio.Queue()
         cancel = threading.Event()
-        handed = threading.Event()  # the first token reached the consumer
 
         def emit(item: GenerationEvent | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
         job = loop.run_in_executor(
-            self._worker, self._run, request, tokens, limit, emit, cancel, handed, warm
+            self._worker, self._run, request, tokens, limit, emit, cancel, warm
         )
         try:
             while True:
@@ -288,13 +286,9 @@ class LlamaCppEngine:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
-                # Back for more: whatever the consumer did with the item (say,
-                # writing it to a socket) is done.
-                handed.set()
                 if isinstance(item, Finish):
                     break
         finally:
-            handed.set()
             cancel.set()
             if not job.done():
                 # Let the worker notice the flag; do not wait for it.
@@ -311,7 +305,6 @@ class LlamaCppEngine:
         limit: int,
         emit: _Emit,
         cancel: threading.Event,
-        handed: threading.Event,
         warm: bool = False,
     ) -> None:
         if cancel.is_set():
@@ -320,7 +313,7 @@ class LlamaCppEngine:
         try:
             # Warm-up runs while the whole node starts: its speeds mislead routers.
             rates = RateTracker() if warm else self._rates
-            self._run_inner(request, tokens, limit, emit, cancel, handed, rates)
+            self._run_inner(request, tokens, limit, emit, cancel, rates)
         except ServeError as exc:
             emit(exc)
         except Exception as exc:  # the one boundary for llama.cpp failures
@@ -356,7 +349,6 @@ class LlamaCppEngine:
         limit: int,
         emit: _Emit,
         cancel: threading.Event,
-        handed: threading.Event,
         rates: RateTracker,
     ) -> None:
         llama, vocab = self._llama, self._vocab
@@ -388,7 +380,7 @@ class LlamaCppEngine:
         t_first = 0.0
         # The context holds exactly the prompt from the first token until the
         # next decode: the state is saved then, but after the first token has
-        # been handed over (copying a long prompt's state takes milliseconds).
+        # been emitted (copying a long prompt's state takes milliseconds).
         save = False
         try:
             for token in gen:
@@ -412,13 +404,6 @@ class LlamaCppEngine:
                 if save:
                     self._save_state(tokens)
                     save = False
-                if text:
-                    # Decoding the next token would take every core from the
-                    # event loop that is about to send this one; a loop thread
-                    # preempting an OpenMP worker mid-decode stalls them all.
-                    # Let it go out first.
-                    handed.wait(_HANDOFF_WAIT_S)
-                    handed.clear()
                 if stream.stopped:
                     reason = "stop"
                     break
