@@ -18,8 +18,8 @@ One command, one lock hold (issue 8's acceptance run):
    cache per slot, and before the engine copied prefixes between slots a
    slot's first prompt prefilled the chat template in full, 45 tokens
    instead of 14, 380-430 ms instead of ~140; a server that has run for a
-   minute has used all its slots, so warming keeps runs comparable; the center's replicas, one
-   sequence each, are warmed by the center variant's own warm-up);
+   minute has used all its slots, so warming keeps runs comparable; the center's replicas,
+   four slots each like the edges, are warmed by the center variant's own warm-up);
    ``hybrid`` sends ``model=auto`` (the router decides), ``center`` sends
    ``model=center`` (all to the center, 150 ms away). JSON and PNG are written to ``--out``.
 3. The summary: per rate, same-city TTFT P50/P95/P99 of both, the P99
