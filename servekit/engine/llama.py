@@ -412,8 +412,8 @@ class LlamaCppEngine:
                     break
         finally:
             gen.close()
-            if save:  # stopped at the first token: the context still holds the prompt
-                self._save_state(tokens)
+        if save:  # stopped at the first token: the context still holds the prompt
+            self._save_state(tokens)
         tail = stream.flush()
         if tail or pending_tokens:
             emit(TextDelta(tail, pending_tokens))
