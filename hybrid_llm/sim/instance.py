@@ -127,6 +127,7 @@ class Instance:
         samples: int,
         decode_tokens_per_s: float | None,
         prefill_tokens_per_s: float | None,
+        busy_ms_per_seq: float | None = None,
     ) -> None:
         """Start from the figures a real engine reported (its history before the run).
 
@@ -135,8 +136,9 @@ class Instance:
         leaves the window as slowly as the rest when new ones push old ones out;
         and one prefill and one decode step, a window ago, with those rates: they
         count until newer steps push them out of the rate window, as on the
-        engine.
+        engine; its busy slowdown until the instance has measured its own.
         """
+        self.stats.assume_busy_ms_per_seq(busy_ms_per_seq)
         if ttft_p50_ms is not None and samples > 0:
             high = ttft_p95_ms if ttft_p95_ms is not None else ttft_p50_ms
             needed = samples - round(0.95 * (samples - 1))  # see servekit.engine.rates

@@ -131,6 +131,12 @@ class BatchingStats:
                 sample = seconds if from_arrival is None else from_arrival
                 self._busy.record(running, prefilled, sample)
 
+    def assume_busy_ms_per_seq(self, ms: float | None) -> None:
+        """Report ``ms`` as the busy slowdown until enough admissions measure it
+        (a simulated engine that starts from a real engine's load report)."""
+        with self._lock:
+            self._busy.prior = ms
+
     def decode_step_seconds(self, sequences: int) -> list[float]:
         """Durations of recent decode-only steps (no prefill) of ``sequences`` sequences."""
         with self._lock:

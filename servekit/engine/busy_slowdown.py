@@ -78,6 +78,8 @@ class BusySlowdown:
         self._busy: deque[tuple[int, int, float]] = deque(maxlen=BUSY_WINDOW)
         self._fitted: float | None = None
         self._stale = False
+        # Reported until measured: a simulated engine starting from a real one's report.
+        self.prior: float | None = None
 
     def record(self, running: int, prefilled: int, seconds: float) -> None:
         """One admission: ``running`` others at its start, ``prefilled`` prompt tokens
@@ -94,7 +96,7 @@ class BusySlowdown:
         if self._stale:
             self._fitted = self._fit()
             self._stale = False
-        return self._fitted
+        return self.prior if self._fitted is None else self._fitted
 
     def _fit(self) -> float | None:
         if len(self._idle) < MIN_IDLE or len(self._busy) < MIN_BUSY:
