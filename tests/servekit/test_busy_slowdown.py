@@ -7,7 +7,7 @@ import random
 import pytest
 
 from servekit.engine.batching_stats import BatchingStats
-from servekit.engine.busy_slowdown import IdleCurve
+from servekit.engine.busy_slowdown import ReferenceCurve
 
 
 def idle_ttft(tokens: int) -> float:
@@ -53,6 +53,14 @@ def test_arrivals_at_a_busy_engine_measure_the_injected_slowdown(per_seq_ms: flo
     assert got == pytest.approx(per_seq_ms, abs=0.1 * per_seq_ms + 2.0)
 
 
+def test_an_engine_never_idle_measures_against_its_least_busy_admissions() -> None:
+    stats, rng = BatchingStats(slots=16), random.Random(5)
+    for _ in range(30):
+        for running in range(3, 12):
+            admit(stats, rng, 1, running=running, per_seq_s=0.004)
+    assert stats.snapshot().busy_ms_per_seq == pytest.approx(4.0, abs=1.0)
+
+
 def test_a_few_stalled_admissions_do_not_set_the_price() -> None:
     stats, rng = BatchingStats(slots=4), random.Random(3)
     admit(stats, rng, 20, running=0, per_seq_s=0.0)
@@ -67,8 +75,8 @@ def test_nothing_is_reported_until_measured_and_never_below_zero() -> None:
     admit(stats, rng, 20, running=1, per_seq_s=0.030, lengths=(60,))
     assert stats.snapshot().busy_ms_per_seq is None  # no idle admissions to compare with
     stats.record_ttft(0.2)  # a TTFT without admission details (warm history) is no sample
-    admit(stats, rng, 2, running=0, per_seq_s=0.0, lengths=(60,))
-    assert stats.snapshot().busy_ms_per_seq is None
+    admit(stats, rng, 3, running=0, per_seq_s=0.0, lengths=(60,))
+    assert stats.snapshot().busy_ms_per_seq is None  # the same running count everywhere
     admit(stats, rng, 1, running=0, per_seq_s=0.0, lengths=(60,))
     assert stats.snapshot().busy_ms_per_seq == pytest.approx(30.0, abs=5.0)
     faster = BatchingStats(slots=4)
@@ -91,12 +99,12 @@ def test_the_sample_counts_from_arrival_when_given_and_a_prior_holds_until_measu
     assert snap.ttft_p50_ms == pytest.approx(100.0)  # the reported TTFT stays slot-to-token
 
 
-def test_idle_curve_interpolates_measured_points_and_extends_the_ends() -> None:
-    curve = IdleCurve([(n, idle_ttft(n)) for n in (10, 60, 200, 700) for _ in range(5)])
+def test_reference_curve_interpolates_measured_points_and_extends_the_ends() -> None:
+    curve = ReferenceCurve([(n, idle_ttft(n)) for n in (10, 60, 200, 700) for _ in range(5)])
     for n in (10, 60, 200, 700):
         assert curve.at(n) == pytest.approx(idle_ttft(n))
     assert idle_ttft(60) < curve.at(130) < idle_ttft(200)
     slope = (idle_ttft(700) - idle_ttft(200)) / 500
     assert curve.at(900) == pytest.approx(idle_ttft(700) + 200 * slope)
-    single = IdleCurve([(20, 0.1), (20, 0.1), (20, 0.1)])
+    single = ReferenceCurve([(20, 0.1), (20, 0.1), (20, 0.1)])
     assert (single.at(20), single.at(40)) == (pytest.approx(0.1), pytest.approx(0.2))
