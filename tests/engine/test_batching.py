@@ -221,9 +221,15 @@ async def test_busy_slowdown_is_measured_apart_from_prompt_length(model_path: Pa
                 await asyncio.sleep(0.01)
             await collect(eng, probe(i))
         busy = eng.load().busy_ms_per_seq
+        registry = CollectorRegistry()
+        registry.register(BatchingCollector(eng.stats, {"model": "smollm2"}))
+        gauge = registry.get_sample_value(
+            "servekit:batch_busy_seconds_per_sequence", {"model": "smollm2"}
+        )
         decoding.cancel()
         await asyncio.gather(decoding, return_exceptions=True)
     finally:
         await eng.aclose()
     assert busy is not None
     assert 0 <= busy < spread / 3, (busy, spread)
+    assert gauge == pytest.approx(busy / 1000)  # the same figure as a Prometheus gauge
