@@ -30,7 +30,13 @@ from central.continuation import continuation, merged_finish
 from central.replica import EngineFactory, Replica
 from central.scrape import ReplicaProbe
 from central.settings import CentralSettings
-from servekit.engine.protocol import Finish, GenerationEvent, GenerationRequest, LoadReport
+from servekit.engine.protocol import (
+    Finish,
+    GenerationEvent,
+    GenerationRequest,
+    LoadReport,
+    pooled_busy_ms_per_seq,
+)
 from servekit.errors import EngineFailure, NotReady, ServeError, UpstreamUnavailable
 
 __all__ = ["ReplicaPool"]
@@ -109,6 +115,7 @@ class ReplicaPool:
             capacity=sum(r.capacity for r in healthy),
             ttft_p50_ms=sum(p50) / len(p50) if p50 else None,
             ttft_p95_ms=max(p95) if p95 else None,
+            busy_ms_per_seq=pooled_busy_ms_per_seq(reports, len(healthy)),
             decode_tokens_per_s=sum(decode) / len(decode) if decode else None,
             model=self.model_name,
             version=self._settings.version,

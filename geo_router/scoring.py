@@ -3,7 +3,7 @@
 predicted TTFT = RTT(user region → instance region)
                + queue wait (requests beyond capacity × typical service time / capacity)
                + prefill estimate (prompt tokens / prefill rate)
-               + busy slowdown (running sequences × the engine's TTFT spread)
+               + busy slowdown (running sequences × the engine's measured cost of one)
 
 The busy count is the larger of the instance's last load report and the
 router's own in-flight count, so a burst between two heartbeats does not
@@ -13,12 +13,13 @@ otherwise keep an idle edge busy for that long after its last answer.
 
 A batching engine admits a new prompt while others decode, but not for free:
 the prefill shares the engine's compute (on a CPU edge, its one core) with
-their decode steps, and a prompt landing in a slot without the cached prefix
-prefills in full. The engine reports its own recent TTFT P50 and P95; a new
-arrival at an idle engine sees about the P50, one at a busy engine about the
-tail, so each sequence already running (up to capacity) adds the reported
-spread P95 - P50, times ``busy_slowdown_weight``. Nothing is added until the
-engine has reported both, nor for an idle engine.
+their decode steps, waits for the step in flight and for earlier prompts.
+The engine measures what each sequence already running added to its recent
+arrivals' TTFT beyond their own prefill (``busy_ms_per_seq`` in its load
+report, independent of prompt length: see ``servekit.engine.batching_stats``),
+so each sequence running there (up to capacity) adds that, times
+``busy_slowdown_weight``. Nothing is added until the engine has measured it,
+nor for an idle engine.
 
 Candidates within ``p2c_window_ms`` of the best compete by power of two
 choices, sampled by their slow-start weight.
@@ -35,7 +36,6 @@ from typing import Any
 from geo_router.region import RttTable
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
-from servekit.engine.protocol import LoadReport
 from servekit.registry.protocol import InstanceState
 
 __all__ = ["Scored", "Scorer", "instance_url"]
@@ -132,7 +132,8 @@ class Scorer:
             tier, 1000.0
         )
         prefill_ms = prompt_tokens / prefill_tps * 1000.0
-        busy_ms = min(busy, capacity) * self._spread_ms(load) if capacity > 1 else 0.0
+        per_seq = load.busy_ms_per_seq or 0.0
+        busy_ms = min(busy, capacity) * per_seq * self._routing.busy_slowdown_weight
         rtt = self._rtt.rtt_ms(user_region, info.region)
         ramp = self._routing.slow_start_s
         weight = 1.0 if ramp <= 0 else min(1.0, max(0.05, (now - stats.first_seen) / ramp))
@@ -147,13 +148,6 @@ class Scorer:
             weight=weight,
             circuit=stats.circuit,
         )
-
-    def _spread_ms(self, load: LoadReport) -> float:
-        """What one running sequence adds to a new arrival's TTFT: the reported P95 - P50."""
-        if load.ttft_p50_ms is None or load.ttft_p95_ms is None:
-            return 0.0
-        spread = max(0.0, load.ttft_p95_ms - load.ttft_p50_ms)
-        return spread * self._routing.busy_slowdown_weight
 
     def order(self, scored: Sequence[Scored]) -> list[Scored]:
         """Best first: a power-of-two pick among the near-best, then by predicted TTFT."""

@@ -135,8 +135,9 @@ class RoutingSettings(_Section):
     busy_slowdown_weight: float = Field(
         1.0,
         ge=0,
-        description="Per running sequence, this share of the engine's reported TTFT "
-        "P95 - P50 is added to its predicted TTFT (0: only queue wait counts).",
+        description="Per running sequence, this share of the engine's reported "
+        "busy_ms_per_seq (what one running sequence added to its recent arrivals' TTFT) "
+        "is added to its predicted TTFT (0: only queue wait counts).",
     )
     hard_may_use_edge: bool = Field(True, description="Hard requests fall back to edges.")
     slow_start_s: float = Field(30.0, ge=0, description="Weight ramp for new or recovered ones.")

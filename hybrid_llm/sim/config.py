@@ -122,6 +122,7 @@ class WarmState(BaseModel):
     samples: int = Field(0, ge=0, le=512, description="TTFTs in the engine's window")
     decode_tokens_per_s: float | None = Field(None, gt=0)
     prefill_tokens_per_s: float | None = Field(None, gt=0)
+    busy_ms_per_seq: float | None = Field(None, ge=0, description="until measured in the run")
 
 
 class SimConfig(BaseModel):

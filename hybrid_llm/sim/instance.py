@@ -19,8 +19,8 @@ What the instance reports (:meth:`Instance.report`) is what an edge's
 ``/load`` carries, from the engine's own bookkeeping
 (:class:`servekit.engine.batching_stats.BatchingStats` on the simulated
 clock): slots in use and waiting, TTFT P50/P95 of the last 512 sequences
-(from slot to first token), decode and prefill rates over the last 10 s of
-steps.
+(from slot to first token), the busy slowdown per running sequence (from the
+same admissions), decode and prefill rates over the last 10 s of steps.
 """
 
 from __future__ import annotations
@@ -115,6 +115,7 @@ class Instance:
             queue_limit=self.profile.queue_limit,
             ttft_p50_ms=snap.ttft_p50_ms,
             ttft_p95_ms=snap.ttft_p95_ms,
+            busy_ms_per_seq=snap.busy_ms_per_seq,
             decode_tokens_per_s=snap.decode_tokens_per_s,
             prefill_tokens_per_s=snap.prefill_tokens_per_s,
         )
@@ -126,6 +127,7 @@ class Instance:
         samples: int,
         decode_tokens_per_s: float | None,
         prefill_tokens_per_s: float | None,
+        busy_ms_per_seq: float | None = None,
     ) -> None:
         """Start from the figures a real engine reported (its history before the run).
 
@@ -134,8 +136,9 @@ class Instance:
         leaves the window as slowly as the rest when new ones push old ones out;
         and one prefill and one decode step, a window ago, with those rates: they
         count until newer steps push them out of the rate window, as on the
-        engine.
+        engine; its busy slowdown until the instance has measured its own.
         """
+        self.stats.assume_busy_ms_per_seq(busy_ms_per_seq)
         if ttft_p50_ms is not None and samples > 0:
             high = ttft_p95_ms if ttft_p95_ms is not None else ttft_p50_ms
             needed = samples - round(0.95 * (samples - 1))  # see servekit.engine.rates
@@ -167,6 +170,7 @@ class Instance:
         now = self.loop.now
         self._advance(now)
         if self.used < self._slots:
+            job.others = self.used
             self.used += 1
             job.state = "prefill_q"
             job.admitted = now
@@ -219,6 +223,7 @@ class Instance:
         self.used -= 1
         while self.waiting and self.used < self._slots:
             job = self.waiting.popleft()
+            job.others = self.used
             self.used += 1
             job.state = "prefill_q"
             job.admitted = now
@@ -278,7 +283,9 @@ class Instance:
         self.stats.record_step(
             decoders + 1, decoders * steps, self._uncached(job), now - self.prefill_start, now=now
         )
-        self.stats.record_ttft(now - job.admitted)
+        self.stats.record_ttft(
+            now - job.admitted, running=job.others, prefilled=self._uncached(job)
+        )
         job.first_token = now
         self.sink.first_token(job, now)
         if job.req.output_tokens <= 1:

@@ -18,7 +18,7 @@ from hybrid_llm.geography import RttTable
 from hybrid_llm.sim.events import EventLoop
 from hybrid_llm.sim.instance import Instance
 from hybrid_llm.sim.request import Job, SimRequest
-from servekit.engine.protocol import LoadReport
+from servekit.engine.protocol import LoadReport, pooled_busy_ms_per_seq
 
 __all__ = ["AllToCenter", "CenterPool", "Fleet", "Policy", "Target"]
 
@@ -64,6 +64,7 @@ class CenterPool:
             queue_limit=sum(x.queue_limit for x in reports),
             ttft_p50_ms=sum(p50) / len(p50) if p50 else None,
             ttft_p95_ms=max(p95) if p95 else None,
+            busy_ms_per_seq=pooled_busy_ms_per_seq(reports, len(reports)),
             decode_tokens_per_s=sum(decode) / len(decode) if decode else None,
         )
 

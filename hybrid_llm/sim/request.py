@@ -40,6 +40,7 @@ class Job:
     sent: float = 0.0  # when the router sent it
     instance: Instance | None = None
     admitted: float = 0.0  # when it got a slot (the engine's TTFT starts there)
+    others: int = 0  # sequences in the instance's other slots at that moment
     state: Literal["new", "waiting", "prefill_q", "prefill", "decode", "done"] = "new"
     cancelled: bool = False
     released: bool = False  # the router no longer counts it in flight

@@ -204,6 +204,7 @@ class BatchingLlamaEngine:
             capacity=self.capacity,
             ttft_p50_ms=snap.ttft_p50_ms,
             ttft_p95_ms=snap.ttft_p95_ms,
+            busy_ms_per_seq=snap.busy_ms_per_seq,
             decode_tokens_per_s=snap.decode_tokens_per_s,
             prefill_tokens_per_s=snap.prefill_tokens_per_s,
             model=self.model_name,

@@ -55,6 +55,13 @@ class BatchingCollector(Collector):
             "Tokens in the most recent decode step.",
             snap.last_batch_tokens,
         )
+        if snap.busy_ms_per_seq is not None:
+            yield gauge(
+                "servekit:batch_busy_seconds_per_sequence",
+                "What one running sequence adds to a new request's TTFT (the router's "
+                "busy penalty per sequence), measured from recent admissions.",
+                snap.busy_ms_per_seq / 1000.0,
+            )
         yield counter("servekit:batch_steps", "llama_decode calls (steps).", snap.steps)
         yield counter(
             "servekit:batch_decode_seconds", "Time spent inside llama_decode.", snap.busy_seconds

@@ -76,6 +76,8 @@ class _Seq:
     generated: int = 0  # completion tokens (an end-of-generation token is not one)
     unsent: int = 0  # tokens whose text is still held back by the text stream
     started: float = 0.0
+    others: int = 0  # sequences running in other slots when it got its own
+    since: float = 0.0  # when its busy-slowdown sample starts (see _admit)
     next_token: int | None = None  # sampled, not yet in the cache
     out_index: int = -1  # batch index of this sequence's logits in the current step
 
@@ -106,6 +108,7 @@ class Scheduler:
         self._waiting: list[tuple[int, int, Job, Prepared]] = []
         self._order = itertools.count()
         self._running: list[_Seq] = []  # admission order: prefill goes first-come first-served
+        self._arrived: set[Job] = set()  # accepted since the last admission pass
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -199,6 +202,7 @@ class Scheduler:
             return
         entry = (int(job.request.priority), next(self._order), job, prepared)
         heapq.heappush(self._waiting, entry)
+        self._arrived.add(job)
         self.stats.waiting = len(self._waiting)
 
     def _reap_cancelled(self) -> None:
@@ -211,6 +215,12 @@ class Scheduler:
             self.stats.requests_cancelled += 1
 
     def _admit(self) -> None:
+        try:
+            self._admit_free()
+        finally:
+            self._arrived.clear()
+
+    def _admit_free(self) -> None:
         while self._waiting:
             free = [s for s in self._slots if s.seq is None]
             if not free:
@@ -218,6 +228,7 @@ class Scheduler:
             _, _, job, prepared = heapq.heappop(self._waiting)
             self.stats.waiting = len(self._waiting)
             prompt = prepared.tokens
+            now = time.monotonic()
             slot = choose_slot(free, [s.slot.seq_id for s in self._running], prompt)
             shared = common_prefix(slot.cached, prompt)
             source = donor(self._slots, slot, prompt)
@@ -240,7 +251,12 @@ class Scheduler:
                 slot=slot,
                 n_past=keep,
                 cached_prompt=keep,
-                started=time.monotonic(),
+                started=now,
+                others=len(self._running),
+                # A job that found a free slot as it arrived also waited for the step
+                # in flight: part of what a busy engine costs it. One that queued for
+                # a slot waited for a sequence to finish: the router counts that apart.
+                since=job.submitted if job in self._arrived else now,
             )
             slot.seq = seq
             self._running.append(seq)
@@ -302,7 +318,13 @@ class Scheduler:
         # Token accounting, text and finish reasons follow the single-sequence engine.
         token = seq.sampler.sample(self._model.ctx, seq.out_index)
         if seq.next_token is None:  # the first token: prefill just ended
-            self.stats.record_ttft(time.monotonic() - seq.started)
+            now = time.monotonic()
+            self.stats.record_ttft(
+                now - seq.started,
+                running=seq.others,
+                prefilled=len(seq.prompt) - seq.cached_prompt,
+                from_arrival=now - seq.since,
+            )
         if self._model.is_eog(token):
             self._finish(seq, "stop")
             return

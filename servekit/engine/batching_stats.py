@@ -3,6 +3,10 @@
 The worker thread records; any thread may take a :meth:`BatchingStats.snapshot`
 (one lock, held for microseconds). The edge agent exports the snapshot as
 metrics; the engine's ``load()`` derives its :class:`LoadReport` from it.
+
+``busy_ms_per_seq``, what each running sequence adds to a new request's TTFT
+beyond its own prefill, is fitted from the admissions recorded here
+(:mod:`servekit.engine.busy_slowdown`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from servekit.engine.busy_slowdown import BusySlowdown
 from servekit.engine.rates import percentile
 
 __all__ = ["BATCH_SIZE_BUCKETS", "BatchingSnapshot", "BatchingStats"]
@@ -45,6 +50,7 @@ class BatchingSnapshot:
     ttft_p50_ms: float | None
     ttft_p95_ms: float | None
     ttft_p99_ms: float | None
+    busy_ms_per_seq: float | None  # ms per running sequence, see servekit.engine.busy_slowdown
     decode_tokens_per_s: float | None
     prefill_tokens_per_s: float | None
     requests_ok: int
@@ -77,6 +83,7 @@ class BatchingStats:
     _recent: deque[tuple[float, float, int, int]] = field(default_factory=deque)
     # (sequences, seconds) of recent decode-only steps: the engine's own TPOT.
     _decode_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    _busy: BusySlowdown = field(default_factory=BusySlowdown)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_step(
@@ -102,9 +109,33 @@ class BatchingStats:
             while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
                 self._recent.popleft()
 
-    def record_ttft(self, seconds: float) -> None:
+    def record_ttft(
+        self,
+        seconds: float,
+        *,
+        running: int | None = None,
+        prefilled: int = 0,
+        from_arrival: float | None = None,
+    ) -> None:
+        """A first token, ``seconds`` after the request got its slot.
+
+        With ``running`` (sequences in other slots when it got its slot) and
+        ``prefilled`` (prompt tokens it computed, the cached prefix left out) it
+        is also a busy-slowdown sample, of ``from_arrival`` seconds when given
+        (counted from the request's arrival, when it found a slot free and
+        waited only for the step in flight).
+        """
         with self._lock:
             self._ttft_ms.append(seconds * 1000.0)
+            if running is not None:
+                sample = seconds if from_arrival is None else from_arrival
+                self._busy.record(running, prefilled, sample)
+
+    def assume_busy_ms_per_seq(self, ms: float | None) -> None:
+        """Report ``ms`` as the busy slowdown until enough admissions measure it
+        (a simulated engine that starts from a real engine's load report)."""
+        with self._lock:
+            self._busy.prior = ms
 
     def decode_step_seconds(self, sequences: int) -> list[float]:
         """Durations of recent decode-only steps (no prefill) of ``sequences`` sequences."""
@@ -140,6 +171,7 @@ class BatchingStats:
                 ttft_p50_ms=percentile(ttft, 0.50),
                 ttft_p95_ms=percentile(ttft, 0.95),
                 ttft_p99_ms=percentile(ttft, 0.99),
+                busy_ms_per_seq=self._busy.ms_per_seq(),
                 # Tokens per second of decode time: what the engine does while busy.
                 decode_tokens_per_s=decode / busy if busy > 0 and decode else None,
                 prefill_tokens_per_s=(

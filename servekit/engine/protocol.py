@@ -28,6 +28,7 @@ __all__ = [
     "Priority",
     "SamplingParams",
     "TextDelta",
+    "pooled_busy_ms_per_seq",
 ]
 
 
@@ -162,7 +163,9 @@ class LoadReport:
 
     ``capacity`` is the number of sequences it runs at once; ``waiting`` are
     admitted requests not yet running. Rates are recent moving figures and
-    ``None`` until measured.
+    ``None`` until measured. ``busy_ms_per_seq`` is what each sequence already
+    running added to a new request's TTFT beyond its own prefill (a batching
+    engine measures it: ``servekit.engine.batching_stats``).
     """
 
     ready: bool = False
@@ -175,6 +178,7 @@ class LoadReport:
     ttft_p95_ms: float | None = None
     decode_tokens_per_s: float | None = None
     prefill_tokens_per_s: float | None = None
+    busy_ms_per_seq: float | None = None
     model: str = ""
     version: str = ""
     # Cumulative request outcomes since start, for rollout gates (error rate).
@@ -197,6 +201,19 @@ class LoadReport:
     @property
     def saturated(self) -> bool:
         return self.running >= self.capacity and self.waiting > 0
+
+
+def pooled_busy_ms_per_seq(reports: Sequence[LoadReport], replicas: int) -> float | None:
+    """A gateway's busy slowdown per running sequence from its ``replicas``' reports.
+
+    The gateway reports all its replicas' running sequences as one count; a new
+    request lands on one replica and meets about 1/``replicas`` of them, so each
+    counts for the replicas' mean figure divided by their number.
+    """
+    measured = [r.busy_ms_per_seq for r in reports if r.busy_ms_per_seq is not None]
+    if not measured or replicas < 1:
+        return None
+    return sum(measured) / len(measured) / replicas
 
 
 @runtime_checkable

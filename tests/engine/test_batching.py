@@ -193,3 +193,43 @@ async def test_load_report_and_stats(engine: BatchingLlamaEngine) -> None:
     steps = registry.get_sample_value("servekit:batch_size_sequences_count", labels)
     assert steps is not None
     assert steps >= snap.steps
+
+
+async def test_busy_slowdown_is_measured_apart_from_prompt_length(model_path: Path) -> None:
+    # Idle, prompts of 4 and 60 words: TTFTs hundreds of ms apart (the old
+    # penalty's P95 - P50). Then the same while one sequence decodes: what it
+    # adds per running sequence is a small part of that spread.
+    eng = BatchingLlamaEngine(
+        BatchingSettings(model_path=model_path, model_name="smollm2", slots=2, ctx_per_slot=1024)
+    )
+    await eng.start()
+
+    def probe(i: int) -> GenerationRequest:
+        return chat(" ".join(f"word{i}x{j}" for j in range(4 if i % 2 else 60)), max_tokens=1)
+
+    try:
+        for i in range(6):
+            await collect(eng, probe(i))
+        idle = eng.load()
+        assert idle.busy_ms_per_seq is None  # nothing running at any admission yet
+        assert idle.ttft_p95_ms is not None
+        assert idle.ttft_p50_ms is not None
+        spread = idle.ttft_p95_ms - idle.ttft_p50_ms
+        decoding = asyncio.create_task(collect(eng, chat("Count from 1 to 200.", max_tokens=400)))
+        for i in range(6, 16):
+            while eng.load().running < 1:  # noqa: ASYNC110 (a counter of the worker thread)
+                await asyncio.sleep(0.01)
+            await collect(eng, probe(i))
+        busy = eng.load().busy_ms_per_seq
+        registry = CollectorRegistry()
+        registry.register(BatchingCollector(eng.stats, {"model": "smollm2"}))
+        gauge = registry.get_sample_value(
+            "servekit:batch_busy_seconds_per_sequence", {"model": "smollm2"}
+        )
+        decoding.cancel()
+        await asyncio.gather(decoding, return_exceptions=True)
+    finally:
+        await eng.aclose()
+    assert busy is not None
+    assert 0 <= busy < spread / 3, (busy, spread)
+    assert gauge == pytest.approx(busy / 1000)  # the same figure as a Prometheus gauge

@@ -124,4 +124,5 @@ async def test_concurrent_sse_streams_and_a_disconnect(
         load = (await client.get(url + "/load")).json()
     assert load["capacity"] == SLOTS
     assert load["running"] == 0
+    assert "busy_ms_per_seq" in load  # measured by the scheduler, carried by /load
     assert engine.stats().decode_tokens < 200

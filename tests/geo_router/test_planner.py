@@ -67,24 +67,31 @@ def test_a_saturated_local_edge_spills_to_the_neighbour_or_center() -> None:
     assert d.candidates[1].queue_ms == pytest.approx(4 * 3000.0)
 
 
-def test_a_busy_batching_edge_spills_by_its_reported_ttft_spread() -> None:
+def test_a_busy_batching_edge_spills_by_its_measured_slowdown_per_sequence() -> None:
     # Below capacity there is no queue, but each running sequence slows a new
-    # arrival by the engine's own P95 - P50: 2 x 100 ms > the 40 ms to the west.
-    spread = {"capacity": 4, "ttft_p50_ms": 100.0, "ttft_p95_ms": 200.0}
-    busy = inst("e", running=2, **spread)
-    states = [busy, inst("w", region="west", **spread), inst("c", "center", "center")]
+    # arrival by what the engine measured one to cost: 2 x 100 ms > the 40 ms to the west.
+    slow = {"capacity": 4, "busy_ms_per_seq": 100.0}
+    busy = inst("e", running=2, **slow)
+    states = [busy, inst("w", region="west", **slow), inst("c", "center", "center")]
     p, _ = planner(states, center_bias_ms=1000)
     d = p.plan(SIMPLE, EAST, "u")
     assert (d.candidates[0].id, d.reason(d.candidates[0])) == ("w", "spill-region")
     local = next(c for c in d.candidates if c.id == "e")
     assert (local.queue_ms, local.busy_ms) == (0.0, pytest.approx(200.0))
     assert local.to_dict()["busy_ms"] == pytest.approx(200.0)
+    # The weight scales it; at most capacity sequences count (the rest queue).
+    p, _ = planner(states, busy_slowdown_weight=0.5)
+    half = next(c for c in p.plan(SIMPLE, EAST, "u").candidates if c.id == "e")
+    assert half.busy_ms == pytest.approx(100.0)
+    full = inst("e", running=4, waiting=3, **slow)
+    p, _ = planner([full])
+    assert p.plan(SIMPLE, EAST, "u").candidates[0].busy_ms == pytest.approx(400.0)
     # One running sequence: 2 + 100 ms > 40 ms, it spills too; an idle one wins.
-    one = inst("e", running=1, **spread)
+    one = inst("e", running=1, **slow)
     assert planner([one, states[1]])[0].plan(SIMPLE, EAST, "u").candidates[0].id == "w"
-    idle = inst("e", **spread)
+    idle = inst("e", **slow)
     assert planner([idle, states[1]])[0].plan(SIMPLE, EAST, "u").candidates[0].id == "e"
-    # Switched off, or before the engine reports TTFTs, only the queue counts.
+    # Switched off, or before the engine measured it, only the queue counts.
     p, _ = planner(states, center_bias_ms=1000, busy_slowdown_weight=0)
     assert p.plan(SIMPLE, EAST, "u").candidates[0].id == "e"
     unreported = inst("e", running=2, capacity=4)
@@ -92,8 +99,17 @@ def test_a_busy_batching_edge_spills_by_its_reported_ttft_spread() -> None:
     assert p.plan(SIMPLE, EAST, "u").candidates[0].id == "e"
 
 
+def test_a_wide_ttft_spread_alone_is_no_busy_penalty() -> None:
+    # Long and short prompts spread an idle engine's TTFTs by hundreds of ms;
+    # that is prefill, already estimated from the prompt, not a cost of being busy.
+    spread = {"capacity": 4, "ttft_p50_ms": 100.0, "ttft_p95_ms": 500.0, "busy_ms_per_seq": 5.0}
+    p, _ = planner([inst("e", running=2, **spread), inst("w", region="west", **spread)])
+    first = p.plan(SIMPLE, EAST, "u").candidates[0]
+    assert (first.id, first.busy_ms) == ("e", pytest.approx(10.0))
+
+
 def test_the_router_s_own_inflight_count_makes_an_edge_busy_too() -> None:
-    spread = {"capacity": 4, "ttft_p50_ms": 100.0, "ttft_p95_ms": 200.0}
+    spread = {"capacity": 4, "busy_ms_per_seq": 100.0}
     p, tracker = planner([inst("e", **spread), inst("w", region="west", **spread)])
     assert p.plan(SIMPLE, EAST, "u").candidates[0].id == "e"
     tracker.acquire("e")  # dispatched, not yet in a load report
@@ -101,7 +117,7 @@ def test_the_router_s_own_inflight_count_makes_an_edge_busy_too() -> None:
 
 
 def test_requests_that_ended_after_the_load_report_no_longer_count_in_it() -> None:
-    spread = {"capacity": 4, "ttft_p50_ms": 100.0, "ttft_p95_ms": 200.0}
+    spread = {"capacity": 4, "busy_ms_per_seq": 100.0}
     stale = inst("e", running=2, **spread)  # reported while two of ours ran there
     p, tracker = planner([stale, inst("w", region="west", **spread)])
     before = p.plan(SIMPLE, EAST, "u").candidates

@@ -48,7 +48,8 @@ async def test_register_heartbeat_and_list_by_tier_and_region(registry: Registry
     await registry.register(full, ttl_s=10)
     await registry.register(_info("e2", region="us"), ttl_s=10)
     await registry.register(_info("c1", tier="center"), ttl_s=10)
-    await registry.heartbeat("e1", LoadReport(ready=True, running=3, waiting=2, capacity=4))
+    beat = LoadReport(ready=True, running=3, waiting=2, capacity=4, busy_ms_per_seq=31.5)
+    await registry.heartbeat("e1", beat)
 
     assert _ids(await registry.instances()) == ["c1", "e1", "e2"]
     assert _ids(await registry.instances(tier="edge")) == ["e1", "e2"]
@@ -61,6 +62,7 @@ async def test_register_heartbeat_and_list_by_tier_and_region(registry: Registry
     assert e1.info.url == "http://127.0.0.1:9002"
     assert e1.healthy
     assert (e1.load.ready, e1.load.running, e1.load.waiting, e1.load.capacity) == (True, 3, 2, 4)
+    assert e1.load.busy_ms_per_seq == 31.5  # the router's busy penalty travels with the beat
     assert abs(e1.last_heartbeat - time.time()) < 5
 
 
