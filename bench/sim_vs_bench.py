@@ -57,6 +57,14 @@ def _arg_parser() -> argparse.ArgumentParser:
         "and give it to the simulator as the router's overhead (default: on)",
     )
     p.add_argument(
+        "--path-pairs",
+        type=int,
+        default=20,
+        help="path calibration: direct/routed request pairs (12 before: with a third of "
+        "the routed ones spilling to another region, 4-5 same-city samples moved the "
+        "median by 20 ms between runs)",
+    )
+    p.add_argument(
         "--profile-gap",
         type=float,
         help="mean idle seconds before each profile/path request (default 1 / --rate: the "

@@ -34,7 +34,7 @@ def load_average() -> str:
 
 
 async def _path_overhead_ms(
-    args: argparse.Namespace, region: str | None, gap_s: float, n: int = 12
+    args: argparse.Namespace, region: str | None, gap_s: float, n: int
 ) -> float:
     """What the path (router, delay proxies) adds to TTFT beyond the engine and the
     same-city RTT the simulator adds itself: median routed (same-city) TTFT minus
@@ -153,7 +153,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     print(f"load average at start: {load_start}; profile and path requests {gap:g} s apart (mean)")
     before = await _profile(args.engine_url, lengths, args.repeats, gap, words)
     users = load_settings(SimConfig, args.sim_config).regions[0].name if args.sim_config else None
-    path_ms = await _path_overhead_ms(args, users, gap) if args.calibrate_path else None
+    path_ms = None
+    if args.calibrate_path:
+        path_ms = await _path_overhead_ms(args, users, gap, args.path_pairs)
 
     warm = await _warm_states(args.edge_load)
     plan = RunPlan(
