@@ -11,8 +11,9 @@ copies the shared prompt prefix (the chat template's preamble) from another
 slot, so only the rest counts as prefilled tokens.
 
 A prefill with decoders riding along costs what the profile measured such
-mixed steps to cost (``EngineProfile.mixed_points``; without them, the
-per-sequence decode cost of each rider).
+mixed steps to cost (``EngineProfile.mixed_points``, less the half decode
+step a probe waited for when the prefill starts at a step boundary; without
+them, the per-sequence decode cost of each rider).
 
 Decode is fluid: all running sequences advance one token per step, so the
 instance keeps a virtual token clock ``V`` and a heap of the ``V`` at which
@@ -250,15 +251,30 @@ class Instance:
     def _prefill_steps(self, job: Job) -> int:
         return 1 if self._chunk is None else math.ceil(self._uncached(job) / self._chunk)
 
-    def _settle(self, now: float) -> None:
+    def _riders_s(self, job: Job, boundary: bool) -> float:
+        """What the decoders riding along add to ``job``'s prefill: what the profile
+        measured mixed steps to add per prefill step (else each decoder's step cost).
+        A measured figure includes the probe's wait for the decode step in flight
+        when it arrived (half a step on average): a prefill that starts at a step
+        boundary (``boundary``: after a completion or another prefill, as a queued
+        request does on a busy engine) does not wait, so that half step comes off;
+        one arriving while the decoders run waits it once."""
+        n = self.decode_n
+        if n == 0:
+            return 0.0
+        extra = self.profile.mixed_extra_s(n)
+        if not self.profile.mixed_points:
+            return extra * self._prefill_steps(job)
+        wait = self._step(n) / 2
+        return max(0.0, extra - wait) * self._prefill_steps(job) + (0.0 if boundary else wait)
+
+    def _settle(self, now: float, boundary: bool = False) -> None:
         if self.prefill_job is None and self.prefill_q:
             job = self.prefill_q.popleft()
             job.state = "prefill"
             self.prefill_job = job
             self.prefill_start = now
-            # The decoders ride along in every prefill step: what the profile measured
-            # such mixed steps to cost (else each decoder's step cost).
-            riders = self.profile.mixed_extra_s(self.decode_n) * self._prefill_steps(job)
+            riders = self._riders_s(job, boundary)
             cost = max(0.0, self.profile.prefill_s(job.req.prompt_tokens) + riders)
             self.prefill_end = now + cost * self._prefill_spread.draw()
         self.epoch += 1
@@ -297,7 +313,7 @@ class Instance:
                 continue
             self.decode_n -= 1
             self._finish(done, now)
-        self._settle(now)
+        self._settle(now, boundary=True)  # the steps in flight ended here
 
     def _prefilled(self, job: Job, now: float) -> None:
         self.prefill_job = None

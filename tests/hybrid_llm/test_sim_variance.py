@@ -79,17 +79,29 @@ def test_spread_quantiles_and_draws() -> None:
 def test_mixed_step_cost_replaces_per_sequence_cost_when_decoders_ride_along() -> None:
     # Without mixed points a rider adds its per-sequence step cost (5 ms) to a prefill.
     assert _two_jobs(PROFILE).first[1] == pytest.approx(0.205)
-    # A measured mixed step: one rider adds 30 ms to a prefill step.
+    # A measured mixed step: one rider adds 30 ms, of which half a 10 ms step was the
+    # probe's wait for the step in flight. The second job, queued, starts at the step
+    # boundary where the first one's prefill ends: no wait, 25 ms.
     mixed = PROFILE.model_copy(update={"mixed_points": [(1, 0.030), (3, 0.050)]})
     rec = _two_jobs(mixed)
     assert rec.first[0] == pytest.approx(0.1)  # nobody rode along in the first
-    assert rec.first[1] == pytest.approx(0.230)
+    assert rec.first[1] == pytest.approx(0.225)
     assert mixed.mixed_extra_s(2) == pytest.approx(0.040)  # interpolated
     assert mixed.mixed_extra_s(5) == pytest.approx(0.070)  # the last slope continues
     assert mixed.mixed_extra_s(0) == 0.0
-    # Chunked prefill: every chunk carries the riders, so the extra is paid per chunk.
+    # Chunked prefill: every chunk carries the riders, so their cost is paid per chunk.
     chunked = mixed.model_copy(update={"chunk_tokens": 40})  # 100 tokens -> 3 steps
-    assert _two_jobs(chunked).first[1] == pytest.approx(0.2 + 3 * 0.030)
+    assert _two_jobs(chunked).first[1] == pytest.approx(0.2 + 3 * 0.025)
+    # Arriving while the first decodes, the second waits for the step in flight too:
+    # the whole measured 30 ms.
+    loop = EventLoop()
+    rec = Recorder()
+    inst = Instance("i", "edge", "a", mixed, loop, rec)
+    inst.submit(Job(SimRequest(0, "a", 0.0, 100, 11, False), rtt=0.0))
+    late = Job(SimRequest(1, "a", 0.0, 100, 11, False), rtt=0.0)
+    loop.at(0.13, inst.submit, late)
+    loop.run()
+    assert rec.first[1] == pytest.approx(0.13 + 0.1 + 0.030)
 
 
 def _config(profile: EngineProfile, seed: int = 0, rate: float = 2.0) -> SimConfig:
