@@ -10,10 +10,22 @@ along, and each decoder gains one token per prefill step. A new sequence
 copies the shared prompt prefix (the chat template's preamble) from another
 slot, so only the rest counts as prefilled tokens.
 
+A prefill with decoders riding along costs what the profile measured such
+mixed steps to cost (``EngineProfile.mixed_points``, less the half decode
+step a probe waited for when the prefill starts at a step boundary; without
+them, the per-sequence decode cost of each rider).
+
 Decode is fluid: all running sequences advance one token per step, so the
 instance keeps a virtual token clock ``V`` and a heap of the ``V`` at which
 each sequence finishes; only arrivals, prefill ends and completions are
 events, never single tokens.
+
+Times vary as the real engine's did when the profile carries its measured
+dispersion: each prefill is scaled by a ratio drawn from
+``prefill_spread``, and each decode stretch between events runs at the mean
+of as many step times drawn from ``step_spread`` (at that batch size) as it
+has steps. The draws come from the instance's own seeded RNG, so a run is
+reproducible for a seed; a profile without spreads draws nothing.
 
 What the instance reports (:meth:`Instance.report`) is what an edge's
 ``/load`` carries, from the engine's own bookkeeping
@@ -27,12 +39,14 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from hybrid_llm.sim.events import EventLoop
 from hybrid_llm.sim.profiles import EngineProfile
+from hybrid_llm.sim.spread import SpreadSampler
 from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
 from servekit.engine.protocol import LoadReport
 
@@ -74,6 +88,7 @@ class Instance:
     occupied: float = 0.0  # integral of used slots over time
     _seq: int = 0
     _carry: float = 0.0  # decoded token fraction not yet recorded as a step
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def __post_init__(self) -> None:
         # Hot-path copies of the profile (pydantic attribute access is slow).
@@ -81,6 +96,10 @@ class Instance:
         self._per = self.profile.decode_per_seq_ms / 1000.0
         self._slots = self.profile.slots
         self._chunk = self.profile.chunk_tokens
+        # Measured dispersion: prefill times and decode steps drawn around the medians.
+        self._prefill_spread = SpreadSampler(self.profile.prefill_spread, self.rng)
+        self._step_spreads: dict[int, SpreadSampler] = {}
+        self._seg_step = self._step(1)  # step time of the decode segment now running
         self.stats = BatchingStats(slots=self._slots)
         self.marks: list[tuple[float, float]] = [(0.0, 0.0), (0.0, 0.0)]
 
@@ -211,7 +230,7 @@ class Instance:
                 self.busy += dt  # recorded as one step when the prefill ends
             elif self.decode_n:
                 self.busy += dt
-                steps = dt / self._step(self.decode_n)
+                steps = dt / self._seg_step
                 self.vclock += steps
                 tokens = steps * self.decode_n + self._carry
                 whole = int(tokens)
@@ -237,15 +256,32 @@ class Instance:
     def _prefill_steps(self, job: Job) -> int:
         return 1 if self._chunk is None else math.ceil(self._uncached(job) / self._chunk)
 
-    def _settle(self, now: float) -> None:
+    def _riders_s(self, job: Job, boundary: bool) -> float:
+        """What the decoders riding along add to ``job``'s prefill: what the profile
+        measured mixed steps to add per prefill step (else each decoder's step cost).
+        A measured figure includes the probe's wait for the decode step in flight
+        when it arrived (half a step on average): a prefill that starts at a step
+        boundary (``boundary``: after a completion or another prefill, as a queued
+        request does on a busy engine) does not wait, so that half step comes off;
+        one arriving while the decoders run waits it once."""
+        n = self.decode_n
+        if n == 0:
+            return 0.0
+        extra = self.profile.mixed_extra_s(n)
+        if not self.profile.mixed_points:
+            return extra * self._prefill_steps(job)
+        wait = self._step(n) / 2
+        return max(0.0, extra - wait) * self._prefill_steps(job) + (0.0 if boundary else wait)
+
+    def _settle(self, now: float, boundary: bool = False) -> None:
         if self.prefill_job is None and self.prefill_q:
             job = self.prefill_q.popleft()
             job.state = "prefill"
             self.prefill_job = job
             self.prefill_start = now
-            # The decoders ride along in every prefill step, each adding its cost.
-            riders = self._per * self.decode_n * self._prefill_steps(job)
-            self.prefill_end = now + self.profile.prefill_s(job.req.prompt_tokens) + riders
+            riders = self._riders_s(job, boundary)
+            cost = max(0.0, self.profile.prefill_s(job.req.prompt_tokens) + riders)
+            self.prefill_end = now + cost * self._prefill_spread.draw()
         self.epoch += 1
         if self.prefill_job is not None:
             self.loop.at(self.prefill_end, self._fire, self.epoch)
@@ -254,8 +290,18 @@ class Instance:
         while heap and heap[0][2].cancelled:
             heapq.heappop(heap)
         if heap:
-            wait = max(0.0, heap[0][0] - self.vclock) * self._step(self.decode_n)
-            self.loop.at(now + wait, self._fire, self.epoch)
+            left = max(0.0, heap[0][0] - self.vclock)
+            self._seg_step = self._step(self.decode_n) * self._step_factor(left)
+            self.loop.at(now + left * self._seg_step, self._fire, self.epoch)
+
+    def _step_factor(self, steps: float) -> float:
+        """The mean step-time ratio of the next ``steps`` decode steps, each drawn
+        from the profile's spread at this batch size (1 without one)."""
+        sampler = self._step_spreads.get(self.decode_n)
+        if sampler is None:
+            spread = self.profile.step_spread_for(self.decode_n)
+            sampler = self._step_spreads[self.decode_n] = SpreadSampler(spread, self.rng)
+        return sampler.draw_mean(math.ceil(steps)) if sampler.active else 1.0
 
     def _fire(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -272,7 +318,7 @@ class Instance:
                 continue
             self.decode_n -= 1
             self._finish(done, now)
-        self._settle(now)
+        self._settle(now, boundary=True)  # the steps in flight ended here
 
     def _prefilled(self, job: Job, now: float) -> None:
         self.prefill_job = None

@@ -3,7 +3,11 @@
 A profile is three numbers and a slot count: prefill throughput, and a decode
 step time that grows linearly with the batch (``step_ms = base + per_seq * b``),
 the memory-bound shape of transformer decode (every step streams all weights;
-each extra sequence adds its KV-cache reads). The presets derive those numbers
+each extra sequence adds its KV-cache reads). A measured profile
+(``hybrid-llm profile``) adds what the real engine showed: TTFT by prompt
+length, what decoders riding along add to a prefill step (mixed steps), and
+how much prefill and decode step times vary (quantiles the simulator draws
+from). The presets derive those numbers
 from published hardware figures; the assumptions are in each docstring entry
 and in ``docs/operations.md``. Replace them with measurements
 (``hybrid-llm profile``) when you have the hardware.
@@ -12,8 +16,11 @@ and in ``docs/operations.md``. Replace them with measurements
 from __future__ import annotations
 
 import bisect
+import math
 
 from pydantic import BaseModel, Field, field_validator
+
+from hybrid_llm.sim.spread import Spread
 
 __all__ = ["PRESETS", "EngineProfile"]
 
@@ -41,10 +48,51 @@ class EngineProfile(BaseModel):
         "time is interpolated from them instead of the rate (engines are not linear)",
     )
 
-    @field_validator("prefill_points")
+    mixed_points: list[tuple[int, float]] = Field(
+        default_factory=list,
+        description="measured (decoding sequences, seconds): what a prefill step takes longer "
+        "when that many sequences decode along (their tokens ride in it), beyond the idle "
+        "prefill; interpolated, through (0, 0); none: decode_per_seq_ms per decoder",
+    )
+    prefill_spread: Spread = Field(
+        default_factory=list,
+        description="quantiles (q, measured / median) of prefill times: each simulated "
+        "prefill is scaled by a ratio drawn from them; none: no variance",
+    )
+    step_spread: dict[int, Spread] = Field(
+        default_factory=dict,
+        description="batch size -> quantiles (q, measured / median) of its decode step "
+        "times; the simulator draws step times from the nearest batch size's",
+    )
+
+    @field_validator("prefill_points", "mixed_points")
     @classmethod
     def _sorted(cls, points: list[tuple[int, float]]) -> list[tuple[int, float]]:
         return sorted(points)
+
+    def mixed_extra_s(self, decoders: int) -> float:
+        """Seconds ``decoders`` riding sequences add to one prefill step."""
+        if decoders <= 0:
+            return 0.0
+        points = self.mixed_points
+        if not points:
+            return self.decode_per_seq_ms / 1000.0 * decoders
+        # Piecewise linear through (0, 0) and the measured points, the last slope beyond.
+        xs = [(0, 0.0), *points] if points[0][0] > 0 else points
+        if len(xs) < 2:
+            return xs[0][1]
+        i = bisect.bisect_left(xs, (decoders, -math.inf))
+        i = min(max(i, 1), len(xs) - 1)
+        (x0, y0), (x1, y1) = xs[i - 1], xs[i]
+        slope = (y1 - y0) / (x1 - x0) if x1 != x0 else 0.0
+        return y0 + slope * (decoders - x0)
+
+    def step_spread_for(self, batch: int) -> Spread:
+        """The decode step spread measured at the batch size nearest ``batch``."""
+        if not self.step_spread:
+            return []
+        nearest = min(self.step_spread, key=lambda b: (abs(b - batch), b))
+        return self.step_spread[nearest]
 
     def step_s(self, batch: int) -> float:
         """Seconds per decode step with ``batch`` sequences running."""

@@ -98,7 +98,9 @@ class Simulation:
     def _instance(
         self, name: str, tier: Literal["edge", "center"], region: str, profile: EngineProfile
     ) -> Instance:
-        inst = Instance(name, tier, region, profile, self.loop, self)
+        # Each instance draws its service times from its own seeded RNG.
+        rng = random.Random(f"{self.config.seed}/{name}")
+        inst = Instance(name, tier, region, profile, self.loop, self, rng=rng)
         self.instances.append(inst)
         return inst
 

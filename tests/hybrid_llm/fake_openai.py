@@ -1,8 +1,9 @@
 """A real HTTP double of an OpenAI-compatible streaming server with known timing.
 
-Each request sleeps ``ttft`` (plus ``prefill_s_per_token`` per prompt word)
-before the first token and ``itl`` between the following ones, streams
-``max_tokens`` one-word tokens and answers with the router's ``X-Route-*``
+Each request sleeps ``ttft`` (plus ``prefill_s_per_token`` per prompt word,
+and ``per_stream_s`` per stream already in flight: a prefill with decoders
+riding along) before the first token and ``itl`` between the following ones,
+streams ``max_tokens`` one-word tokens and answers with the router's ``X-Route-*``
 headers (the tier echoed from the request's ``X-Want-Tier``, so tests can pin
 routes). ``fail_every`` makes every n-th request a 429 in the OpenAI error shape.
 ``arrivals`` (when given) records each request's tier and how many were in
@@ -27,6 +28,7 @@ class Timing:
     ttft: float = 0.05
     itl: float = 0.01
     prefill_s_per_token: float = 0.0  # added to ttft per prompt word
+    per_stream_s: float = 0.0  # added to ttft per stream in flight on arrival (mixed steps)
     fail_every: int = 0
     region: str = "region-a"
 
@@ -50,6 +52,7 @@ def create_app(timing: Timing, arrivals: list[tuple[str, int]] | None = None) ->
         tier = request.headers.get("x-want-tier", "edge")
         if arrivals is not None:
             arrivals.append((tier, in_flight))
+        riders = in_flight
         in_flight += 1  # until its stream ends
         if chat:
             text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
@@ -90,7 +93,8 @@ def create_app(timing: Timing, arrivals: list[tuple[str, int]] | None = None) ->
         async def frames() -> AsyncIterator[bytes]:
             if chat:
                 yield frame("")  # the role-only first event carries no text
-            await asyncio.sleep(timing.ttft + words * timing.prefill_s_per_token)
+            prefill = words * timing.prefill_s_per_token + riders * timing.per_stream_s
+            await asyncio.sleep(timing.ttft + prefill)
             for i in range(n):
                 if i:
                     await asyncio.sleep(timing.itl)

@@ -63,3 +63,49 @@ async def test_profile_idles_before_each_prefill_request() -> None:
     assert slow >= pauses
     assert slow - fast >= pauses * 0.9
     assert len(out["ttft_points"]) == 4
+
+
+@pytest.mark.anyio
+async def test_profile_measures_mixed_steps_and_dispersion() -> None:
+    # Each stream in flight when a request arrives adds 40 ms to its first token.
+    timing = Timing(ttft=0.03, itl=0.01, per_stream_s=0.04)
+    with UvicornThread(create_app(timing)) as srv:
+        out = await measure_profile(
+            srv.url,
+            prompt_lengths=(8, 32),
+            repeats=4,
+            batches=[1, 2],
+            decode_tokens=12,
+            mixed_prompt=8,
+            mixed_repeats=2,
+        )
+    profile = out["profile"]
+    # Riders 1 to slots - 1 (the double reports 4 slots), each probe behind k streams.
+    assert [k for k, _ in profile.mixed_points] == [1, 2, 3]
+    for k, extra in profile.mixed_points:
+        assert 0.04 * k - 0.01 <= extra <= 0.04 * k + 0.03
+    # The dispersion of what was measured: quantiles of value / median, ends included.
+    assert profile.prefill_spread[0][0] == 0.0
+    assert profile.prefill_spread[-1][0] == 1.0
+    assert dict(profile.prefill_spread)[0.5] == pytest.approx(1.0)
+    assert set(profile.step_spread) == {1, 2}
+    low, high = profile.step_spread[1][0][1], profile.step_spread[1][-1][1]
+    assert low <= 1.0 <= high
+    # The simulator uses the measured mixed cost, not the per-sequence decode cost.
+    assert profile.mixed_extra_s(2) == pytest.approx(profile.mixed_points[1][1])
+
+
+@pytest.mark.anyio
+async def test_profile_skips_mixed_steps_when_asked() -> None:
+    timing = Timing(ttft=0.005, itl=0.002)
+    with UvicornThread(create_app(timing)) as srv:
+        out = await measure_profile(
+            srv.url,
+            prompt_lengths=(8, 32),
+            repeats=2,
+            batches=[1],
+            decode_tokens=3,
+            mixed_riders=(),
+        )
+    assert out["profile"].mixed_points == []
+    assert out["mixed_extra_s"] == {}
