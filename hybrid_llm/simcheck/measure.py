@@ -137,6 +137,7 @@ async def _warm_states(pairs: list[str]) -> dict[str, dict[str, Any]]:
                 "samples": min(512, int(load.get("requests_ok") or 0)),
                 "decode_tokens_per_s": load.get("decode_tokens_per_s"),
                 "prefill_tokens_per_s": load.get("prefill_tokens_per_s"),
+                "busy_ms_per_seq": load.get("busy_ms_per_seq"),
             }
             print(f"{name} before the bench ({url}): {out[name]}")
     return out
