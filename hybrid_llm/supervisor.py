@@ -3,7 +3,9 @@ crashed ones with backoff, stop all cleanly.
 
 Each child runs in its own session (process group), so stopping it reaches
 the whole group (a service's own workers included): SIGTERM, then SIGKILL
-after ``stop_timeout``. Children are stopped in reverse start order, so the
+after ``stop_timeout``; descendants it started in sessions of their own and
+left running are killed after it (:mod:`hybrid_llm.proctree`). Children are
+stopped in reverse start order, so the
 front door goes first and the registry-backed services after it. Output goes
 to one log file per child under the state directory.
 """
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from hybrid_llm.proctree import descendants, kill_leftovers
 
 __all__ = ["ChildState", "ProcessSpec", "StartupError", "Supervisor"]
 
@@ -127,6 +131,9 @@ class Supervisor:
         self._stopping = True
         self._stopped.set()
         live = [c for c in reversed(self.children) if c.process and c.process.returncode is None]
+        # Workers in sessions of their own are not in the child's group: note
+        # them now, while they are still the child's, and kill what it leaves.
+        spawned = {id(c): descendants(c.process.pid) for c in live if c.process}
         for child in live:
             self._signal(child, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout
@@ -140,6 +147,9 @@ class Supervisor:
                 await child.process.wait()
             # Workers of its process group that outlived the leader go too.
             self._signal(child, signal.SIGKILL)
+            left = kill_leftovers(spawned[id(child)])
+            if left:
+                self.on_event(f"{child.spec.name} left {len(left)} process(es) behind; killed")
             self.on_event(f"{child.spec.name} stopped")
 
     # -- internals ------------------------------------------------------------

@@ -109,3 +109,23 @@ async def test_child_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
     assert "stubborn ignored SIGTERM; killing" in events
     assert pid is not None
     assert not _alive(pid)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("flags", [(), ("--ignore-term",)], ids=["exits", "killed"])
+async def test_workers_in_their_own_session_do_not_outlive_the_stop(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    spec, url = _tiny("gateway", "--worker-session", *flags)
+    events: list[str] = []
+    sup = Supervisor([spec], tmp_path, stop_timeout=0.5, on_event=events.append)
+    async with _running(sup):
+        async with httpx.AsyncClient() as client:
+            worker = int((await client.get(url + "/worker")).text)
+        assert _alive(worker)
+    for _ in range(50):  # SIGKILL is delivered at once; reaping by init may lag
+        if not _alive(worker):
+            break
+        await asyncio.sleep(0.05)
+    assert not _alive(worker)
+    assert "gateway left 1 process(es) behind; killed" in events

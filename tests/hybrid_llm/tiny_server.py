@@ -3,6 +3,9 @@
 ``/ready`` is 503 until ``--ready-after`` seconds passed, then 200; ``/pid``
 answers the process id; ``/crash`` exits with status 3. ``--ignore-term``
 makes it shrug off SIGTERM (so the supervisor has to SIGKILL it).
+``--worker-session`` starts a sleeping worker in a session of its own (as the
+central gateway starts replicas) that the server never stops; ``/worker``
+answers its pid.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
+import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -20,6 +25,7 @@ def main() -> None:
     parser.add_argument("--ready-after", type=float, default=0.0)
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--worker-session", action="store_true")
     args = parser.parse_args()
     if args.fail_start:
         print("tiny_server: refusing to start (--fail-start)", flush=True)
@@ -27,6 +33,11 @@ def main() -> None:
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     started = time.monotonic()
+    worker = None
+    if args.worker_session:
+        worker = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+        )
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -34,6 +45,8 @@ def main() -> None:
                 os._exit(3)
             if self.path == "/pid":
                 self._send(200, str(os.getpid()))
+            elif self.path == "/worker":
+                self._send(200 if worker else 404, str(worker.pid) if worker else "none")
             elif self.path == "/ready":
                 ok = time.monotonic() - started >= args.ready_after
                 self._send(200 if ok else 503, "ready" if ok else "starting")
