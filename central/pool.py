@@ -35,7 +35,7 @@ from servekit.engine.protocol import (
     GenerationEvent,
     GenerationRequest,
     LoadReport,
-    pooled_busy_ms_per_seq,
+    pooled_figures,
 )
 from servekit.errors import EngineFailure, NotReady, ServeError, UpstreamUnavailable
 
@@ -105,18 +105,12 @@ class ReplicaPool:
     def load(self) -> LoadReport:
         healthy = [r for r in self.replicas if r.healthy]
         reports = [r.load.report for r in healthy if r.load and r.load.report]
-        decode = [x.decode_tokens_per_s for x in reports if x.decode_tokens_per_s is not None]
-        p50 = [x.ttft_p50_ms for x in reports if x.ttft_p50_ms is not None]
-        p95 = [x.ttft_p95_ms for x in reports if x.ttft_p95_ms is not None]
-        return LoadReport(
+        return dataclasses.replace(
+            pooled_figures(reports, len(healthy)),
             ready=bool(healthy),
             waiting=sum(r.load.waiting for r in healthy if r.load),
             running=sum(r.inflight for r in self.replicas),
             capacity=sum(r.capacity for r in healthy),
-            ttft_p50_ms=sum(p50) / len(p50) if p50 else None,
-            ttft_p95_ms=max(p95) if p95 else None,
-            busy_ms_per_seq=pooled_busy_ms_per_seq(reports, len(healthy)),
-            decode_tokens_per_s=sum(decode) / len(decode) if decode else None,
             model=self.model_name,
             version=self._settings.version,
         )

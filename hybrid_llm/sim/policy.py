@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from hybrid_llm.geography import RttTable
 from hybrid_llm.sim.events import EventLoop
 from hybrid_llm.sim.instance import Instance
 from hybrid_llm.sim.request import Job, SimRequest
-from servekit.engine.protocol import LoadReport, pooled_busy_ms_per_seq
+from servekit.engine.protocol import LoadReport, pooled_figures
 
 __all__ = ["AllToCenter", "CenterPool", "Fleet", "Policy", "Target"]
 
@@ -51,21 +51,15 @@ class CenterPool:
         self.replicas = list(replicas)
 
     def report(self) -> LoadReport:
-        """The gateway's ``/load``: its replicas' reports combined as ``central.pool`` does."""
+        """The gateway's ``/load``: its replicas' reports pooled as ``central.pool`` pools them."""
         reports = [r.report() for r in self.replicas]
-        decode = [x.decode_tokens_per_s for x in reports if x.decode_tokens_per_s is not None]
-        p50 = [x.ttft_p50_ms for x in reports if x.ttft_p50_ms is not None]
-        p95 = [x.ttft_p95_ms for x in reports if x.ttft_p95_ms is not None]
-        return LoadReport(
+        return replace(
+            pooled_figures(reports, len(reports)),
             ready=True,
             waiting=sum(x.waiting for x in reports),
             running=sum(x.running for x in reports),
             capacity=sum(x.capacity for x in reports),
             queue_limit=sum(x.queue_limit for x in reports),
-            ttft_p50_ms=sum(p50) / len(p50) if p50 else None,
-            ttft_p95_ms=max(p95) if p95 else None,
-            busy_ms_per_seq=pooled_busy_ms_per_seq(reports, len(reports)),
-            decode_tokens_per_s=sum(decode) / len(decode) if decode else None,
         )
 
     def submit(self, job: Job) -> bool:

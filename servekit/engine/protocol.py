@@ -28,7 +28,7 @@ __all__ = [
     "Priority",
     "SamplingParams",
     "TextDelta",
-    "pooled_busy_ms_per_seq",
+    "pooled_figures",
 ]
 
 
@@ -203,17 +203,28 @@ class LoadReport:
         return self.running >= self.capacity and self.waiting > 0
 
 
-def pooled_busy_ms_per_seq(reports: Sequence[LoadReport], replicas: int) -> float | None:
-    """A gateway's busy slowdown per running sequence from its ``replicas``' reports.
+def pooled_figures(reports: Sequence[LoadReport], replicas: int) -> LoadReport:
+    """A gateway's measured figures from its ``replicas``' reports (the counts,
+    readiness and identity are the caller's to set, e.g. with ``dataclasses.replace``).
 
-    The gateway reports all its replicas' running sequences as one count; a new
-    request lands on one replica and meets about 1/``replicas`` of them, so each
-    counts for the replicas' mean figure divided by their number.
+    TTFT P50 and decode rate are the replicas' means, P95 their worst. The
+    gateway reports all its replicas' running sequences as one count; a new
+    request lands on one replica and meets about 1/``replicas`` of them, so
+    each counts for the replicas' mean busy slowdown divided by their number.
     """
-    measured = [r.busy_ms_per_seq for r in reports if r.busy_ms_per_seq is not None]
-    if not measured or replicas < 1:
-        return None
-    return sum(measured) / len(measured) / replicas
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    p95 = [r.ttft_p95_ms for r in reports if r.ttft_p95_ms is not None]
+    busy = mean([r.busy_ms_per_seq for r in reports])
+    return LoadReport(
+        ttft_p50_ms=mean([r.ttft_p50_ms for r in reports]),
+        ttft_p95_ms=max(p95) if p95 else None,
+        busy_ms_per_seq=busy / replicas if busy is not None and replicas >= 1 else None,
+        decode_tokens_per_s=mean([r.decode_tokens_per_s for r in reports]),
+    )
 
 
 @runtime_checkable
