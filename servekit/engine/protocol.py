@@ -166,6 +166,13 @@ class LoadReport:
     ``None`` until measured. ``busy_ms_per_seq`` is what each sequence already
     running added to a new request's TTFT beyond its own prefill (a batching
     engine measures it: ``servekit.engine.batching_stats``).
+
+    ``max_context_tokens`` is the longest a single request may be, prompt plus
+    completion (vLLM's max model length, llama.cpp's context per slot);
+    ``None`` when unknown. ``ttft_budget_ms`` is the TTFT the instance admits
+    against (it refuses a request whose predicted wait would exceed it) and
+    ``predicted_wait_ms`` its current prediction of a new request's wait;
+    both ``None`` when it does not shed on a budget.
     """
 
     ready: bool = False
@@ -179,6 +186,9 @@ class LoadReport:
     decode_tokens_per_s: float | None = None
     prefill_tokens_per_s: float | None = None
     busy_ms_per_seq: float | None = None
+    max_context_tokens: int | None = None
+    ttft_budget_ms: float | None = None
+    predicted_wait_ms: float | None = None
     model: str = ""
     version: str = ""
     # Cumulative request outcomes since start, for rollout gates (error rate).
