@@ -29,6 +29,7 @@ from servekit.api import FixedEngine, ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
 from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
+from servekit.service_auth import TokenGate, warn_if_open
 
 __all__ = ["CentralGateway", "create_app"]
 
@@ -90,9 +91,11 @@ def create_app(
 ) -> FastAPI:
     """The central gateway app; ``engine_factory`` builds each replica's HTTP engine."""
     factory = engine_factory or http_engine_factory(settings)
+    gate = TokenGate(settings.server.auth)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        warn_if_open(gate, "central gateway", settings.server.host, settings.server.port)
         gateway = CentralGateway(settings, factory)
         app.state.gateway = gateway
         app.state.core = gateway.core
@@ -102,9 +105,9 @@ def create_app(
         finally:
             await gateway.aclose()
 
-    app = build_serving_app(title="central", version="0.1.0", lifespan=lifespan)
+    app = build_serving_app(title="central", version="0.1.0", lifespan=lifespan, auth=gate)
 
-    @app.get("/replicas", summary="Every replica's state, load and process")
+    @app.get("/replicas", summary="Every replica's state, load and process (secret values as ***)")
     async def replicas(request: Request) -> dict[str, Any]:
         gateway = getattr(request.app.state, "gateway", None)
         if gateway is None:

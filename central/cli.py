@@ -42,8 +42,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from central.app import create_app
     from servekit.serve import run_service
+    from servekit.tls import ServerTLSSettings
 
     app = create_app(settings)
+
+    def reload() -> ServerTLSSettings | None:
+        """SIGHUP: the service tokens and certificates of the file as it is now."""
+        fresh = load(args.config, **{"server.host": args.host, "server.port": args.port})
+        app.state.token_gate.update(fresh.server.auth)
+        return fresh.server.tls
 
     def drain() -> None:
         gateway = getattr(app.state, "gateway", None)
@@ -56,5 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=settings.server.port,
         on_drain=drain,
         graceful_s=settings.supervision.stop_timeout_s,
+        tls=settings.server.tls,
+        on_reload=reload,
     )
     return 0

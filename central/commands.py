@@ -22,6 +22,7 @@ import yaml
 
 from central.specs import LlamaCppReplica, TrtllmReplica, UrlReplica, VllmReplica
 from servekit.engine.llama import LlamaSettings
+from servekit.secrets import redact_argv, redact_env
 
 if TYPE_CHECKING:
     from central.settings import CentralSettings
@@ -40,6 +41,11 @@ __all__ = [
 ]
 
 LoadSource = Literal["vllm", "trtllm", "load", "none"]
+
+# Where a launched replica finds the gateway's service token: the environment,
+# never the command line (``ps`` shows that to every user of the host).
+VLLM_TOKEN_ENV = "VLLM_API_KEY"  # `vllm serve` checks it on /v1 routes
+STANDIN_TOKEN_ENV = "HYBRID_LLM_SERVICE_TOKEN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +69,9 @@ class LaunchPlan:
     files: Mapping[Path, str] = field(default_factory=dict)
 
     def shell(self) -> str:
-        """The plan as one copy-pasteable shell line (environment first)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        cmd = shlex.join(self.argv)
+        """The plan as one shell line (environment first), secret values shown as ``***``."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(self.env).items()))
+        cmd = shlex.join(redact_argv(self.argv))
         return f"{env} {cmd}" if env else cmd
 
 
@@ -81,7 +87,9 @@ def _gpu_env(gpus: list[int], extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def vllm_plan(spec: VllmReplica, *, port: int, model_name: str) -> LaunchPlan:
+def vllm_plan(
+    spec: VllmReplica, *, port: int, model_name: str, token: str | None = None
+) -> LaunchPlan:
     served = spec.served_model_name or model_name
     argv: list[str] = [spec.executable, "serve", spec.model]
     argv += ["--host", spec.host, "--port", str(port), "--served-model-name", served]
@@ -117,7 +125,10 @@ def vllm_plan(spec: VllmReplica, *, port: int, model_name: str) -> LaunchPlan:
     endpoint = Endpoint(
         _url(spec.host, port), served, spec.capacity, "vllm", send_priority=priority
     )
-    return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env))
+    env = _gpu_env(spec.gpus, spec.env)
+    if token is not None:
+        env[VLLM_TOKEN_ENV] = token
+    return LaunchPlan(tuple(argv), endpoint, env)
 
 
 def trtllm_options(spec: TrtllmReplica) -> dict[str, Any]:
@@ -168,20 +179,24 @@ def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
 
 
 def llamacpp_settings(
-    spec: LlamaCppReplica, *, port: int, model_name: str, version: str
+    spec: LlamaCppReplica, *, port: int, model_name: str, version: str, token: bool = False
 ) -> dict[str, Any]:
     """The edge-agent settings that make it a plain stand-in replica.
 
     It answers to the gateway's model name, accepts no aliases and keeps a
     small queue of its own: the gateway's queue is where priorities apply.
+    With ``token`` it accepts the gateway's service token from its environment.
     """
     engine: dict[str, Any] = {"kind": "llama", **_llama_fields(spec, model_name)}
     if spec.slots > 1:
         engine["kind"] = "llama-batching"
         engine["slots"] = spec.slots
         engine["ctx_per_slot"] = engine.pop("n_ctx")
+    server: dict[str, Any] = {"host": spec.host, "port": port, "log_level": "warning"}
+    if token:
+        server["auth"] = {"tokens_env": STANDIN_TOKEN_ENV}
     base: dict[str, Any] = {
-        "server": {"host": spec.host, "port": port, "log_level": "warning"},
+        "server": server,
         "instance": {"id": f"central-{spec.name}", "region": "center", "version": version},
         "engine": engine,
         "admission": {"max_waiting": spec.max_waiting},
@@ -216,14 +231,20 @@ def llamacpp_plan(
     run_dir: Path,
     python: str,
     version: str = "",
+    token: str | None = None,
 ) -> LaunchPlan:
     config_file = run_dir / f"{spec.name}.edge-agent.yaml"
-    settings = llamacpp_settings(spec, port=port, model_name=model_name, version=version or "v1")
+    settings = llamacpp_settings(
+        spec, port=port, model_name=model_name, version=version or "v1", token=token is not None
+    )
     argv = [python, "-m", "edge_agent", "serve", "--config", str(config_file)]
     argv += ["--host", spec.host, "--port", str(port)]
     endpoint = Endpoint(_url(spec.host, port), model_name, spec.capacity, "load", "/ready")
     files = {config_file: yaml.safe_dump(settings, sort_keys=True)}
-    return LaunchPlan(tuple(argv), endpoint, dict(spec.env), files)
+    env = dict(spec.env)
+    if token is not None:
+        env[STANDIN_TOKEN_ENV] = token
+    return LaunchPlan(tuple(argv), endpoint, env, files)
 
 
 def build_plan(
@@ -234,14 +255,27 @@ def build_plan(
     run_dir: Path,
     python: str = sys.executable,
     version: str = "",
+    token: str | None = None,
 ) -> LaunchPlan:
-    """The launch plan for any launched replica kind."""
+    """The launch plan for any launched replica kind.
+
+    ``token`` (the gateway's ``replica_client.token``) goes into the replica's
+    environment so it accepts only the gateway: vLLM's ``VLLM_API_KEY``, the
+    stand-in's ``server.auth``. trtllm-serve has no API-key check; keep it on
+    a loopback or private address.
+    """
     if isinstance(spec, VllmReplica):
-        return vllm_plan(spec, port=port, model_name=model_name)
+        return vllm_plan(spec, port=port, model_name=model_name, token=token)
     if isinstance(spec, TrtllmReplica):
         return trtllm_plan(spec, port=port, run_dir=run_dir)
     return llamacpp_plan(
-        spec, port=port, model_name=model_name, run_dir=run_dir, python=python, version=version
+        spec,
+        port=port,
+        model_name=model_name,
+        run_dir=run_dir,
+        python=python,
+        version=version,
+        token=token,
     )
 
 

@@ -11,12 +11,17 @@ from central.commands import Endpoint
 from central.replica import EngineFactory
 from central.settings import CentralSettings
 from servekit.engine.openai_http import OpenAIHTTPEngine, OpenAIHTTPSettings
+from servekit.peers import PeerCredentials
 
 __all__ = ["http_engine", "http_engine_factory"]
 
 
 def http_engine(
-    endpoint: Endpoint, *, served_name: str | None = None, version: str = ""
+    endpoint: Endpoint,
+    *,
+    served_name: str | None = None,
+    version: str = "",
+    peer: PeerCredentials | None = None,
 ) -> OpenAIHTTPEngine:
     settings = OpenAIHTTPSettings(
         base_url=endpoint.base_url,
@@ -25,11 +30,16 @@ def http_engine(
         capacity=endpoint.capacity,
         health_path=endpoint.health_path,
     )
-    return OpenAIHTTPEngine(settings, probe=None, version=version)
+    return OpenAIHTTPEngine(settings, probe=None, version=version, peer=peer)
 
 
 def http_engine_factory(settings: CentralSettings) -> EngineFactory:
+    """Engines that call replicas with ``replica_client``'s token and TLS trust."""
+    peer = settings.replica_client.credentials()
+
     def build(endpoint: Endpoint) -> OpenAIHTTPEngine:
-        return http_engine(endpoint, served_name=settings.model, version=settings.version)
+        return http_engine(
+            endpoint, served_name=settings.model, version=settings.version, peer=peer
+        )
 
     return build

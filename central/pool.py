@@ -23,8 +23,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
-
 from central.balancer import Balancer, prefix_key
 from central.continuation import continuation, merged_finish
 from central.replica import EngineFactory, Replica
@@ -38,6 +36,7 @@ from servekit.engine.protocol import (
     pooled_figures,
 )
 from servekit.errors import EngineFailure, NotReady, ServeError, UpstreamUnavailable
+from servekit.peers import async_client
 
 __all__ = ["ReplicaPool"]
 
@@ -55,7 +54,8 @@ class ReplicaPool:
         on_capacity: Callable[[int], None] = lambda _slots: None,
     ) -> None:
         self._settings = settings
-        self._client = httpx.AsyncClient()
+        client = settings.replica_client
+        self._client = async_client(client)
         self._probe = ReplicaProbe(self._client, settings.supervision.probe_timeout_s)
         self._on_capacity = on_capacity
         self._wait_s = settings.supervision.dispatch_wait_s
@@ -69,6 +69,7 @@ class ReplicaPool:
                 probe=self._probe,
                 engine_factory=engine_factory,
                 on_change=self._replica_changed,
+                token=client.token.get_secret_value() if client.token is not None else None,
             )
             for spec in settings.replicas
         ]

@@ -38,6 +38,7 @@ def center_instance(settings: CentralSettings, capacity: int) -> InstanceInfo:
         version=settings.version,
         capacity=capacity,
         tags=tuple(sorted({r.kind for r in settings.replicas})),
+        meta=settings.server.instance_meta(),
     )
 
 

@@ -29,6 +29,7 @@ from central.specs import ReplicaSpec as AnySpec
 from central.supervisor import Backoff, LaunchFailed, ReplicaProcess
 from servekit.engine.llama import LlamaCppEngine
 from servekit.engine.protocol import Engine
+from servekit.secrets import redact_url
 
 __all__ = ["EngineFactory", "Replica", "ReplicaState"]
 
@@ -65,6 +66,7 @@ class Replica:
         probe: ReplicaProbe,
         engine_factory: EngineFactory,
         on_change: Callable[[], None] = lambda: None,
+        token: str | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -84,8 +86,9 @@ class Replica:
             port = spec.port or _free_port(spec.host)
             run_dir = Path(supervision.log_dir)
             plan = build_plan(
-                spec, port=port, model_name=model_name, run_dir=run_dir, version=version
-            )
+                spec, port=port, model_name=model_name, run_dir=run_dir, version=version,
+                token=token,
+            )  # fmt: skip
             self.endpoint = plan.endpoint
             self.process = ReplicaProcess(spec.name, plan, run_dir / f"{spec.name}.log")
         self.engine = self._local or engine_factory(self.endpoint)
@@ -159,7 +162,7 @@ class Replica:
         return {
             "name": self.name,
             "kind": self.spec.kind,
-            "url": self.endpoint.base_url,
+            "url": redact_url(self.endpoint.base_url),
             "state": self.state.value,
             "pid": self.process.pid if self.process is not None else None,
             "restarts": self.restarts,

@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from central.specs import ReplicaSpec
 from servekit.config import load_settings
+from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
+from servekit.serve import ServerSecurity
 
 __all__ = [
     "AdmissionSettings",
@@ -27,7 +29,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ServerSettings(_Section):
+class ServerSettings(ServerSecurity, _Section):
     host: str = "127.0.0.1"
     port: int = Field(8100, ge=0, le=65535)
 
@@ -107,6 +109,11 @@ class CentralSettings(_Section):
     instance: InstanceSettings = Field(default_factory=InstanceSettings)
     registry: RegistrySettings | None = Field(
         None, description="Register as tier `center` and heartbeat here; none means standalone."
+    )
+    replica_client: PeerSettings = Field(
+        default_factory=PeerSettings,
+        description="How the gateway calls its replicas: token, CA bundle, client certificate. "
+        "Launched replicas are given the token (VLLM_API_KEY, the stand-in's server.auth).",
     )
 
     @model_validator(mode="after")

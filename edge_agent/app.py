@@ -31,6 +31,7 @@ from servekit.registry import (
     Registry,
     open_registry,
 )
+from servekit.service_auth import TokenGate, warn_if_open
 from servekit.sysinfo import fits_beside
 
 __all__ = ["EdgeAgent", "create_app"]
@@ -91,6 +92,7 @@ class EdgeAgent:
             model=s.engine.model_name,
             version=self.slot.version,
             capacity=self.admission.slots,
+            meta=s.server.instance_meta(),
         )
 
     async def register(self) -> None:
@@ -177,11 +179,15 @@ class EdgeAgent:
 
 
 def create_app(settings: EdgeSettings) -> FastAPI:
+    """The edge agent's app; ``app.state.token_gate`` holds the accepted service tokens."""
+    gate = TokenGate(settings.server.auth)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         agent = EdgeAgent(settings)
         app.state.agent = agent
         app.state.core = agent.core
+        warn_if_open(gate, "edge agent", settings.server.host, settings.server.port)
         loading = asyncio.create_task(agent.start())
         await agent.register()
         try:
@@ -200,4 +206,5 @@ def create_app(settings: EdgeSettings) -> FastAPI:
         max_body_bytes=settings.server.max_body_bytes,
         example_model=settings.engine.model_name,
         max_tokens_limit=settings.engine.context_window,
+        auth=gate,
     )

@@ -27,22 +27,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     from edge_agent.app import create_app
     from edge_agent.settings import EdgeSettings
     from servekit.serve import run_service
+    from servekit.tls import ServerTLSSettings
 
+    overrides = {
+        "server.host": args.host,
+        "server.port": args.port,
+        "instance.region": args.region,
+        "instance.id": args.instance_id,
+    }
     try:
-        settings = load_settings(
-            EdgeSettings,
-            args.config,
-            **{
-                "server.host": args.host,
-                "server.port": args.port,
-                "instance.region": args.region,
-                "instance.id": args.instance_id,
-            },
-        )
+        settings = load_settings(EdgeSettings, args.config, **overrides)
     except ConfigError as exc:
         print(f"edge-agent: {exc}", file=sys.stderr)
         return 2
     app = create_app(settings)
+
+    def reload() -> ServerTLSSettings | None:
+        """SIGHUP: the service tokens and certificates of the file as it is now."""
+        fresh = load_settings(EdgeSettings, args.config, **overrides)
+        app.state.token_gate.update(fresh.server.auth)
+        return fresh.server.tls
 
     def drain() -> None:
         agent = getattr(app.state, "agent", None)
@@ -56,5 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_drain=drain,
         log_level=settings.server.log_level,
         graceful_s=settings.server.graceful_shutdown_s,
+        tls=settings.server.tls,
+        on_reload=reload,
     )
     return 0

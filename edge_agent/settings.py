@@ -19,6 +19,7 @@ from model_sync.agent import ReconcilerSettings
 from servekit.engine.batching import BatchingSettings
 from servekit.engine.llama import LlamaSettings
 from servekit.registry import RegistrySettings
+from servekit.serve import ServerSecurity
 
 __all__ = [
     "AdmissionSettings",
@@ -34,7 +35,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ServerSettings(_Section):
+class ServerSettings(ServerSecurity, _Section):
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8001, ge=0, le=65535, description="Port to listen on.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger bodies get 413.")

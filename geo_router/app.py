@@ -29,6 +29,7 @@ from geo_router.dispatch import Dispatcher
 from geo_router.http_client import UpstreamPool
 from geo_router.metrics import RouterMetrics
 from geo_router.openapi import install_openapi
+from geo_router.peers import PeerBook
 from geo_router.planner import Planner
 from geo_router.region import RegionResolver, RttTable, open_geoip
 from geo_router.routes import router as api_routes
@@ -81,6 +82,8 @@ def create_app(
         )
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(client.close)
+            peers = PeerBook(settings.peers, settings.upstreams)
+            stack.push_async_callback(peers.aclose)
             geo = open_geoip(settings.region)
             if geo is not None:
                 stack.callback(geo.close)
@@ -91,6 +94,7 @@ def create_app(
                 poll_interval_s=settings.poll_interval_s,
                 given=candidates,
                 metrics_registry=metrics.registry,
+                probe_client=peers.probe_client,
             )
             traffic_source = _traffic(settings, traffic, found.traffic)
             tracker = Tracker(settings.routing.breaker)
@@ -111,7 +115,9 @@ def create_app(
                 classifier=classifier,
                 planner=planner,
                 tracker=tracker,
-                dispatcher=Dispatcher(client, planner, tracker, metrics, settings.routing),
+                dispatcher=Dispatcher(
+                    client, planner, tracker, metrics, settings.routing, peers.for_instance
+                ),
                 metrics=metrics,
                 stale=found.stale,
             )

@@ -1,16 +1,15 @@
 """API keys, tenants and per-key rate limits (requests and tokens per minute).
 
 Keys are stored as sha256 digests; a presented key is hashed and compared
-against every configured digest with :func:`hmac.compare_digest`, so the time
-taken does not depend on how much of a digest matched. An accepted header is
-remembered (keys are fixed for the process's life), so a returning client
-skips the hashing; a rejected one is checked in full every time.
+against every configured digest in constant time (``servekit.service_auth``'s
+:class:`~servekit.service_auth.DigestSet`, which the services' own tokens use
+too). An accepted header is remembered (keys are fixed for the process's
+life), so a returning client skips the hashing; a rejected one is checked in
+full every time.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Literal
 
 from geo_router.settings import ApiKeySettings, AuthSettings
 from servekit.errors import AuthenticationFailed, RateLimited
+from servekit.service_auth import DigestSet, bearer_token
 
 __all__ = ["Authenticator", "RateLimiter", "Tenant", "TokenBucket"]
 
@@ -32,67 +32,32 @@ class Tenant:
     burst_s: float = 60.0
 
 
-_VERIFIED_MAX = 4096  # accepted Authorization headers remembered
-
-
 class Authenticator:
     """Maps an ``Authorization: Bearer`` header to a :class:`Tenant`."""
 
     def __init__(self, settings: AuthSettings) -> None:
         self._required = settings.required
         self._anonymous = Tenant("anonymous", settings.anonymous_priority, "anonymous")
-        self._keys: list[tuple[bytes, Tenant]] = [
-            (bytes.fromhex(k.sha256), _tenant(k)) for k in settings.keys
-        ]
-        # Headers that already passed the digest check. Hashing and comparing
-        # is cheap warm but tens of microseconds on the cold caches a front
-        # door between bursts runs on, on every request. Only accepted headers
-        # are kept (a wrong key always takes the full check), and the lookup
-        # leaks nothing useful: it compares strings only after their
-        # per-process randomised hashes match, and a hit says what the answer
-        # says anyway.
-        self._verified: dict[str, Tenant] = {}
+        self._digests = DigestSet(k.sha256 for k in settings.keys)
+        self._tenants = [_tenant(k) for k in settings.keys]
 
     def authenticate(self, authorization: str | None) -> Tenant:
-        if authorization is not None:
-            known = self._verified.get(authorization)
-            if known is not None:
-                return known
-        key = _bearer(authorization)
-        if key is None:
+        index = self._digests.match_header(authorization)
+        if index is not None:
+            return self._tenants[index]
+        if bearer_token(authorization) is None:
             if not self._required:
                 return self._anonymous
             raise AuthenticationFailed(
                 "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
             )
-        digest = hashlib.sha256(key.encode("utf-8")).digest()  # as settings.hash_key
-        found: Tenant | None = None
-        for stored, tenant in self._keys:
-            # No early exit: every digest is compared whatever matched before.
-            if hmac.compare_digest(stored, digest):
-                found = tenant
-        if found is None:
-            raise AuthenticationFailed("invalid API key")
-        if authorization is not None:
-            if len(self._verified) >= _VERIFIED_MAX:
-                self._verified.clear()
-            self._verified[authorization] = found
-        return found
+        raise AuthenticationFailed("invalid API key")
 
 
 def _tenant(entry: ApiKeySettings) -> Tenant:
     return Tenant(
         entry.tenant, entry.priority, entry.sha256[:12], entry.rpm, entry.tpm, entry.burst_s
     )
-
-
-def _bearer(header: str | None) -> str | None:
-    if not header:
-        return None
-    scheme, _, value = header.strip().partition(" ")
-    if scheme.lower() != "bearer" or not value.strip():
-        return None
-    return value.strip()
 
 
 class TokenBucket:

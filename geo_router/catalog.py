@@ -17,11 +17,12 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import httpx
 from prometheus_client import CollectorRegistry
 
 from servekit.registry import CatalogView, RegistrySettings, StaticEntry, StaticSettings
 from servekit.registry.factory import open_registry
-from servekit.registry.protocol import InstanceState, KVStore, RegistryError
+from servekit.registry.protocol import InstanceInfo, InstanceState, KVStore, RegistryError
 from servekit.registry.static import StaticRegistry
 
 __all__ = [
@@ -149,13 +150,18 @@ async def open_discovery(
     given: CandidateSource | None = None,
     metrics_registry: CollectorRegistry | None = None,
     fresh_timeout_s: float = 3.0,
+    probe_client: Callable[[InstanceInfo], httpx.AsyncClient] | None = None,
 ) -> Discovery:
-    """Catalog views over the static entries and the registry; closed by ``stack``."""
+    """Catalog views over the static entries and the registry; closed by ``stack``.
+
+    ``probe_client`` gives the HTTP client (token, CA bundle) polling an entry.
+    """
     sources: list[CandidateSource] = [] if given is None else [given]
     views: list[CatalogView] = []
     if upstreams:
         static = StaticRegistry(
-            StaticSettings(entries=list(upstreams), probe_interval_s=poll_interval_s)
+            StaticSettings(entries=list(upstreams), probe_interval_s=poll_interval_s),
+            client_for=probe_client,
         )
         await static.start()
         stack.push_async_callback(static.aclose)

@@ -25,9 +25,14 @@ __all__ = ["classify_lines", "main"]
 def _serve(args: argparse.Namespace) -> int:
     from geo_router.app import create_app
     from servekit.serve import run_service
+    from servekit.tls import ServerTLSSettings
 
     settings = load_settings(RouterSettings, args.config, host=args.host, port=args.port)
     app = create_app(settings)
+
+    def reload() -> ServerTLSSettings | None:
+        """SIGHUP: the certificate files of the file as it is now (API keys need a restart)."""
+        return load_settings(RouterSettings, args.config, host=args.host, port=args.port).tls
 
     def drain() -> None:
         app.app.state.draining = True  # /ready turns 503 while in-flight streams finish
@@ -39,6 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
         on_drain=drain,
         log_level=args.log_level,
         graceful_s=settings.graceful_shutdown_s,
+        tls=settings.tls,
+        on_reload=reload,
     )
     return 0
 

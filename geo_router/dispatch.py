@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,8 @@ from servekit.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from servekit.peers import PeerCredentials
+from servekit.registry.protocol import InstanceInfo
 from servekit.sse import DONE_FRAME
 
 __all__ = ["Dispatcher", "Opened", "RouteRequest", "hedge_delay_s"]
@@ -87,8 +89,10 @@ class Dispatcher:
         tracker: Tracker,
         metrics: RouterMetrics,
         routing: RoutingSettings,
+        peers: Callable[[InstanceInfo], PeerCredentials | None] = lambda _info: None,
     ) -> None:
         self._pool = pool
+        self._peer = peers  # the token and TLS trust for an instance
         self._planner = planner
         self.tracker = tracker
         self.metrics = metrics
@@ -135,8 +139,9 @@ class Dispatcher:
             cand = cands[nxt]
             self.tracker.acquire(cand.id)
             url = cand.url + req.path
+            peer = self._peer(cand.state.info)
             task = asyncio.create_task(
-                open_stream(self._pool, url, self._payload(body, cand), req.headers, deadline)
+                open_stream(self._pool, url, self._payload(body, cand), req.headers, deadline, peer)
             )
             tasks[task] = (nxt, cand)
             started[task] = time.perf_counter()
@@ -206,8 +211,9 @@ class Dispatcher:
             self.tracker.acquire(cand.id)
             try:
                 payload = self._payload(body, cand)
+                peer = self._peer(cand.state.info)
                 primed = await open_stream(
-                    self._pool, cand.url + req.path, payload, req.headers, deadline
+                    self._pool, cand.url + req.path, payload, req.headers, deadline, peer
                 )
             except Exception as exc:
                 err = translate_error(exc, cand.url)

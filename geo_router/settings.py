@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from servekit.peers import PeerSettings
 from servekit.registry.protocol import Tier
 from servekit.registry.settings import RegistrySettings, StaticEntry
+from servekit.service_auth import check_sha256_hex
+from servekit.service_auth import hash_token as hash_key
+from servekit.tls import ServerTLSSettings
 
 __all__ = [
     "ApiKeySettings",
@@ -19,6 +22,7 @@ __all__ = [
     "ClassifierSettings",
     "GeoIPSettings",
     "HedgeSettings",
+    "PeersSettings",
     "RegionSettings",
     "RouterSettings",
     "RoutingSettings",
@@ -29,11 +33,6 @@ __all__ = [
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def hash_key(key: str) -> str:
-    """The form an API key is stored in: hex sha256 of its UTF-8 bytes."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 class ApiKeySettings(_Section):
@@ -49,10 +48,7 @@ class ApiKeySettings(_Section):
     @field_validator("sha256")
     @classmethod
     def _hex(cls, value: str) -> str:
-        value = value.strip().lower()
-        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
-            raise ValueError("must be 64 hex digits (sha256 of the key)")
-        return value
+        return check_sha256_hex(value)
 
 
 class AuthSettings(_Section):
@@ -157,6 +153,20 @@ class UpstreamSettings(StaticEntry):
     """A static instance by URL; ``model`` (and ``version``) may come from its ``/load``."""
 
     model: str = Field("", description="Served model; taken from /load when empty.")
+    client: PeerSettings | None = Field(
+        None, description="Token and TLS trust for this upstream (default: its tier's)."
+    )
+
+
+class PeersSettings(_Section):
+    """How the router calls edges and centers: service token, CA bundle, client cert."""
+
+    default: PeerSettings = Field(default_factory=PeerSettings)
+    edge: PeerSettings | None = Field(None, description="For edges, instead of `default`.")
+    center: PeerSettings | None = Field(None, description="For centers, instead of `default`.")
+
+    def for_tier(self, tier: Tier) -> PeerSettings:
+        return (self.edge if tier == "edge" else self.center) or self.default
 
 
 class RouterSettings(BaseModel):
@@ -176,6 +186,11 @@ class RouterSettings(BaseModel):
     registry: RegistrySettings | None = Field(
         None, description="Discovery and canary shares through servekit.registry."
     )
+    peers: PeersSettings = Field(
+        default_factory=PeersSettings,
+        description="Credentials and TLS trust for the upstream hop (per tier).",
+    )
+    tls: ServerTLSSettings | None = Field(None, description="Serve HTTPS with this certificate.")
     poll_interval_s: float = Field(1.0, gt=0, description="Static probe and KV poll period.")
     traffic: dict[str, dict[str, float]] = Field(
         default_factory=dict,

@@ -29,6 +29,7 @@ from servekit.errors import (
     UpstreamUnavailable,
     error_from_body,
 )
+from servekit.peers import PeerCredentials
 from servekit.sse import DONE, SSEDecoder
 
 __all__ = ["TRANSPORT_ERRORS", "Primed", "open_stream", "split_events", "translate_error"]
@@ -42,7 +43,7 @@ def translate_error(exc: BaseException, url: str) -> ServeError:
     if isinstance(exc, ServeError):
         return exc
     if isinstance(exc, ConnectError):
-        return UpstreamUnavailable(f"cannot connect to upstream {url}: {exc.os_error}")
+        return UpstreamUnavailable(f"cannot connect to upstream {url}: {exc.reason}")
     if isinstance(exc, TimeoutError):
         return UpstreamTimeout(f"upstream {url} timed out")
     if isinstance(exc, HTTPClientError | OSError):
@@ -50,7 +51,15 @@ def translate_error(exc: BaseException, url: str) -> ServeError:
     return UpstreamError(f"upstream {url} failed: {type(exc).__name__}: {exc}")
 
 
-async def _error_from_response(resp: Response) -> ServeError:
+async def _error_from_response(resp: Response, url: str) -> ServeError:
+    if resp.status in (401, 403):
+        # The router's credentials, not the client's: say so, and let another
+        # instance answer (a client must never see this as "invalid API key").
+        resp.close()
+        return UpstreamError(
+            f"upstream {url} refused the router's service token (HTTP {resp.status}); "
+            "check peers.<tier>.token"
+        )
     raw = await resp.read()
     try:
         body: Any = json.loads(raw) if raw else None
@@ -140,15 +149,16 @@ async def open_stream(
     payload: bytes,
     headers: Mapping[str, str],
     deadline_s: float,
+    peer: PeerCredentials | None = None,
 ) -> Primed:
     """POST ``payload`` and read until the first token; raise a :class:`ServeError` otherwise."""
     start = time.perf_counter()
     response: Response | None = None
     try:
         async with asyncio.timeout(deadline_s):
-            response = await pool.post(url, payload, headers)
+            response = await pool.post(url, payload, headers, peer)
             if response.status != 200:
-                raise await _error_from_response(response)
+                raise await _error_from_response(response, url)
             chunks = response.chunks()
             decoder = SSEDecoder()
             head = b""

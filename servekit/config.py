@@ -6,6 +6,7 @@ dotted field in the message, never a traceback from deep inside pydantic.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,11 +22,18 @@ class ConfigError(Exception):
     """A settings file is missing, unreadable, or invalid."""
 
 
-def load_settings(model: type[_S], path: str | Path | None, **overrides: Any) -> _S:
+def load_settings(
+    model: type[_S],
+    path: str | Path | None,
+    environ: Mapping[str, str] | None = None,
+    /,
+    **overrides: Any,
+) -> _S:
     """Read ``path`` (YAML) into ``model``; ``overrides`` are dotted keys set on top.
 
     ``None`` values in overrides are skipped, so CLI flags that were not given
-    do not erase the file's values.
+    do not erase the file's values. ``environ`` (positional) replaces ``os.environ`` where
+    secret settings name a variable (``token_env``; :mod:`servekit.secrets`).
     """
     data: dict[str, Any] = {}
     where = "<defaults>"
@@ -46,7 +54,7 @@ def load_settings(model: type[_S], path: str | Path | None, **overrides: Any) ->
         data = loaded
     data = apply_overrides(data, overrides)
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"environ": environ})
     except ValidationError as exc:
         lines = []
         for err in exc.errors(include_url=False):

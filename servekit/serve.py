@@ -1,35 +1,106 @@
-"""Running a service under uvicorn, with draining announced on SIGTERM.
+"""Running a service under uvicorn: draining on SIGTERM, TLS, reload on SIGHUP.
 
 On the first SIGINT/SIGTERM the service is marked draining *before* uvicorn
 stops accepting connections, so `/ready` turns 503 and the registry hears
 about it while in-flight requests finish within the grace period.
+
+With ``tls`` the service listens with :func:`servekit.tls.server_context`.
+SIGHUP calls ``on_reload`` (which re-reads the settings file and applies
+what can change live, e.g. accepted tokens; it returns the TLS settings now
+in force) and loads the certificate files into the listening context again:
+connections already open, and the streams on them, are not touched; new
+handshakes get the renewed certificate. A reload that fails is logged and
+changes nothing.
+
+Every log handler gets :class:`servekit.secrets.RedactingFilter`, so URL
+credentials and bearer tokens never reach a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import ssl
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 import uvicorn
+from pydantic import BaseModel, ConfigDict, Field
 
 from servekit.http_protocol import HeadWithBodyProtocol
+from servekit.secrets import RedactingFilter
+from servekit.service_auth import ServiceAuthSettings
+from servekit.tls import ServerTLSSettings, reload_server_context, server_context
 
-__all__ = ["run_service"]
+__all__ = ["ReloadFn", "ServerSecurity", "run_service"]
+
+log = logging.getLogger(__name__)
+
+ReloadFn = Callable[[], ServerTLSSettings | None]
 
 
-class _DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]) -> None:
+class ServerSecurity(BaseModel):
+    """Who may call a service and how it is reached: part of its ``server:`` block."""
+
+    model_config = ConfigDict(extra="forbid")
+    auth: ServiceAuthSettings = Field(
+        default_factory=ServiceAuthSettings,
+        description="Service tokens callers must send (tokens_file, tokens_env, sha256); "
+        "none configured: anyone who reaches the port may call.",
+    )
+    tls: ServerTLSSettings | None = Field(None, description="Serve HTTPS with this certificate.")
+
+    def instance_meta(self) -> dict[str, str]:
+        """Catalog meta of an instance served this way (readers build its URL from it)."""
+        return {"scheme": "https"} if self.tls is not None else {}
+
+
+class _Server(uvicorn.Server):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_drain: Callable[[], None],
+        tls: ServerTLSSettings | None,
+        on_reload: ReloadFn | None,
+    ) -> None:
         super().__init__(config)
         self._on_drain = on_drain
+        self._tls = tls
+        self._on_reload = on_reload
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         try:
             self._on_drain()
         finally:
             super().handle_exit(sig, frame)
+
+    async def startup(self, sockets: list[Any] | None = None) -> None:
+        await super().startup(sockets)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
+
+    def reload(self) -> None:
+        """Re-read settings and certificates; keep everything as it was on failure."""
+        try:
+            tls = self._on_reload() if self._on_reload is not None else self._tls
+            live: ssl.SSLContext | None = self.config.ssl
+            if live is not None and tls is not None:
+                reload_server_context(live, tls)
+            elif (live is None) != (tls is None):
+                log.warning("turning TLS on or off needs a restart; kept as it was")
+            self._tls = tls
+        except Exception as exc:
+            log.error("reload failed, nothing changed: %s", exc)
+            return
+        log.info("reloaded settings%s", " and certificates" if live is not None else "")
+
+
+def _redact_log_handlers() -> None:
+    redact = RedactingFilter()
+    for name in (None, "uvicorn", "uvicorn.error", "uvicorn.access"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(redact)
 
 
 def run_service(
@@ -41,6 +112,8 @@ def run_service(
     log_level: str = "info",
     graceful_s: float = 30.0,
     http: type[asyncio.Protocol] | str = HeadWithBodyProtocol,
+    tls: ServerTLSSettings | None = None,
+    on_reload: ReloadFn | None = None,
 ) -> None:
     """Serve ``app``; ``http`` is uvicorn's HTTP protocol (a name or a protocol class).
 
@@ -63,4 +136,8 @@ def run_service(
         # 30 s), so clients close first and never reuse a socket we just shut.
         timeout_keep_alive=75,
     )
-    _DrainingServer(config, on_drain).run()
+    _redact_log_handlers()  # after uvicorn's Config has set up its own handlers
+    if tls is not None:
+        config.load()
+        config.ssl = server_context(tls)  # ours, so SIGHUP can reload it in place
+    _Server(config, on_drain, tls, on_reload).run()

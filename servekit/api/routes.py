@@ -13,6 +13,7 @@ from servekit.api.endpoints import CompletionEndpoints
 from servekit.api.errors import error_response, install_error_handlers
 from servekit.api.openapi import document_completions, error_doc
 from servekit.errors import NotReady
+from servekit.service_auth import ServiceAuth, TokenGate
 from servekit.wire import ModelCard, ModelList
 
 __all__ = ["build_serving_app", "get_core"]
@@ -74,12 +75,20 @@ def build_serving_app(
     max_body_bytes: int = 1 << 20,
     example_model: str | None = None,
     max_tokens_limit: int | None = None,
+    auth: TokenGate | None = None,
 ) -> FastAPI:
-    """A FastAPI app with the OpenAI and ops routes; ``lifespan`` sets ``app.state.core``."""
+    """A FastAPI app with the OpenAI and ops routes; ``lifespan`` sets ``app.state.core``.
+
+    ``auth`` (kept on ``app.state.token_gate`` for reloads) guards every route
+    but ``/health``, ``/ready`` and, unless protected, ``/metrics``.
+    """
     app = FastAPI(title=title, version=version, lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(openai_router())
     app.include_router(ops_router())
     app.add_middleware(CompletionEndpoints, max_body_bytes=max_body_bytes)
+    gate = auth or TokenGate()
+    app.state.token_gate = gate
+    app.add_middleware(ServiceAuth, gate=gate)  # outermost: before any body is read
     document_completions(app, example_model, max_tokens_limit)
     return app

@@ -38,6 +38,7 @@ from servekit.errors import (
     UpstreamUnavailable,
     error_from_body,
 )
+from servekit.peers import PeerCredentials, async_client
 from servekit.sse import DONE, SSEDecoder
 
 __all__ = [
@@ -104,12 +105,14 @@ class OpenAIHTTPEngine:
         client: httpx.AsyncClient | None = None,
         probe: LoadProbe | None = probe_load_json,
         version: str = "",
+        peer: PeerCredentials | None = None,
     ) -> None:
         self.settings = settings
         self.base_url = settings.base_url.rstrip("/").removesuffix("/v1")
         self.version = version
         self._own_client = client is None
         self._client = client
+        self._peer = peer  # token and TLS trust of the client it makes itself
         self._probe = probe
         self._probe_task: asyncio.Task[None] | None = None
         self._last_load = LoadReport(capacity=settings.capacity, model=self.model_name)
@@ -127,7 +130,8 @@ class OpenAIHTTPEngine:
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             s = self.settings
-            self._client = httpx.AsyncClient(
+            self._client = async_client(
+                self._peer,
                 timeout=httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
                 limits=httpx.Limits(max_connections=s.capacity * 2 + 4),
             )
@@ -244,6 +248,8 @@ class OpenAIHTTPEngine:
 
 
 def _error_from_response(status: int, raw: bytes, retry_after: float | None) -> ServeError:
+    if status in (401, 403):  # our credentials, not the client's: another replica may do
+        return UpstreamError(f"upstream refused our service token (HTTP {status})")
     try:
         payload: Any = json.loads(raw)
     except ValueError:

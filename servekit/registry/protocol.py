@@ -64,8 +64,9 @@ class InstanceInfo:
 
     @property
     def url(self) -> str:
+        """Base URL; ``meta["scheme"]`` is ``https`` for an instance that serves TLS."""
         host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{self.port}"
+        return f"{self.meta.get('scheme', 'http')}://{host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)

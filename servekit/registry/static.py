@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -35,6 +36,7 @@ from servekit.registry.protocol import (
     Tier,
 )
 from servekit.registry.settings import StaticEntry, StaticSettings
+from servekit.tls import describe_tls_error
 
 __all__ = ["StaticRegistry", "entry_info"]
 
@@ -61,13 +63,25 @@ def entry_info(entry: StaticEntry) -> InstanceInfo:
 
 
 class StaticRegistry:
-    """:class:`~servekit.registry.protocol.Registry` over a configured list."""
+    """:class:`~servekit.registry.protocol.Registry` over a configured list.
 
-    def __init__(self, settings: StaticSettings, client: httpx.AsyncClient | None = None) -> None:
+    ``client_for`` picks the (borrowed) HTTP client probing an entry, e.g. one
+    carrying that tier's service token and CA bundle; ``client`` otherwise.
+    """
+
+    def __init__(
+        self,
+        settings: StaticSettings,
+        client: httpx.AsyncClient | None = None,
+        *,
+        client_for: Callable[[InstanceInfo], httpx.AsyncClient] | None = None,
+    ) -> None:
         self.settings = settings
         self._infos = [(entry_info(e), e.url.rstrip("/")) for e in settings.entries]
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=settings.probe_timeout_s)
+        self._client_for = client_for
+        self._warned: dict[str, str] = {}  # url → the last problem logged as a warning
         self._states: dict[str, InstanceState] = {
             info.id: InstanceState(info=info, load=LoadReport(), healthy=False, last_heartbeat=0.0)
             for info, _ in self._infos
@@ -111,27 +125,40 @@ class StaticRegistry:
 
     async def _probe(self, info: InstanceInfo, url: str) -> InstanceState:
         old = self._states[info.id]
+        client = self._client_for(info) if self._client_for is not None else self._client
         try:
-            ready = await self._client.get(url + "/ready")
+            ready = await client.get(url + "/ready")
             healthy = ready.status_code == 200
             load = old.load
             if self.settings.load_path:
-                load = await self._fetch_load(url + self.settings.load_path, old.load)
+                load = await self._fetch_load(client, url + self.settings.load_path, old.load)
         except httpx.HTTPError as exc:
+            reason = describe_tls_error(exc)
+            if reason is not None:  # a configuration problem, not a blip: say it (once)
+                self._warn(url, f"static probe of {url}: {reason}")
             log.debug("static probe of %s failed: %s", url, exc)
             return dataclasses.replace(old, healthy=False)
         seen = time.time() if healthy else old.last_heartbeat
         return InstanceState(info=info, load=load, healthy=healthy, last_heartbeat=seen)
 
-    async def _fetch_load(self, url: str, fallback: LoadReport) -> LoadReport:
-        resp = await self._client.get(url)
+    async def _fetch_load(
+        self, client: httpx.AsyncClient, url: str, fallback: LoadReport
+    ) -> LoadReport:
+        resp = await client.get(url)
         if resp.status_code != 200:
+            if resp.status_code in (401, 403):
+                self._warn(url, f"{url} refused the service token (HTTP {resp.status_code})")
             return fallback
         try:
             data: Any = resp.json()
             return LoadReport.from_dict(data) if isinstance(data, dict) else fallback
         except (ValueError, TypeError):
             return fallback
+
+    def _warn(self, url: str, problem: str) -> None:
+        if self._warned.get(url) != problem:
+            self._warned[url] = problem
+            log.warning("%s", problem)
 
     # -- catalog (read side) -------------------------------------------------
 

@@ -1,0 +1,105 @@
+"""How one service calls another: its token, the CA it trusts, its client certificate.
+
+Every client of another tier takes a :class:`PeerSettings` block (the
+router's ``peers:``, the gateway's ``replica_client:``, model_sync's
+``artifacts:``...)::
+
+    token_file: $CREDENTIALS_DIRECTORY/service-token   # sent as Authorization: Bearer
+    ca_file: /etc/hybrid-llm/tls/fleet-ca.pem          # verify https:// upstreams with it
+    cert_file: /etc/hybrid-llm/tls/router.pem          # mutual TLS (optional)
+    key_file: /etc/hybrid-llm/tls/router-key.pem
+    require_tls: true                                  # refuse http:// upstreams
+
+:meth:`PeerSettings.credentials` turns it into a :class:`PeerCredentials`
+(the ``SSLContext`` and the headers, built once) and :func:`async_client`
+into an ``httpx.AsyncClient`` that carries both. A URL's scheme decides
+whether TLS is used; nothing ever retries an ``https://`` upstream in clear
+text, and with ``require_tls`` an ``http://`` one is refused before a byte
+(the token included) is sent.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import Field, SecretStr
+
+from servekit.secrets import SecretSettings
+from servekit.tls import client_context
+
+__all__ = ["PeerCredentials", "PeerSettings", "PlainTextRefused", "async_client"]
+
+
+class PlainTextRefused(httpx.ConnectError):
+    """An ``http://`` URL for a peer whose settings require TLS; nothing was sent.
+
+    A connect error to httpx's callers (the peer is unusable as configured).
+    """
+
+
+class PeerSettings(SecretSettings):
+    """Credentials and trust for calling a peer service."""
+
+    secret_fields = ("token", "key_password")
+    token: SecretStr | None = Field(
+        None, description="Bearer token sent to the peer (better: token_file or token_env)."
+    )
+    ca_file: Path | None = Field(
+        None, description="CA bundle that https:// peers are verified against (default: system)."
+    )
+    cert_file: Path | None = Field(None, description="Client certificate (mutual TLS).")
+    key_file: Path | None = Field(None, description="Key of the client certificate.")
+    key_password: SecretStr | None = Field(None, description="Passphrase of an encrypted key.")
+    require_tls: bool = Field(False, description="Refuse http:// peers (nothing is sent).")
+
+    def credentials(self) -> PeerCredentials:
+        """The context and headers these settings describe (build once, reuse)."""
+        ctx = client_context(self.ca_file, self.cert_file, self.key_file, self.key_password)
+        headers: dict[str, str] = {}
+        if self.token is not None:
+            headers["authorization"] = f"Bearer {self.token.get_secret_value()}"
+        return PeerCredentials(ctx, headers, self.require_tls)
+
+
+@dataclass(frozen=True, eq=False)
+class PeerCredentials:
+    """A built :class:`PeerSettings`: hashable by identity, shared by connections."""
+
+    ssl: ssl.SSLContext
+    headers: dict[str, str] = field(default_factory=dict)
+    require_tls: bool = False
+
+    def check_url(self, url: str) -> None:
+        """Raise :class:`PlainTextRefused` for an ``http://`` URL when TLS is required."""
+        if self.require_tls and not url.lower().startswith("https://"):
+            raise PlainTextRefused(
+                f"refusing to call {url} in plain text: this peer requires TLS (require_tls)"
+            )
+
+
+def _refuse_plain_text(credentials: PeerCredentials) -> Any:
+    async def hook(request: httpx.Request) -> None:
+        credentials.check_url(str(request.url))
+
+    return hook
+
+
+def async_client(
+    settings: PeerSettings | PeerCredentials | None = None, **kwargs: Any
+) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` that verifies, authenticates and refuses as ``settings`` say.
+
+    ``kwargs`` go to httpx (timeouts, limits, base_url...); headers given there
+    are merged under the peer's.
+    """
+    creds = settings.credentials() if isinstance(settings, PeerSettings) else settings
+    if creds is None:
+        return httpx.AsyncClient(**kwargs)
+    headers = {**dict(kwargs.pop("headers", None) or {}), **creds.headers}
+    hooks = dict(kwargs.pop("event_hooks", None) or {})
+    hooks["request"] = [*hooks.get("request", []), _refuse_plain_text(creds)]
+    return httpx.AsyncClient(verify=creds.ssl, headers=headers, event_hooks=hooks, **kwargs)
