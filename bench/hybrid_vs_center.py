@@ -59,6 +59,7 @@ from hybrid_llm.bench import (
     send_streaming,
 )
 from hybrid_llm.bench.plot import write_plot
+from hybrid_llm.topology import service_headers
 
 
 def _load() -> str:
@@ -72,7 +73,7 @@ async def engine_floor(url: str, bucket: str, n: int, gap_s: float) -> dict[str,
     fresh: list[float] = []
     repeat: list[float] = []
     uncached: list[int] = []
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=url, headers=service_headers(), timeout=120) as client:
         _, body = workload.draw()  # connection and first-call costs
         await send_streaming(client, workload.path, body, bucket=bucket, run_start=0.0)
         for _ in range(n):
@@ -95,7 +96,7 @@ async def engine_floor(url: str, bucket: str, n: int, gap_s: float) -> dict[str,
 async def warm_slots(url: str, bucket: str) -> int:
     """One request per slot of the edge at ``url``, all at once; returns the slot count."""
     workload = Workload("edge", [parse_bucket(bucket)])
-    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+    async with httpx.AsyncClient(base_url=url, headers=service_headers(), timeout=120) as client:
         slots = int((await client.get("/load")).json().get("capacity") or 1)
         bodies = [workload.draw()[1] for _ in range(slots)]
         path = workload.path

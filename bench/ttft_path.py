@@ -11,8 +11,10 @@ alike), spaced ``--gap`` seconds apart (an idle system, as at a low offered
 load), each with a fresh prompt of ``--bucket`` size (no prefix-cache hits).
 Every target keeps one keep-alive client, like the router's pool; with
 ``--new-connection`` every request opens its own connection instead (what a
-proxy's emulated handshake costs). Prints TTFT P50/P90/min per target, the
-route headers seen, and the load average.
+proxy's emulated handshake costs). Targets that are not the router (port
+8080 here) get the local topology's service token (edges accept nothing
+else). Prints TTFT P50/P90/min per target, the route headers seen, and the
+load average.
 """
 
 from __future__ import annotations
@@ -29,12 +31,18 @@ import httpx
 from hybrid_llm.bench import RequestRecord, Workload, parse_bucket
 from hybrid_llm.bench.client import send_streaming
 from hybrid_llm.bench.stats import percentile
+from hybrid_llm.topology import service_headers
 
 
 def _parse_target(text: str) -> tuple[str, str, str]:
     name, rest = text.split("=", 1)
     url, _, model = rest.partition("@")
     return name, url.rstrip("/"), model or "edge"
+
+
+def _headers(url: str) -> dict[str, str]:
+    # The router takes client API keys (and refuses unknown ones); the rest service tokens.
+    return {} if url.endswith(":8080") else service_headers()
 
 
 async def _one(
@@ -46,7 +54,7 @@ async def _one(
         return await send_streaming(
             client, workload.path, body, bucket=bucket.label, run_start=time.perf_counter()
         )
-    async with httpx.AsyncClient(base_url=url, timeout=120) as fresh:
+    async with httpx.AsyncClient(base_url=url, headers=_headers(url), timeout=120) as fresh:
         return await send_streaming(
             fresh, workload.path, body, bucket=bucket.label, run_start=time.perf_counter()
         )
@@ -63,7 +71,9 @@ async def main() -> None:
 
     targets = [_parse_target(t) for t in args.targets]
     clients = {
-        name: None if args.new_connection else httpx.AsyncClient(base_url=url, timeout=120)
+        name: None
+        if args.new_connection
+        else httpx.AsyncClient(base_url=url, headers=_headers(url), timeout=120)
         for name, url, _ in targets
     }
     workloads = {name: Workload(model, [parse_bucket(args.bucket)]) for name, _, model in targets}

@@ -48,6 +48,7 @@ from hybrid_llm.bench.client import RequestRecord, send_streaming
 from hybrid_llm.bench.workload import Bucket, Workload
 from hybrid_llm.sim.profiles import EngineProfile
 from hybrid_llm.sim.spread import ratios_to_median, spread_of
+from hybrid_llm.topology import service_token
 
 __all__ = ["fit_line", "measure_profile", "register"]
 
@@ -216,7 +217,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prompt-lengths", default="16,64,256,512")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=32)
-    p.add_argument("--api-key")
+    p.add_argument(
+        "--api-key", help="bearer token (default: the local topology's service token, if any)"
+    )
     p.add_argument(
         "--mixed-prompt",
         type=int,
@@ -244,7 +247,7 @@ def _run(args: argparse.Namespace) -> int:
                 prompt_lengths=lengths,
                 repeats=args.repeats,
                 decode_tokens=args.decode_tokens,
-                api_key=args.api_key,
+                api_key=args.api_key or service_token(),
                 gap_s=args.gap,
                 mixed_prompt=args.mixed_prompt,
                 mixed_repeats=args.mixed_repeats,

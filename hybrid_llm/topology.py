@@ -9,12 +9,17 @@ topology never needs a service to grow flags. Strings in ``args``,
 ``{name}`` ``{port}`` ``{region}`` ``{host}`` ``{registry}`` ``{state_dir}``
 ``{config}`` (this service's rendered settings file), ``{url}`` (its own
 address), ``{advertise}`` (where the fleet should reach it: through its delay
-proxy when netem is on), and ``{advertise_of[other-name]}`` / ``{url_of[..]}``.
+proxy when netem is on), ``{advertise_of[other-name]}`` / ``{url_of[..]}``,
+and ``{service_token_file}``: the file holding the service token that edges
+and the center accept and the router and the gateway send. Every build
+writes a fresh random token there (mode 0600), so each ``up`` has its own;
+:func:`service_headers` gives operator tools (profile, benches) that token.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +30,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from hybrid_llm.geography import RttTable
 from hybrid_llm.supervisor import ProcessSpec
 
-__all__ = ["NetemSettings", "ServiceSpec", "TopologyError", "TopologySettings", "build_specs"]
+__all__ = [
+    "SERVICE_TOKEN_ENV",
+    "NetemSettings",
+    "ServiceSpec",
+    "TopologyError",
+    "TopologySettings",
+    "build_specs",
+    "service_headers",
+    "service_token",
+    "service_token_path",
+    "write_service_token",
+]
+
+SERVICE_TOKEN_ENV = "HYBRID_LLM_SERVICE_TOKEN"
 
 
 class TopologyError(Exception):
@@ -116,6 +134,42 @@ class TopologySettings(_Strict):
         return next((s for s in self.enabled() if s.kind == "router"), None)
 
 
+def service_token_path(state_dir: Path) -> Path:
+    return state_dir / "secrets" / "service-token"
+
+
+def write_service_token(state_dir: Path) -> Path:
+    """A new random service token in ``<state_dir>/secrets/service-token`` (0600)."""
+    path = service_token_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(f"svc-{secrets.token_urlsafe(32)}\n")
+    os.replace(tmp, path)
+    return path
+
+
+def service_token(state_dir: Path = Path("var")) -> str | None:
+    """The token the local topology's edges and center accept, for calling them directly.
+
+    ``$HYBRID_LLM_SERVICE_TOKEN`` if set, else the one ``hybrid-llm up`` wrote.
+    """
+    token = os.environ.get(SERVICE_TOKEN_ENV)
+    if not token:
+        try:
+            token = service_token_path(state_dir).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    return token or None
+
+
+def service_headers(state_dir: Path = Path("var")) -> dict[str, str]:
+    """``Authorization`` with :func:`service_token` (empty when there is none)."""
+    token = service_token(state_dir)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def _render(value: Any, variables: dict[str, Any]) -> Any:
     if isinstance(value, str):
         whole = (
@@ -146,6 +200,8 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
     state = root / topo.state_dir
     rendered_dir = state / "topology"
     rendered_dir.mkdir(parents=True, exist_ok=True)
+    write_service_token(state)
+    token_file = service_token_path(topo.state_dir)  # as the services see it (cwd=root)
     services = topo.enabled()
     url_of = {s.name: topo.url(s) or "" for s in services}
     advertise_of = {s.name: topo.advertise(s) or "" for s in services}
@@ -178,6 +234,7 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
             "advertise": advertise_of[s.name],
             "url_of": url_of,
             "advertise_of": advertise_of,
+            "service_token_file": str(token_file),
         }
         base: dict[str, Any] = {}
         if s.config is not None:

@@ -27,7 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 from hybrid_llm.supervisor import StartupError, Supervisor
-from hybrid_llm.topology import TopologyError, TopologySettings, build_specs
+from hybrid_llm.topology import (
+    TopologyError,
+    TopologySettings,
+    build_specs,
+    service_token_path,
+)
 
 __all__ = ["register"]
 
@@ -209,6 +214,13 @@ def _print_ready(topo: TopologySettings, sup: Supervisor, console: Console) -> N
         print(
             _examples(base, topo.example_api_key), flush=True
         )  # plain: rich would wrap the one-liners
+    token = service_token_path(topo.state_dir)
+    if token.is_file():
+        console.print(
+            f"Edges and the center accept only the service token in {token} (the router "
+            f'sends it): curl -H "Authorization: Bearer $(cat {token})" ...',
+            highlight=False,
+        )
     console.print("Stop with Ctrl-C here, or `hybrid-llm down` from another shell.")
 
 

@@ -33,6 +33,7 @@ from model_sync.modeldir import ModelDir
 from model_sync.records import ActualState, ArtifactRecord, DesiredState
 from model_sync.store import SyncStore
 from servekit.engine.protocol import LoadReport
+from servekit.peers import PeerSettings
 from servekit.registry.protocol import KVStore, RegistryError
 
 __all__ = ["Reconciler", "ReconcilerSettings", "StatsFn", "SwapFn"]
@@ -54,6 +55,11 @@ class ReconcilerSettings(BaseModel):
     watch_timeout_s: float = Field(10.0, gt=0, description="Blocking watch on desired.")
     report_interval_s: float = Field(5.0, gt=0, description="Refresh of actual's load figures.")
     retry_after_s: float = Field(30.0, gt=0, description="Retry after source or disk errors.")
+    artifacts: PeerSettings = Field(
+        default_factory=PeerSettings,
+        description="Token and TLS trust for downloading artifacts (model-sync serve-artifacts "
+        "or any HTTP store).",
+    )
 
 
 class Reconciler:
@@ -121,7 +127,12 @@ class Reconciler:
             swap,
             model=model,
             version=version,
-            downloader=Downloader(models, client=client, reserve_bytes=settings.reserve_bytes),
+            downloader=Downloader(
+                models,
+                client=client,
+                peer=settings.artifacts.credentials(),
+                reserve_bytes=settings.reserve_bytes,
+            ),
             stats=stats,
             keep_versions=settings.keep_versions,
             watch_timeout_s=settings.watch_timeout_s,

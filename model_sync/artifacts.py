@@ -5,6 +5,8 @@
 ranges, ``206``/``416``), so edge nodes can resume interrupted downloads.
 Paths are resolved and must stay inside the root: ``..``, absolute paths and
 symlinks that point elsewhere are answered with 404, like a missing file.
+With service tokens configured (``artifact_server.auth``) every file needs
+``Authorization: Bearer <token>``; ``/health`` and ``/ready`` stay open.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from servekit.service_auth import ServiceAuth, TokenGate
 
 __all__ = ["create_app", "resolve_artifact"]
 
@@ -31,8 +36,8 @@ def resolve_artifact(root: Path, relative: str) -> Path | None:
     return candidate
 
 
-def create_app(root: Path) -> Starlette:
-    """Serve the files below ``root`` (read-only)."""
+def create_app(root: Path, auth: TokenGate | None = None) -> ASGIApp:
+    """Serve the files below ``root`` (read-only) to callers ``auth`` admits."""
     root = Path(root)
 
     async def health(request: Request) -> Response:
@@ -44,10 +49,11 @@ def create_app(root: Path) -> Starlette:
             return PlainTextResponse("not found", status_code=404)
         return FileResponse(path, filename=path.name, content_disposition_type="attachment")
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/ready", health, methods=["GET"]),
             Route("/{path:path}", artifact, methods=["GET", "HEAD"]),
         ]
     )
+    return ServiceAuth(app, auth or TokenGate())

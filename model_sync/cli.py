@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
@@ -33,7 +34,9 @@ from model_sync.settings import ModelSyncSettings, load
 from model_sync.status import fleet_status
 from model_sync.store import StoreError, SyncStore
 from servekit.config import ConfigError
+from servekit.peers import async_client
 from servekit.registry import Registry, RegistryError, open_registry
+from servekit.secrets import redact_url
 
 __all__ = ["main"]
 
@@ -114,6 +117,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("directory", type=Path)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8600)
+    s.add_argument("--tokens-file", help="accepted tokens, one per line (artifact_server.auth)")
+    s.add_argument("--tokens-env", help="environment variable holding the accepted tokens")
+    s.add_argument("--tls-cert", help="serve HTTPS with this certificate (artifact_server.tls)")
+    s.add_argument("--tls-key", help="the certificate's key")
     return p
 
 
@@ -124,8 +131,11 @@ def _out(console: Console, args: argparse.Namespace, data: Any, human: Any = Non
         console.print(human)
 
 
-async def _push(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> None:
-    with Progress(
+async def _push(
+    args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console, cfg: ModelSyncSettings
+) -> None:
+    client = async_client(cfg.artifacts, timeout=httpx.Timeout(30.0, connect=10.0))
+    progress = Progress(
         "[progress.description]{task.description}",
         BarColumn(),
         DownloadColumn(),
@@ -133,19 +143,22 @@ async def _push(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Co
         console=Console(stderr=True),
         transient=True,
         disable=args.json,
-    ) as progress:
-        task = progress.add_task(f"hashing {args.source}", total=None)
-        record = await ops.push(
-            store,
-            args.source,
-            model=args.model,
-            version=args.version,
-            fmt=args.format,
-            tier=args.tier,
-            notes=args.notes,
-            filename=args.filename,
-            progress=lambda done, total: progress.update(task, completed=done, total=total),
-        )
+    )
+    async with client:
+        with progress:
+            task = progress.add_task(f"hashing {redact_url(args.source)}", total=None)
+            record = await ops.push(
+                store,
+                args.source,
+                model=args.model,
+                version=args.version,
+                fmt=args.format,
+                tier=args.tier,
+                notes=args.notes,
+                filename=args.filename,
+                progress=lambda done, total: progress.update(task, completed=done, total=total),
+                client=client,
+            )
     _out(
         c,
         args,
@@ -269,10 +282,9 @@ async def _history(args: argparse.Namespace, reg: Registry, store: SyncStore, c:
 async def _controller(
     args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console, cfg: ModelSyncSettings
 ) -> None:
-    import httpx
-
     settings = cfg.controller
-    async with httpx.AsyncClient(timeout=30.0) as client:
+    peer = settings.prometheus.client if settings.prometheus is not None else None
+    async with async_client(peer, timeout=30.0) as client:
         prometheus = None
         if settings.prometheus is not None:
             p = settings.prometheus
@@ -293,7 +305,6 @@ async def _controller(
 
 
 COMMANDS: dict[str, Command] = {
-    "push": _push,
     "list": _list,
     "rollout": _rollout,
     "status": _status,
@@ -313,9 +324,45 @@ async def _run(args: argparse.Namespace, cfg: ModelSyncSettings, console: Consol
         if args.command == "controller":
             await _controller(args, registry, store, console, cfg)
             return 0
+        if args.command == "push":
+            await _push(args, registry, store, console, cfg)
+            return 0
         return await COMMANDS[args.command](args, registry, store, console) or 0
     finally:
         await registry.aclose()
+
+
+def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
+    from model_sync.artifacts import create_app
+    from servekit.serve import run_service
+    from servekit.service_auth import TokenGate, warn_if_open
+    from servekit.tls import ServerTLSSettings
+
+    overrides = {
+        "artifact_server.auth.tokens_file": args.tokens_file,
+        "artifact_server.auth.tokens_env": args.tokens_env,
+        "artifact_server.tls.cert_file": args.tls_cert,
+        "artifact_server.tls.key_file": args.tls_key,
+    }
+    try:
+        server = load(args.config, **overrides).artifact_server
+    except ConfigError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    if not args.directory.is_dir():
+        err.print(f"[red]{args.directory} is not a directory")
+        return 2
+    gate = TokenGate(server.auth)
+    warn_if_open(gate, "artifact server", args.host, args.port)
+
+    def reload() -> ServerTLSSettings | None:
+        fresh = load(args.config, **overrides).artifact_server
+        gate.update(fresh.auth)
+        return fresh.tls
+
+    app = create_app(args.directory, gate)
+    run_service(app, host=args.host, port=args.port, tls=server.tls, on_reload=reload)
+    return 0
 
 
 def _whoami() -> str:
@@ -331,15 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     if args.command == "serve-artifacts":
-        import uvicorn
-
-        from model_sync.artifacts import create_app
-
-        if not args.directory.is_dir():
-            err.print(f"[red]{args.directory} is not a directory")
-            return 2
-        uvicorn.run(create_app(args.directory), host=args.host, port=args.port, log_level="info")
-        return 0
+        return _serve_artifacts(args, err)
     try:
         cfg = load(args.config, args.registry_db)
         return asyncio.run(_run(args, cfg, console))

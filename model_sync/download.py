@@ -29,6 +29,7 @@ import httpx
 from model_sync.modeldir import ModelDir
 from model_sync.records import ArtifactRecord
 from servekit.modelfetch import sha256_file
+from servekit.peers import PeerCredentials, async_client
 
 __all__ = [
     "ChecksumMismatch",
@@ -84,11 +85,13 @@ class Downloader:
 
     ``free_space`` reports free bytes for a directory (``disk_free`` by
     default; a node may pass its own reading, e.g. a quota). ``reserve_bytes``
-    is kept free on top of the artifact. ``client`` is borrowed, not closed.
+    is kept free on top of the artifact. ``client`` is borrowed, not closed;
+    without one, each download gets a client with ``peer``'s token and TLS trust.
     """
 
     model_dir: ModelDir
     client: httpx.AsyncClient | None = None
+    peer: PeerCredentials | None = None
     free_space: FreeSpaceFn = disk_free
     reserve_bytes: int = 0
     attempts: int = 6
@@ -165,7 +168,9 @@ class Downloader:
             await self._get(self.client, record, partial, offset, progress)
         else:
             timeout = httpx.Timeout(30.0, connect=10.0)
-            async with httpx.AsyncClient(timeout=timeout, follow_redirects=True) as client:
+            # httpx drops the Authorization header on a redirect to another host.
+            client = async_client(self.peer, timeout=timeout, follow_redirects=True)
+            async with client:
                 await self._get(client, record, partial, offset, progress)
 
     async def _get(

@@ -29,6 +29,7 @@ from model_sync.records import (
 )
 from model_sync.store import ConflictError, SyncStore
 from servekit.modelfetch import sha256_file
+from servekit.secrets import redact_url, strip_url_credentials
 
 __all__ = [
     "abort",
@@ -58,7 +59,12 @@ async def push(
     progress: ProgressFn | None = None,
     client: httpx.AsyncClient | None = None,
 ) -> ArtifactRecord:
-    """Hash ``source`` (path or URL) and register it as ``model`` ``version``."""
+    """Hash ``source`` (path or URL) and register it as ``model`` ``version``.
+
+    A URL's credentials (``user:password@``, ``?token=``...) are used for the
+    hashing only; the record stores the URL without them, and the nodes
+    authenticate with their own ``model_sync.artifacts`` settings.
+    """
     keys.check_name("model name", model)
     keys.check_name("version", version)
     path = local_source(source)
@@ -71,7 +77,8 @@ async def push(
         uri, base = str(path), path.name
     else:
         digest, size = await _hash_url(source, progress, client)
-        uri, base = source, unquote(urlsplit(source).path.rsplit("/", 1)[-1])
+        uri = strip_url_credentials(source)
+        base = unquote(urlsplit(source).path.rsplit("/", 1)[-1])
     name = keys.check_name("file name", filename or base)
     record = ArtifactRecord.model_validate(
         {
@@ -102,7 +109,7 @@ async def _hash_url(
     try:
         async with http.stream("GET", url) as resp:
             if resp.status_code != 200:
-                raise SourceUnavailable(f"GET {url}: HTTP {resp.status_code}")
+                raise SourceUnavailable(f"GET {redact_url(url)}: HTTP {resp.status_code}")
             total = int(resp.headers.get("content-length") or 0)
             async for chunk in resp.aiter_bytes():
                 digest.update(chunk)
@@ -110,7 +117,7 @@ async def _hash_url(
                 if progress:
                     progress(size, total or size)
     except httpx.HTTPError as exc:
-        raise SourceUnavailable(f"GET {url}: {exc!r}") from None
+        raise SourceUnavailable(f"GET {redact_url(url)}: {exc!r}") from None
     finally:
         if own:
             await http.aclose()

@@ -2,7 +2,9 @@
 
 Each model maps one key family of :mod:`model_sync.keys`. Values are stored
 as compact JSON; unknown fields are ignored on read so newer writers do not
-break older readers.
+break older readers. Nothing here holds a credential: an artifact URI loses
+its ``user:password@`` and secret query parameters, history details and
+node errors have them hidden (:mod:`servekit.secrets`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from model_sync.keys import check_name, check_node_id
+from servekit.secrets import redact_text, strip_url_credentials
 
 __all__ = [
     "ActiveRollout",
@@ -76,6 +79,14 @@ class ArtifactRecord(_Doc):
     def _filename(cls, v: str) -> str:
         return check_name("file name", v)
 
+    @field_validator("uri")
+    @classmethod
+    def _no_credentials(cls, v: str) -> str:
+        # The nodes authenticate with their own settings (model_sync.artifacts).
+        if v.lower().startswith(("http://", "https://")):
+            return strip_url_credentials(v)
+        return v
+
 
 class ActiveRollout(_Doc):
     """Names the rollout in progress (or the last one); created by compare-and-swap."""
@@ -119,6 +130,11 @@ class ActualState(_Doc):
     requests_ok: int = 0
     requests_failed: int = 0
     updated_at: float = Field(default_factory=time.time)
+
+    @field_validator("error")
+    @classmethod
+    def _hide_secrets(cls, v: str | None) -> str | None:
+        return redact_text(v) if v else v
 
 
 class GateSettings(_Doc):
@@ -218,6 +234,11 @@ class HistoryEntry(_Doc):
     rollout_id: str = ""
     detail: str = ""
     nodes: list[str] = Field(default_factory=list)
+
+    @field_validator("detail")
+    @classmethod
+    def _hide_secrets(cls, v: str) -> str:
+        return redact_text(v)
 
 
 RolloutState.model_rebuild()

@@ -5,10 +5,15 @@ Any service's YAML works as the file: only its ``registry:`` block (and
 point the CLI at the same file the services use::
 
     registry: {backend: embedded, embedded: {path: var/registry.db}}
+    artifacts: {token_file: /etc/hybrid-llm/artifact-token}   # push from a protected URL
+    artifact_server:              # model-sync serve-artifacts
+      auth: {tokens_file: /etc/hybrid-llm/artifact-tokens}
+      tls: {cert_file: artifacts.pem, key_file: artifacts-key.pem}
     controller:
       tick_s: 1
       prometheus:                 # optional: gate figures from Prometheus
         url: http://127.0.0.1:9090
+        client: {token_file: /etc/hybrid-llm/prometheus-token, ca_file: ca.pem}
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from servekit.config import load_settings
+from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
+from servekit.serve import ServerSecurity
 
 __all__ = ["ControllerSettings", "ModelSyncSettings", "PrometheusSettings", "load"]
 
@@ -43,6 +50,9 @@ class PrometheusSettings(_Section):
     )
     ttft_p95_query: str = Field(TTFT_P95_QUERY, description="PromQL returning milliseconds.")
     timeout_s: float = Field(10.0, gt=0)
+    client: PeerSettings = Field(
+        default_factory=PeerSettings, description="Token and TLS trust for Prometheus."
+    )
 
 
 class ControllerSettings(_Section):
@@ -57,11 +67,20 @@ class ModelSyncSettings(BaseModel):
 
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    artifacts: PeerSettings = Field(
+        default_factory=PeerSettings,
+        description="Token and TLS trust for reading artifact URLs (`push`).",
+    )
+    artifact_server: ServerSecurity = Field(
+        default_factory=ServerSecurity,
+        description="Tokens and certificate of `serve-artifacts`.",
+    )
 
 
-def load(path: Path | None, registry_db: Path | None = None) -> ModelSyncSettings:
+def load(
+    path: Path | None, registry_db: Path | None = None, **overrides: object
+) -> ModelSyncSettings:
     """Settings from ``path`` (or defaults); ``registry_db`` selects an embedded store file."""
-    overrides: dict[str, object] = {}
     if registry_db is not None:
-        overrides = {"registry.backend": "embedded", "registry.embedded.path": str(registry_db)}
+        overrides |= {"registry.backend": "embedded", "registry.embedded.path": str(registry_db)}
     return load_settings(ModelSyncSettings, path, **overrides)

@@ -24,6 +24,7 @@ from hybrid_llm.bench.client import send_streaming
 from hybrid_llm.profile import measure_profile
 from hybrid_llm.sim import EngineProfile, SimConfig
 from hybrid_llm.sim.spread import merge_spreads
+from hybrid_llm.topology import service_headers, service_token
 from servekit.config import load_settings
 
 __all__ = ["load_average", "mean_profile", "measure"]
@@ -45,7 +46,9 @@ async def _path_overhead_ms(
     direct: list[float] = []
     routed: list[float] = []
     async with (
-        httpx.AsyncClient(base_url=args.engine_url, timeout=120) as engine,
+        httpx.AsyncClient(
+            base_url=args.engine_url, headers=service_headers(), timeout=120
+        ) as engine,
         httpx.AsyncClient(base_url=args.bench_url, timeout=120) as front,
     ):
         workloads = (Workload(args.engine_model, [bucket]), Workload(args.model, [bucket]))
@@ -84,7 +87,12 @@ async def _profile(
 ) -> EngineProfile:
     t0 = time.perf_counter()
     measured = await measure_profile(
-        url, prompt_lengths=lengths, repeats=repeats, gap_s=gap_s, mixed_prompt=probe_words
+        url,
+        prompt_lengths=lengths,
+        repeats=repeats,
+        gap_s=gap_s,
+        mixed_prompt=probe_words,
+        api_key=service_token(),
     )
     profile: EngineProfile = measured["profile"]
     points = ", ".join(f"{x:.0f}:{y * 1000:.0f}" for x, y in profile.prefill_points)
@@ -127,7 +135,7 @@ def mean_profile(a: EngineProfile, b: EngineProfile) -> EngineProfile:
 async def _warm_states(pairs: list[str]) -> dict[str, dict[str, Any]]:
     """Each named instance's /load now: what its engine reports before the bench."""
     out: dict[str, dict[str, Any]] = {}
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(headers=service_headers(), timeout=10) as client:
         for pair in pairs:
             name, _, url = pair.partition("=")
             load = (await client.get(url.rstrip("/") + "/load")).json()
@@ -167,6 +175,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         duration=args.duration,
         max_requests=100_000,
         warmup=1,
+        api_key=service_token() if args.edge_only else None,  # an edge wants its token
     )
     records = [r for r in (await run_plan(plan))[0].records if r.ok]
     # A shared machine drifts: profile again and take the mean of both.

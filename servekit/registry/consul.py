@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 import consul
@@ -84,7 +85,11 @@ class ConsulConnection:
 def resolve_connection(
     settings: ConsulSettings, environ: Mapping[str, str] | None = None
 ) -> ConsulConnection:
-    """Settings first, then the ``CONSUL_*`` environment variables, then defaults."""
+    """Settings first, then the ``CONSUL_*`` environment variables, then defaults.
+
+    The ACL token: ``consul.token`` (or ``token_file`` / ``token_env``), then
+    ``$CONSUL_HTTP_TOKEN``, then the file ``$CONSUL_HTTP_TOKEN_FILE`` names.
+    """
     env = os.environ if environ is None else environ
     address = settings.address or env.get("CONSUL_HTTP_ADDR") or "127.0.0.1:8500"
     parsed = urllib.parse.urlparse(address if "//" in address else "//" + address)
@@ -114,6 +119,14 @@ def resolve_connection(
     elif client_cert:
         cert = str(client_cert)
     token = settings.token.get_secret_value() if settings.token else env.get("CONSUL_HTTP_TOKEN")
+    if not token and env.get("CONSUL_HTTP_TOKEN_FILE"):
+        token_file = Path(env["CONSUL_HTTP_TOKEN_FILE"])
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise RegistryError(
+                f"CONSUL_HTTP_TOKEN_FILE: cannot read {token_file}: {exc.strerror}"
+            ) from None
     return ConsulConnection(
         host=parsed.hostname or "127.0.0.1",
         port=port or (443 if scheme == "https" else 8500),

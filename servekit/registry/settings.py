@@ -13,9 +13,11 @@ One ``registry:`` block in each service's YAML::
       heartbeat_interval_s: 3
 
 Consul connection fields left unset fall back to the standard environment
-variables (``CONSUL_HTTP_ADDR``, ``CONSUL_HTTP_TOKEN``, ``CONSUL_HTTP_SSL``,
-``CONSUL_HTTP_SSL_VERIFY``, ``CONSUL_CACERT``, ``CONSUL_CLIENT_CERT``,
-``CONSUL_CLIENT_KEY``); values in the file win over the environment.
+variables (``CONSUL_HTTP_ADDR``, ``CONSUL_HTTP_TOKEN``, ``CONSUL_HTTP_TOKEN_FILE``,
+``CONSUL_HTTP_SSL``, ``CONSUL_HTTP_SSL_VERIFY``, ``CONSUL_CACERT``,
+``CONSUL_CLIENT_CERT``, ``CONSUL_CLIENT_KEY``); values in the file win over the
+environment. The ACL token may also come from ``token_file`` (e.g.
+``$CREDENTIALS_DIRECTORY/consul-token``) or ``token_env``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from servekit.registry.protocol import Tier
+from servekit.secrets import SecretSettings
 
 __all__ = [
     "ConsulSettings",
@@ -55,11 +58,16 @@ class EmbeddedSettings(_Strict):
     )
 
 
-class ConsulSettings(_Strict):
+class ConsulSettings(SecretSettings):
+    secret_fields = ("token",)
     address: str | None = Field(
         None, description="host:port or scheme://host:port; default $CONSUL_HTTP_ADDR."
     )
-    token: SecretStr | None = Field(None, description="ACL token; default $CONSUL_HTTP_TOKEN.")
+    token: SecretStr | None = Field(
+        None,
+        description="ACL token (or token_file / token_env); default $CONSUL_HTTP_TOKEN, "
+        "then $CONSUL_HTTP_TOKEN_FILE.",
+    )
     scheme: Literal["http", "https"] | None = Field(
         None, description="Default from the address, then $CONSUL_HTTP_SSL."
     )
