@@ -28,6 +28,7 @@ retried once on a fresh connection (nothing of the answer was seen).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -108,6 +109,7 @@ class _Conn(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._pool._open[self] = self.transport
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -121,7 +123,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self._pool._forget(self)
+        self._pool._lost(self)
         if self.complete:
             return
         if self.headers_done and "content-length" not in self.headers and not self._chunked():
@@ -270,6 +272,10 @@ class UpstreamPool:
         self._urls: dict[tuple[str, PeerCredentials | None], tuple[_Origin, bytes]] = {}
         self._origins: dict[tuple[str, PeerCredentials | None], _Origin] = {}
         self._conns: set[_Conn] = set()
+        # Every transport until its connection_lost: a TLS one closes over a few
+        # round trips (close_notify), which close() waits for.
+        self._open: dict[_Conn, asyncio.Transport] = {}
+        self._all_lost: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -379,14 +385,28 @@ class UpstreamPool:
         conn.idle_since = time.monotonic()
         conn.origin.idle.append(conn)
 
+    def _lost(self, conn: _Conn) -> None:
+        self._open.pop(conn, None)
+        self._forget(conn)
+        if not self._open and self._all_lost is not None:
+            self._all_lost.set()
+
     def _forget(self, conn: _Conn) -> None:
         self._conns.discard(conn)
         idle = conn.origin.idle
         if conn in idle:
             idle.remove(conn)
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """Close every connection and wait (up to ``timeout_s``) until they are gone."""
         for conn in list(self._conns):
             conn.close()
         self._conns.clear()
+        if self._open:
+            self._all_lost = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_lost.wait(), timeout_s)
+        for transport in list(self._open.values()):
+            transport.abort()
+        self._open.clear()
         await asyncio.sleep(0)  # let the transports finish closing

@@ -41,7 +41,8 @@ class UvicornThread:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.server.config.ssl_certfile else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> UvicornThread:
         self.thread.start()
@@ -59,12 +60,13 @@ class UvicornThread:
         self.thread.join(timeout=30)
 
 
-def wait_ready(url: str, timeout: float = 180.0, path: str = "/ready") -> None:
+def wait_ready(url: str, timeout: float = 180.0, path: str = "/ready", verify: Any = True) -> None:
+    """Until ``url + path`` answers 200; ``verify`` is httpx's (a CA file or SSLContext)."""
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
         try:
-            r = httpx.get(url + path, timeout=2.0)
+            r = httpx.get(url + path, timeout=2.0, verify=verify)
             if r.status_code == 200:
                 return
             last = r.status_code
@@ -81,6 +83,7 @@ def service_process(
     *,
     ready_timeout: float = 180.0,
     env: dict[str, str] | None = None,
+    verify: Any = True,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``python -m <args>`` from the repo root and wait for ``url/ready``."""
     full_env = dict(os.environ)
@@ -92,7 +95,7 @@ def service_process(
     )
     try:
         try:
-            wait_ready(url, ready_timeout)
+            wait_ready(url, ready_timeout, verify=verify)
         except TimeoutError:
             if proc.poll() is not None:
                 raise RuntimeError(f"{args} exited with {proc.returncode}") from None
