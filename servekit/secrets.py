@@ -224,7 +224,7 @@ def strip_url_credentials(url: str) -> str:
 
 
 _URL_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
-_QUERY_PARAM = re.compile(r"([?&;]([^=&\s]+)=)([^&\s#'\"]*)")
+_QUERY_PARAM = re.compile(r"([?&;]([^=&\s]+)=)([^&\s#'\":;,)>]*)")
 _BEARER = re.compile(r"(\b(?:bearer|basic)\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 
 

@@ -31,6 +31,7 @@ from servekit.engine.protocol import (
 )
 from servekit.errors import EngineFailure
 from servekit.metrics import ServingMetrics
+from servekit.service_auth import ServiceAuthSettings, TokenGate
 
 TOKENS = ("Hello", " from", " the", " double")
 
@@ -80,7 +81,8 @@ class ScriptedEngine:
         yield Finish("stop", prompt_tokens=3, completion_tokens=len(TOKENS))
 
 
-def create_double(model: str) -> FastAPI:
+def create_double(model: str, tokens: list[str] | None = None) -> FastAPI:
+    """The double; with ``tokens`` it accepts only callers sending one of them."""
     engine = ScriptedEngine(model)
 
     @asynccontextmanager
@@ -100,7 +102,8 @@ def create_double(model: str) -> FastAPI:
         app.state.core = core
         yield
 
-    app = build_serving_app(title="engine-double", version="0", lifespan=lifespan)
+    gate = TokenGate(ServiceAuthSettings.model_validate({"tokens": tokens or []}))
+    app = build_serving_app(title="engine-double", version="0", lifespan=lifespan, auth=gate)
     app.state.engine = engine
 
     @app.post("/release")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from hybrid_llm.topology import TopologySettings, build_specs
+from hybrid_llm.topology import TopologySettings, build_specs, service_headers
 from servekit.config import load_settings
 from tests.support.servers import REPO, free_port
 
@@ -112,6 +112,36 @@ def test_local_topology_renders_valid_service_settings(
     settings = load_settings(settings_model, tmp_path / "topology" / f"{service}.yaml")
     spec = next(s for s in topo.enabled() if s.name == service)
     assert operator.attrgetter(port_field)(settings) == spec.port
+
+
+def test_each_build_wires_one_fresh_service_token_to_every_service(tmp_path: Path) -> None:
+    from central.settings import CentralSettings
+    from edge_agent.settings import EdgeSettings
+    from geo_router.settings import RouterSettings
+    from servekit.service_auth import hash_token
+
+    topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path))
+    token_file = tmp_path / "secrets" / "service-token"
+    build_specs(topo, REPO)
+    first = token_file.read_text().strip()
+    build_specs(topo, REPO)
+    token = token_file.read_text().strip()
+    assert len(token) > 30
+    assert token != first  # every `up` has its own
+    assert token_file.stat().st_mode & 0o077 == 0  # readable by the owner only
+    rendered = tmp_path / "topology"
+    for edge in ("edge-a", "edge-b"):
+        accepted = load_settings(EdgeSettings, rendered / f"{edge}.yaml").server.auth.digests()
+        assert accepted == [hash_token(token)]
+    center = load_settings(CentralSettings, rendered / "center.yaml")
+    assert center.server.auth.digests() == [hash_token(token)]
+    assert center.replica_client.token is not None
+    assert center.replica_client.token.get_secret_value() == token
+    router = load_settings(RouterSettings, rendered / "router.yaml")
+    assert router.peers.default.token is not None
+    assert router.peers.default.token.get_secret_value() == token
+    assert token not in (rendered / "router.yaml").read_text()  # files name the token file
+    assert service_headers(tmp_path) == {"Authorization": f"Bearer {token}"}
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from servekit.config import load_settings
 from servekit.engine.protocol import LoadReport
 from servekit.registry.consul import ConsulRegistry, resolve_connection
 from servekit.registry.protocol import InstanceInfo, RegistryError, RegistryUnavailable
-from servekit.registry.settings import ConsulSettings
+from servekit.registry.settings import ConsulSettings, RegistrySettings
 from tests.registry.conftest import consul_settings
 from tests.registry.consul_double import ConsulDouble, ConsulState
 from tests.support.servers import UvicornThread, free_port
@@ -95,6 +97,34 @@ async def test_acl_token_is_sent_and_a_wrong_one_is_an_error() -> None:
         finally:
             await good.aclose()
             await bad.aclose()
+
+
+async def test_the_acl_token_comes_from_a_file_as_systemd_hands_it_over(tmp_path: Path) -> None:
+    creds = tmp_path / "credentials"
+    creds.mkdir()
+    (creds / "consul-token").write_text("s3cret\n")
+    state = ConsulState(acl_token="s3cret", deregister_floor_s=0.0, session_ttl_min_s=0.5)
+    with UvicornThread(ConsulDouble(state).app()) as server:
+        cfg = tmp_path / "registry.yaml"
+        cfg.write_text(
+            f"backend: consul\nconsul:\n  address: '{server.url}'\n"
+            "  token_file: $CREDENTIALS_DIRECTORY/consul-token\n"
+        )
+        settings = load_settings(RegistrySettings, cfg, {"CREDENTIALS_DIRECTORY": str(creds)})
+        from_settings = ConsulRegistry(settings.consul, {})
+        # Consul's own variable for a token file works as the fallback too.
+        from_env = ConsulRegistry(
+            consul_settings(server.url), {"CONSUL_HTTP_TOKEN_FILE": str(creds / "consul-token")}
+        )
+        try:
+            await from_settings.put("k", b"v")
+            assert (await from_env.get("k")) is not None
+        finally:
+            await from_settings.aclose()
+            await from_env.aclose()
+    assert "s3cret" not in repr(settings)
+    with pytest.raises(RegistryError, match="CONSUL_HTTP_TOKEN_FILE: cannot read"):
+        resolve_connection(ConsulSettings(), {"CONSUL_HTTP_TOKEN_FILE": str(tmp_path / "none")})
 
 
 async def test_unreachable_and_leaderless_agents_are_unavailable() -> None:
