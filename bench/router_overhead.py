@@ -1,7 +1,7 @@
 """Router-added TTFT: the same fast fake upstream called directly and through the router.
 
     .venv/bin/python bench/router_overhead.py [--requests 400] [--concurrency 1 200]
-        [--pin auto|always|never] [--nice N] [--burst]
+        [--pin auto|always|never] [--nice N] [--burst] [--tls]
 
 Starts, as separate processes on loopback: a fast fake OpenAI upstream (raw
 ASGI under uvicorn; first token at once, then ``max_tokens - 1`` more every
@@ -43,6 +43,17 @@ performance pass; the earlier one is what ``--burst`` still shows):
 
 Direct and routed calls stay interleaved in the same run (each worker
 alternates), so both see the same moment's load on a shared machine.
+
+``--tls`` adds a second fake upstream serving HTTPS with a certificate from a
+private CA made for the run (trustme), registered as the ``center`` tier;
+the router verifies it against that CA bundle and sends a service token to
+both tiers (``peers``). Each worker then alternates over three targets:
+the plain upstream directly, the router to the plain upstream (``model:
+edge``) and the router to the TLS upstream (``model: center``), so the TLS
+hop's cost is the difference of the two routed columns, measured in the
+same run. The router's keep-alive pool reuses its TLS connections (they are
+opened during the warm-up), so this is the per-request cost of encryption,
+not of handshakes.
 """
 
 from __future__ import annotations
@@ -119,10 +130,10 @@ async def upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": tail})
 
 
-def request_body(tokens: int, interval_ms: float) -> bytes:
+def request_body(tokens: int, interval_ms: float, model: str = "bench") -> bytes:
     """A chat request; the fake upstream streams ``tokens`` chunks ``interval_ms`` apart."""
     messages = [{"role": "user", "content": "hi"}]
-    body = {"model": "bench", "stream": True, "messages": messages, "max_tokens": tokens}
+    body = {"model": model, "stream": True, "messages": messages, "max_tokens": tokens}
     body["bench_interval_ms"] = interval_ms
     return json.dumps(body).encode()
 
@@ -190,7 +201,7 @@ async def run_level(
     targets: list[tuple[str, dict[str, str]]],
     conc: int,
     total: int,
-    body: bytes,
+    bodies: list[bytes],
     stagger_s: float,
 ) -> list[list[float]]:
     """``conc`` workers, each alternating between the targets; TTFT samples per target.
@@ -199,9 +210,16 @@ async def run_level(
     load). Interleaving makes direct and routed calls share the same moment's
     load (this machine is shared), so their difference is the router's cost.
     """
-    requests = [http_request(url, headers, body) for url, headers in targets]
+    requests = [
+        http_request(url, headers, body)
+        for (url, headers), body in zip(targets, bodies, strict=True)
+    ]
     conns = [[await connect(url) for url, _ in targets] for _ in range(conc)]
-    warm = [http_request(url, headers, request_body(2, 1.0)) for url, headers in targets]
+    models = [json.loads(b)["model"] for b in bodies]
+    warm = [
+        http_request(url, headers, request_body(2, 1.0, model))
+        for (url, headers), model in zip(targets, models, strict=True)
+    ]
     for group in range(0, conc, 50):  # warm every connection (and the router's pool)
         batch = conns[group : group + 50]
         await asyncio.gather(*(c.ttft(warm[i]) for cs in batch for i, c in enumerate(cs)))
@@ -229,11 +247,11 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000.0
 
 
-def wait_http(url: str, timeout: float = 60.0) -> None:
+def wait_http(url: str, timeout: float = 60.0, verify: str | bool = True) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
+            if httpx.get(url, timeout=1, verify=verify).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -250,18 +268,31 @@ def free_port() -> int:
         return port
 
 
-def pin(upstream_pid: int, router_pid: int, on: bool) -> str:
-    """Router on the last core, this load generator and the upstream on the first (or unpin)."""
+def pin(upstream_pids: list[int], router_pid: int, on: bool) -> str:
+    """Router on the last core, this load generator and the upstreams on the first (or unpin)."""
     cpus = set(range(os.cpu_count() or 1))
     if not on or len(cpus) < 2:
-        for pid in (router_pid, upstream_pid, 0):
+        for pid in (router_pid, *upstream_pids, 0):
             os.sched_setaffinity(pid, cpus)
         return "not pinned"
     first, last = min(cpus), max(cpus)
     os.sched_setaffinity(router_pid, {last})
-    os.sched_setaffinity(upstream_pid, {first})
-    os.sched_setaffinity(0, {first})
-    return f"router pinned to cpu {last}, load generator and upstream to cpu {first}"
+    for pid in (*upstream_pids, 0):
+        os.sched_setaffinity(pid, {first})
+    return f"router pinned to cpu {last}, load generator and upstreams to cpu {first}"
+
+
+def make_certificates(directory: Path) -> tuple[Path, list[str]]:
+    """A private CA and a certificate for 127.0.0.1 (trustme, a dev dependency)."""
+    import trustme
+
+    ca = trustme.CA()
+    ca_file, cert_file, key_file = (directory / n for n in ("ca.pem", "up.pem", "up.key"))
+    ca.cert_pem.write_to_path(str(ca_file))
+    issued = ca.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(str(cert_file))
+    issued.private_key_pem.write_to_path(str(key_file))
+    return ca_file, [str(cert_file), str(key_file)]
 
 
 def prioritise(pids: list[int], nice: int) -> str:
@@ -304,19 +335,34 @@ def main() -> int:
         "--pin", choices=["auto", "always", "never"], default="auto", help="see the docstring"
     )
     parser.add_argument("--nice", type=int, default=-10, help="priority of the processes")
+    parser.add_argument(
+        "--tls", action="store_true", help="also route to an HTTPS upstream (see the docstring)"
+    )
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cert", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream is not None:
         import uvicorn
 
-        uvicorn.run(upstream_app, host="127.0.0.1", port=args.serve_upstream, log_level="error")
+        tls = {"ssl_certfile": args.cert[0], "ssl_keyfile": args.cert[1]} if args.cert else {}
+        # Keep-alive past the longest idle gap of a worker's connection (three
+        # targets at 200 streams leave one idle for several seconds).
+        uvicorn.run(
+            upstream_app,
+            host="127.0.0.1",
+            port=args.serve_upstream,
+            log_level="error",
+            timeout_keep_alive=75,
+            **tls,
+        )
         return 0
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    up_port, router_port = free_port(), free_port()
+    up_port, tls_port, router_port = free_port(), free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}"
+    tls_upstream = f"https://127.0.0.1:{tls_port}"
     router = f"http://127.0.0.1:{router_port}"
-    config = {
+    config: dict[str, Any] = {
         "port": router_port,
         "auth": {"keys": [{"sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": "b"}]},
         "upstreams": [{"url": upstream, "tier": "edge", "region": "local", "id": "fake"}],
@@ -326,6 +372,14 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "router.yaml"
+        cert: list[str] = []
+        if args.tls:
+            ca_file, cert = make_certificates(Path(tmp))
+            config["upstreams"].append(
+                {"url": tls_upstream, "tier": "center", "region": "local", "id": "fake-tls"}
+            )
+            token = {"token": "svc-bench"}
+            config["peers"] = {"edge": token, "center": {**token, "ca_file": str(ca_file)}}
         cfg.write_text(json.dumps(config))  # JSON is YAML
         try:
             procs.append(
@@ -334,6 +388,10 @@ def main() -> int:
                 )
             )
             wait_http(upstream + "/ready")
+            if args.tls:
+                argv = [sys.executable, __file__, "--serve-upstream", str(tls_port), "--cert"]
+                procs.append(subprocess.Popen([*argv, *cert], env=env))
+                wait_http(tls_upstream + "/ready", verify=str(ca_file))
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "geo_router", "serve", "--config", str(cfg)],
@@ -341,37 +399,44 @@ def main() -> int:
                     env=env,
                 )
             )
+            router_proc = procs[-1]
             wait_http(router + "/ready")
             auth = {"Authorization": f"Bearer {KEY}"}
             print(
                 f"router-added TTFT, {args.requests} streams per level per target, loopback, "
                 f"one run; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
-                f"{prioritise([procs[0].pid, procs[1].pid, os.getpid()], args.nice)}"
+                f"{prioritise([p.pid for p in procs] + [os.getpid()], args.nice)}"
             )
             json_ct = {"Content-Type": "application/json"}
             targets = [
                 (upstream + "/v1/chat/completions", json_ct),
                 (router + "/v1/chat/completions", {**auth, **json_ct}),
             ]
+            models = ["bench", "edge"]
+            if args.tls:
+                targets.append((router + "/v1/chat/completions", {**auth, **json_ct}))
+                models.append("center")
+            upstream_procs = [p for p in procs if p is not router_proc]
             for conc in args.concurrency:
                 # One stream at a time: short streams. Many: LLM-like ones (2 s, 40 chunks),
                 # so the level means that many open streams, not that many requests a second.
                 tokens, interval = (4, 5.0) if conc == 1 else (40, 50.0)
-                body = request_body(tokens, interval)
+                bodies = [request_body(tokens, interval, m) for m in models]
                 shapes = [("steady", tokens * interval / 1000.0 / conc)]
                 if args.burst and conc > 1:
                     shapes.append(("lock-step", 0.0))
                 pinned = args.pin == "always" or (args.pin == "auto" and conc > 1)
-                print(f"  {pin(procs[0].pid, procs[1].pid, pinned)}")
+                print(f"  {pin([p.pid for p in upstream_procs], router_proc.pid, pinned)}")
                 for shape, stagger_s in shapes:
                     cpu_before = [cpu_seconds(p.pid) for p in procs]
-                    direct, routed = asyncio.run(
-                        run_level(targets, conc, args.requests, body, stagger_s)
+                    samples = asyncio.run(
+                        run_level(targets, conc, args.requests, bodies, stagger_s)
                     )
-                    up_cpu, router_cpu = (
-                        (cpu_seconds(p.pid) - b) * 1000.0 / len(routed)
+                    direct, routed = samples[0], samples[1]
+                    cpu = {
+                        p.pid: (cpu_seconds(p.pid) - b) * 1000.0 / len(routed)
                         for p, b in zip(procs, cpu_before, strict=True)
-                    )
+                    }
                     d50, d99 = pct(direct, 0.5), pct(direct, 0.99)
                     r50, r99 = pct(routed, 0.5), pct(routed, 0.99)
                     print(
@@ -380,9 +445,18 @@ def main() -> int:
                         f"routed p50 {r50:7.2f} ms  p99 {r99:7.2f} ms | "
                         f"added p50 {r50 - d50:6.2f} ms  p99 {r99 - d99:6.2f} ms"
                     )
+                    if args.tls:
+                        t50, t99 = pct(samples[2], 0.5), pct(samples[2], 0.99)
+                        print(
+                            f"    routed over TLS p50 {t50:7.2f} ms  p99 {t99:7.2f} ms | "
+                            f"added p50 {t50 - d50:6.2f} ms  p99 {t99 - d99:6.2f} ms | "
+                            f"TLS hop vs plain hop p50 {t50 - r50:+.2f} ms  p99 {t99 - r99:+.2f} ms"
+                        )
+                    router_ms = cpu[router_proc.pid] / (len(targets) - 1)  # per routed stream
+                    upstream_ms = sum(cpu[p.pid] for p in upstream_procs) / len(targets)
                     print(
-                        f"    CPU per routed stream: router {router_cpu:.2f} ms "
-                        f"(upstream {up_cpu / 2:.2f} ms per stream, for scale); "
+                        f"    CPU per routed stream: router {router_ms:.2f} ms "
+                        f"(upstreams {upstream_ms:.2f} ms per stream, for scale); "
                         f"load average {os.getloadavg()[0]:.1f}"
                     )
             print("router's own added-latency histogram:", router_overhead_histogram(router))
