@@ -11,9 +11,10 @@ in one of three ways, never two at once::
 A file's content is read with surrounding whitespace stripped (the trailing
 newline ``echo`` leaves); for a list field every non-empty line is one value
 (an environment variable: separated by commas or whitespace; lines starting
-with ``#`` are comments). A ``*_file``
-path may name environment variables (``$CREDENTIALS_DIRECTORY/token``, which
-is how systemd's ``LoadCredential=`` hands files to a service). The values
+with ``#`` are comments). Every ``*_file`` path of such a section (a token
+file, a certificate, a key, a CA bundle) may name environment variables:
+``$CREDENTIALS_DIRECTORY/service-token`` is how systemd's ``LoadCredential=``
+hands files to a service. The values
 are resolved when the settings load, so a missing file or variable fails at
 start, naming the field; ``load_settings(model, path, environ)`` replaces
 ``os.environ`` for the lookups.
@@ -102,6 +103,9 @@ def resolve_secret_sources(
     """
     env = os.environ if environ is None else environ
     out = dict(data)
+    for key, value in data.items():
+        if key.endswith("_file") and isinstance(value, str):
+            out[key] = _expand(value, env, key)
     for name, is_list in fields.items():
         file_key, env_key = f"{name}_file", f"{name}_env"
         given = [k for k in (name, file_key, env_key) if out.get(k) is not None]
@@ -111,7 +115,7 @@ def resolve_secret_sources(
         source = ""
         if out.get(file_key) is not None:
             source = file_key
-            path = Path(_expand(str(out.pop(file_key)), env, file_key))
+            path = Path(str(out.pop(file_key)))
             try:
                 raw = path.read_text(encoding="utf-8")
             except OSError as exc:
@@ -149,7 +153,7 @@ class SecretSettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _secret_sources(cls, data: Any, info: ValidationInfo) -> Any:
-        if not isinstance(data, Mapping) or not cls.secret_fields:
+        if not isinstance(data, Mapping):
             return data
         context = info.context if isinstance(info.context, Mapping) else {}
         environ = context.get("environ")

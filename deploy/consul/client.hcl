@@ -20,8 +20,13 @@ acl {
   enabled        = true
   default_policy = "deny"
   tokens {
-    # The agent's own token; the services get theirs via CONSUL_HTTP_TOKEN
-    # (policy: service:hybrid-llm write, key_prefix:hybrid-llm/ write, session write).
+    # The agent's own token. The services get theirs from a file, never from a
+    # unit or a YAML: /etc/hybrid-llm/credentials/consul-token, handed over by
+    # systemd (LoadCredential=consul-token:...) and named in each service's YAML
+    # as registry.consul.token_file: $CREDENTIALS_DIRECTORY/consul-token
+    # (or CONSUL_HTTP_TOKEN_FILE). Policy: hybrid-llm-policy.hcl
+    #   consul acl token create -policy-name hybrid-llm -format json | jq -r .SecretID \
+    #     | install -m 0600 /dev/stdin /etc/hybrid-llm/credentials/consul-token
     agent = "REPLACE-WITH-AGENT-TOKEN"
   }
 }
@@ -33,6 +38,12 @@ tls {
     verify_outgoing = true
   }
   internal_rpc { verify_server_hostname = true }
+  # The local HTTPS API the services call (registry.consul.address https://127.0.0.1:8501,
+  # ca_cert /etc/hybrid-llm/tls/consul-ca.pem).
+  https {
+    cert_file = "/etc/consul.d/tls/client.pem"
+    key_file  = "/etc/consul.d/tls/client-key.pem"
+  }
 }
 
 # Health: instances register with a TTL check and heartbeat their load; a node
@@ -43,5 +54,7 @@ telemetry {
   disable_hostname          = true
 }
 ports {
-  grpc = 8502
+  http  = -1      # no plain-text API
+  https = 8501
+  grpc  = 8502
 }

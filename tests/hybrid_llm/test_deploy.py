@@ -4,6 +4,7 @@ export, console scripts the package installs, and well-formed files."""
 from __future__ import annotations
 
 import configparser
+import importlib
 import json
 import re
 import tomllib
@@ -13,6 +14,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
+from servekit.config import load_settings
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
 from tests.support.servers import REPO
@@ -80,7 +82,7 @@ def test_dashboard_shape() -> None:
 def test_systemd_units_run_installed_commands_with_limits() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     units = sorted((DEPLOY / "systemd").glob("*.service"))
-    assert len(units) == 4
+    assert len(units) == 5
     for unit in units:
         parser = configparser.ConfigParser(strict=False, interpolation=None)
         parser.read_string(unit.read_text())
@@ -89,6 +91,44 @@ def test_systemd_units_run_installed_commands_with_limits() -> None:
             assert service.get(key), f"{unit.name} lacks {key}"
         command = Path(service["ExecStart"].split()[0]).name
         assert command in scripts, f"{unit.name} runs {command}, not a console script"
+        # Secrets arrive as systemd credentials, never in the unit or the YAML.
+        assert "LoadCredential" in unit.read_text(), f"{unit.name} loads no credentials"
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "model"),
+    [
+        ("edge.yaml", "edge_agent.settings", "EdgeSettings"),
+        ("router.yaml", "geo_router.settings", "RouterSettings"),
+        ("central.yaml", "central.settings", "CentralSettings"),
+        ("model-sync.yaml", "model_sync.settings", "ModelSyncSettings"),
+    ],
+)
+def test_production_configs_load_with_credentials_and_certificates_in_place(
+    tmp_path: Path, name: str, module: str, model: str
+) -> None:
+    """deploy/config/*.yaml are valid settings once their files exist (here under tmp)."""
+    from tests.support.pki import PrivateCA
+
+    text = (DEPLOY / "config" / name).read_text()
+    etc, creds = tmp_path / "etc", tmp_path / "credentials"
+    creds.mkdir()
+    text = text.replace("/etc/hybrid-llm", str(etc)).replace("/var/lib/hybrid-llm", str(etc))
+    for credential in set(re.findall(r"\$CREDENTIALS_DIRECTORY/([\w-]+)", text)):
+        (creds / credential).write_text(f"token-{credential}\n")
+    ca = PrivateCA(tmp_path / "pki")
+    issued = ca.issue("127.0.0.1")
+    files = {Path(p) for p in re.findall(str(etc) + r"/[\w./-]+", text)}
+    for path in sorted(p for p in files if p.suffix):  # files; the rest are directories
+        path.parent.mkdir(parents=True, exist_ok=True)
+        source = issued.key_file if "key" in path.name else issued.cert_file
+        path.write_bytes(ca.ca_file.read_bytes() if "ca" in path.name else source.read_bytes())
+    cfg = tmp_path / name
+    cfg.write_text(text)
+    settings_model = getattr(importlib.import_module(module), model)
+    settings = load_settings(settings_model, cfg, {"CREDENTIALS_DIRECTORY": str(creds)})
+    dumped = settings.model_dump_json()
+    assert "token-" not in dumped  # the secrets were read, and stay hidden
 
 
 def test_prometheus_config_parses_and_scrapes_every_service() -> None:
