@@ -9,8 +9,9 @@ SIGHUP calls ``on_reload`` (which re-reads the settings file and applies
 what can change live, e.g. accepted tokens; it returns the TLS settings now
 in force) and loads the certificate files into the listening context again:
 connections already open, and the streams on them, are not touched; new
-handshakes get the renewed certificate. A reload that fails is logged and
-changes nothing.
+handshakes get the renewed certificate. A reload whose settings file no
+longer loads (a missing token file, a certificate that does not match its
+key) is logged and changes nothing.
 
 Every log handler gets :class:`servekit.secrets.RedactingFilter`, so URL
 credentials and bearer tokens never reach a log line.

@@ -84,6 +84,7 @@ def _operation(
                 },
             },
             "400": error_doc("Invalid request (bad parameter, prompt longer than the context)."),
+            "401": error_doc("No or wrong service token (when the service requires one)."),
             "404": error_doc("Unknown model."),
             "413": error_doc("Request body too large."),
             "429": error_doc("Queue full or rate limited; see Retry-After."),
