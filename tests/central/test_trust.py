@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,7 @@ from central.commands import STANDIN_TOKEN_ENV, VLLM_TOKEN_ENV, build_plan
 from central.settings import CentralSettings
 from central.specs import LlamaCppReplica, VllmReplica
 from tests.central.engine_double import create_double
+from tests.support.pki import PrivateCA
 from tests.support.servers import UvicornThread, wait_ready
 
 MODEL = "big"
@@ -130,3 +132,51 @@ def test_launched_replicas_get_the_token_in_their_environment_not_their_argv(
     untokened = build_plan(stand_in, port=9001, model_name="m", run_dir=tmp_path)
     assert STANDIN_TOKEN_ENV not in untokened.env
     assert "auth" not in next(iter(untokened.files.values()))
+
+
+def test_the_gateway_reaches_a_tls_replica_with_its_client_certificate(tmp_path: Path) -> None:
+    fleet = PrivateCA(tmp_path / "pki")
+    served, client = fleet.issue("127.0.0.1"), fleet.issue("central-gateway")
+    tls = {
+        "ssl_certfile": str(served.cert_file),
+        "ssl_keyfile": str(served.key_file),
+        "ssl_ca_certs": str(fleet.ca_file),
+        "ssl_cert_reqs": ssl.CERT_REQUIRED,  # mTLS: only holders of a fleet certificate
+        "loop": "asyncio",
+    }
+    with UvicornThread(create_double(MODEL, tokens=[REPLICA_TOKEN]), **tls) as double:
+        assert double.url.startswith("https://")
+
+        def gateway(**client_settings: Any) -> CentralSettings:
+            return CentralSettings.model_validate(
+                {
+                    "model": MODEL,
+                    "replica_client": {"token": REPLICA_TOKEN, **client_settings},
+                    "replicas": [
+                        {"name": "tls", "kind": "url", "url": double.url, "load_source": "load"}
+                    ],
+                    "supervision": {
+                        "health_interval_s": 0.1,
+                        "scrape_interval_s": 0.1,
+                        "log_dir": str(tmp_path),
+                    },
+                }
+            )
+
+        trusted = gateway(
+            ca_file=str(fleet.ca_file),
+            cert_file=str(client.cert_file),
+            key_file=str(client.key_file),
+        )
+        with UvicornThread(create_app(trusted)) as gw:
+            wait_ready(gw.url, timeout=15)
+            chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            r = httpx.post(gw.url + "/v1/chat/completions", json=chat, timeout=30)
+            assert r.status_code == 200, r.text
+        # Trusting the system store instead of the fleet CA: never healthy, never plain text.
+        with UvicornThread(create_app(gateway())) as gw:
+            time.sleep(1.0)
+            assert httpx.get(gw.url + "/ready").status_code == 503
+            (replica,) = httpx.get(gw.url + "/replicas").json()["replicas"]
+            assert replica["state"] != "healthy"
+            assert replica["url"].startswith("https://")

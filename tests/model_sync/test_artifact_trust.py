@@ -17,6 +17,7 @@ from model_sync.records import ActualState, ArtifactRecord, HistoryEntry
 from servekit.peers import PeerSettings
 from servekit.service_auth import ServiceAuthSettings, TokenGate
 from tests.model_sync.helpers import make_artifact, record_for
+from tests.support.pki import PrivateCA
 from tests.support.servers import UvicornThread
 
 TOKEN = "svc-artifact-reader"
@@ -61,6 +62,27 @@ async def test_a_node_downloads_with_its_token_and_fails_clearly_without(
             await anonymous.fetch(rec)
         peer = PeerSettings.model_validate({"token": TOKEN}).credentials()
         path = await Downloader(ModelDir(tmp_path / "models"), peer=peer).fetch(rec)
+    assert path.read_bytes() == data
+
+
+@pytest.mark.anyio
+async def test_a_node_downloads_over_tls_against_the_fleet_ca_only(
+    artifacts: tuple[Path, bytes], tmp_path: Path
+) -> None:
+    root, data = artifacts
+    fleet = PrivateCA(tmp_path / "pki")
+    cert = fleet.issue("127.0.0.1")
+    gate = TokenGate(ServiceAuthSettings.model_validate({"tokens": [TOKEN]}))
+    tls = {"ssl_certfile": str(cert.cert_file), "ssl_keyfile": str(cert.key_file)}
+    with UvicornThread(create_app(root, gate), loop="asyncio", **tls) as server:
+        rec = record_for("tiny", "v2", server.url + "/tiny-v2.gguf", data)
+        system_store = PeerSettings.model_validate({"token": TOKEN}).credentials()
+        with pytest.raises(SourceUnavailable):  # the public trust store does not know the CA
+            await Downloader(ModelDir(tmp_path / "a"), peer=system_store, attempts=1).fetch(rec)
+        peer = PeerSettings.model_validate(
+            {"token": TOKEN, "ca_file": str(fleet.ca_file), "require_tls": True}
+        ).credentials()
+        path = await Downloader(ModelDir(tmp_path / "b"), peer=peer).fetch(rec)
     assert path.read_bytes() == data
 
 
