@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from central.commands import Endpoint
 from servekit.engine.protocol import LoadReport
+from servekit.peers import PeerProblems
 
 __all__ = [
     "ReplicaLoad",
@@ -116,14 +117,16 @@ class ReplicaProbe:
     def __init__(self, client: httpx.AsyncClient, timeout_s: float = 2.0) -> None:
         self._client = client
         self._timeout = timeout_s
+        self._problems = PeerProblems(log)
 
     async def healthy(self, endpoint: Endpoint) -> bool:
+        url = endpoint.base_url + endpoint.health_path
         try:
-            response = await self._client.get(
-                endpoint.base_url + endpoint.health_path, timeout=self._timeout
-            )
-        except httpx.HTTPError:
+            response = await self._client.get(url, timeout=self._timeout)
+        except httpx.HTTPError as exc:
+            self._problems.failed(endpoint.base_url, exc)  # a wrong CA bundle says so
             return False
+        self._problems.status(endpoint.base_url, response.status_code)
         return response.status_code == 200
 
     async def load(self, endpoint: Endpoint) -> ReplicaLoad | None:

@@ -20,6 +20,7 @@ text, and with ``require_tls`` an ``http://`` one is refused before a byte
 
 from __future__ import annotations
 
+import logging
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +30,9 @@ import httpx
 from pydantic import Field, SecretStr
 
 from servekit.secrets import SecretSettings
-from servekit.tls import client_context
+from servekit.tls import client_context, describe_tls_error
 
-__all__ = ["PeerCredentials", "PeerSettings", "PlainTextRefused", "async_client"]
+__all__ = ["PeerCredentials", "PeerProblems", "PeerSettings", "PlainTextRefused", "async_client"]
 
 
 class PlainTextRefused(httpx.ConnectError):
@@ -79,6 +80,34 @@ class PeerCredentials:
             raise PlainTextRefused(
                 f"refusing to call {url} in plain text: this peer requires TLS (require_tls)"
             )
+
+
+class PeerProblems:
+    """Configuration problems with peers (a refused certificate or token), logged once.
+
+    Probes run every second; a wrong CA bundle or token is not a blip, so it is
+    logged as a warning the first time, and again only when the reason changes.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._last: dict[str, str] = {}
+
+    def failed(self, url: str, exc: BaseException) -> None:
+        """A request to ``url`` raised ``exc``: warn if it was a TLS failure."""
+        reason = describe_tls_error(exc)
+        if reason is not None:
+            self._warn(url, f"{url}: {reason}")
+
+    def status(self, url: str, status: int) -> None:
+        """``url`` answered ``status``: warn if it refused our credentials."""
+        if status in (401, 403):
+            self._warn(url, f"{url} refused the service token (HTTP {status})")
+
+    def _warn(self, url: str, problem: str) -> None:
+        if self._last.get(url) != problem:
+            self._last[url] = problem
+            self._log.warning("%s", problem)
 
 
 def _refuse_plain_text(credentials: PeerCredentials) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from servekit.engine.protocol import LoadReport
+from servekit.peers import PeerProblems
 from servekit.registry.protocol import (
     InstanceInfo,
     InstanceState,
@@ -36,7 +37,6 @@ from servekit.registry.protocol import (
     Tier,
 )
 from servekit.registry.settings import StaticEntry, StaticSettings
-from servekit.tls import describe_tls_error
 
 __all__ = ["StaticRegistry", "entry_info"]
 
@@ -81,7 +81,7 @@ class StaticRegistry:
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=settings.probe_timeout_s)
         self._client_for = client_for
-        self._warned: dict[str, str] = {}  # url → the last problem logged as a warning
+        self._problems = PeerProblems(log)
         self._states: dict[str, InstanceState] = {
             info.id: InstanceState(info=info, load=LoadReport(), healthy=False, last_heartbeat=0.0)
             for info, _ in self._infos
@@ -133,9 +133,7 @@ class StaticRegistry:
             if self.settings.load_path:
                 load = await self._fetch_load(client, url + self.settings.load_path, old.load)
         except httpx.HTTPError as exc:
-            reason = describe_tls_error(exc)
-            if reason is not None:  # a configuration problem, not a blip: say it (once)
-                self._warn(url, f"static probe of {url}: {reason}")
+            self._problems.failed(url, exc)
             log.debug("static probe of %s failed: %s", url, exc)
             return dataclasses.replace(old, healthy=False)
         seen = time.time() if healthy else old.last_heartbeat
@@ -146,19 +144,13 @@ class StaticRegistry:
     ) -> LoadReport:
         resp = await client.get(url)
         if resp.status_code != 200:
-            if resp.status_code in (401, 403):
-                self._warn(url, f"{url} refused the service token (HTTP {resp.status_code})")
+            self._problems.status(url, resp.status_code)
             return fallback
         try:
             data: Any = resp.json()
             return LoadReport.from_dict(data) if isinstance(data, dict) else fallback
         except (ValueError, TypeError):
             return fallback
-
-    def _warn(self, url: str, problem: str) -> None:
-        if self._warned.get(url) != problem:
-            self._warned[url] = problem
-            log.warning("%s", problem)
 
     # -- catalog (read side) -------------------------------------------------
 

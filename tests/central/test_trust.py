@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from central.app import create_app
 from central.commands import STANDIN_TOKEN_ENV, VLLM_TOKEN_ENV, build_plan
@@ -134,7 +135,9 @@ def test_launched_replicas_get_the_token_in_their_environment_not_their_argv(
     assert "auth" not in next(iter(untokened.files.values()))
 
 
-def test_the_gateway_reaches_a_tls_replica_with_its_client_certificate(tmp_path: Path) -> None:
+def test_the_gateway_reaches_a_tls_replica_with_its_client_certificate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     fleet = PrivateCA(tmp_path / "pki")
     served, client = fleet.issue("127.0.0.1"), fleet.issue("central-gateway")
     tls = {
@@ -180,3 +183,5 @@ def test_the_gateway_reaches_a_tls_replica_with_its_client_certificate(tmp_path:
             (replica,) = httpx.get(gw.url + "/replicas").json()["replicas"]
             assert replica["state"] != "healthy"
             assert replica["url"].startswith("https://")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("TLS certificate verification failed" in w for w in warnings), warnings
