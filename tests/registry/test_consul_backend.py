@@ -82,7 +82,7 @@ def test_settings_win_over_the_environment() -> None:
 
 
 async def test_acl_token_is_sent_and_a_wrong_one_is_an_error() -> None:
-    state = ConsulState(acl_token="s3cret", deregister_floor_s=0.0, session_ttl_min_s=0.5)
+    state = ConsulState(acl_token="s3cret")
     with UvicornThread(ConsulDouble(state).app()) as server:
         good = ConsulRegistry(consul_settings(server.url), {"CONSUL_HTTP_TOKEN": "s3cret"})
         bad = ConsulRegistry(consul_settings(server.url, token="wrong"), {})
@@ -126,9 +126,9 @@ async def test_registration_and_heartbeat_on_the_wire(
     try:
         await registry.register(INFO, ttl_s=1.5)
         await registry.heartbeat(INFO.id, LoadReport(ready=True, waiting=4, model="smollm2"))
-        check = consul_state.checks[f"service:{INFO.id}"]
+        check = consul_state.agent("consul-double").checks[f"service:{INFO.id}"]
         assert check.ttl_s == 1.5
-        assert check.deregister_after_s == 1.5
+        assert check.deregister_after_s == 60.0  # 1.5 s asked; the agent's floor is 1m
 
         resp = await http.get(consul_server.url + "/v1/health/service/hybrid-llm?passing=1")
         assert resp.status_code == 200
@@ -184,7 +184,7 @@ async def test_kv_and_lock_on_the_wire(
         assert "X-Consul-Index" in missing.headers
 
         await registry.put("desired/x", b"\x00v1")
-        lock = await registry.acquire_lock("locks/rollout", "cli@host", ttl_s=5)
+        lock = await registry.acquire_lock("locks/rollout", "cli@host", ttl_s=10)
         assert lock is not None
         (entry,) = (await http.get(consul_server.url + "/v1/kv/desired/x")).json()
         assert base64.b64decode(entry["Value"]) == b"\x00v1"
