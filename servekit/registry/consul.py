@@ -242,7 +242,7 @@ class ConsulRegistry:
         listing = await self._listing()
         holders = [s for s in listing.states if s.info.id == instance_id and s.healthy]
         if holders:
-            nodes = listing.duplicates.get(instance_id) or ["another node"]
+            nodes = listing.nodes.get(instance_id) or ["another node"]
             raise WrongAgent(
                 f"heartbeat for {instance_id} reached a consul agent that does not hold it,"
                 f" while it is registered and alive on {', '.join(nodes)}: point"

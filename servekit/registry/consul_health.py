@@ -36,12 +36,16 @@ def check_id(instance_id: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Listing:
     states: list[InstanceState]
-    duplicates: dict[str, list[str]]  # instance id -> the nodes that each hold a copy
+    nodes: dict[str, list[str]]  # instance id -> the nodes holding a copy (alive first)
+
+    @property
+    def duplicates(self) -> dict[str, list[str]]:
+        return {i: n for i, n in self.nodes.items() if len(n) > 1}
 
 
 def read_listing(entries: Sequence[dict[str, Any]] | None) -> Listing:
     best: dict[str, tuple[tuple[bool, int], InstanceState]] = {}
-    nodes: dict[str, list[str]] = {}
+    nodes: dict[str, list[tuple[bool, str]]] = {}
     for entry in entries or []:
         svc = entry["Service"]
         node = entry.get("Node") or {}
@@ -61,8 +65,8 @@ def read_listing(entries: Sequence[dict[str, Any]] | None) -> Listing:
             last_heartbeat=sent_at_from_json(output),
         )  # fmt: skip
         rank = (healthy, int((own or {}).get("ModifyIndex") or 0))
-        nodes.setdefault(svc["ID"], []).append(str(node.get("Node", "")))
+        nodes.setdefault(svc["ID"], []).append((not healthy, str(node.get("Node", ""))))
         if svc["ID"] not in best or rank > best[svc["ID"]][0]:
             best[svc["ID"]] = (rank, state)
     states = sorted((s for _, s in best.values()), key=lambda s: s.info.id)
-    return Listing(states, {i: sorted(n) for i, n in nodes.items() if len(n) > 1})
+    return Listing(states, {i: [name for _, name in sorted(n)] for i, n in nodes.items()})

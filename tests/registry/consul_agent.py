@@ -96,6 +96,12 @@ class _LocalCheck:
     defer_at: float | None = None
 
 
+def _refuse_unknown(body: dict[str, Any], known: set[str]) -> None:
+    for key in body:
+        if norm({key: 0}).popitem()[0] not in known:
+            raise HTTPError(400, f'Request decode failed: json: unknown field "{key}"')
+
+
 def _meta_error(meta: dict[str, Any]) -> str | None:
     """structs.ValidateServiceMetadata, with Consul's messages."""
     if len(meta) > 64:
@@ -139,10 +145,8 @@ class ConsulAgent:
     # -- writes (agent endpoints) -------------------------------------------
 
     def register(self, body: dict[str, Any], now: float, replace_existing: bool) -> None:
+        _refuse_unknown(body, _SERVICE_FIELDS)
         b = norm(body)
-        unknown = sorted(set(b) - _SERVICE_FIELDS)
-        if unknown:
-            raise HTTPError(400, f'Request decode failed: json: unknown field "{unknown[0]}"')
         name = b.get("name")
         if not name:
             raise HTTPError(400, "Missing service name")
@@ -154,7 +158,7 @@ class ConsulAgent:
             raise HTTPError(400, f"Invalid Service Meta: {problem}")
         sid = b.get("id") or name
         defs = b.get("checks") or ([b["check"]] if b.get("check") else [])
-        checks = [self._check_type(norm(c), sid, name, i, len(defs)) for i, c in enumerate(defs)]
+        checks = [self._check_type(c, sid, name, i, len(defs)) for i, c in enumerate(defs)]
         svc = _LocalService(sid, name, address, int(b.get("port") or 0),
                             list(b.get("tags") or []), meta)  # fmt: skip
         self.services[sid] = svc
@@ -172,10 +176,9 @@ class ConsulAgent:
                     self.dc.remove_check(self.node, cid)
         self._push_service(svc)
 
-    def _check_type(self, c: dict[str, Any], sid: str, name: str, i: int, n: int) -> _LocalCheck:
-        unknown = sorted(set(c) - _CHECK_FIELDS)
-        if unknown:
-            raise HTTPError(400, f'Request decode failed: json: unknown field "{unknown[0]}"')
+    def _check_type(self, raw: dict[str, Any], sid: str, name: str, i: int, n: int) -> _LocalCheck:
+        _refuse_unknown(raw, _CHECK_FIELDS)
+        c = norm(raw)
         status = c.get("status") or "critical"
         if status not in _STATUSES:
             raise HTTPError(400, "Status for checks must 'passing', 'warning', 'critical'")
