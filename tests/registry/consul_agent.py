@@ -52,7 +52,7 @@ _CHECK_FIELDS = {norm({k: 0}).popitem()[0] for k in (
     "AliasService", "DockerContainerID", "Shell", "GRPC", "GRPCUseTLS", "H2PING",
     "H2PingUseTLS", "OSService", "TLSServerName", "TLSSkipVerify", "Timeout", "TTL",
     "SuccessBeforePassing", "FailuresBeforeWarning", "FailuresBeforeCritical", "ProxyHTTP",
-    "ProxyGRPC", "DeregisterCriticalServiceAfter", "OutputMaxSize",
+    "ProxyGRPC", "DeregisterCriticalServiceAfter", "OutputMaxSize", "ServiceID",
 )}  # fmt: skip
 _STATUSES = ("passing", "warning", "critical")
 _META_KEY = re.compile(r"^[a-zA-Z0-9_-]+$")
