@@ -128,7 +128,7 @@ class LiveLoad:
         async with self._limit:
             try:
                 report, status = await self._probe.fetch(state.info.url)
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 polled.failures += 1
                 self._count("unreachable")
                 if polled.failures == self.unreachable_after:
