@@ -6,6 +6,13 @@ lifespan builds them from the registry's :class:`~servekit.registry.CatalogView`
 (over the configured registry, and over the static ``upstreams:`` entries)
 and from :class:`TrafficPoller`, which keeps the last-known
 ``models/<model>/traffic`` shares from the registry's KV store.
+
+Load figures come from the instances themselves: the static entries' probes
+read ``/load`` with ``/ready``, and :class:`~geo_router.live_load.LiveLoad`
+polls ``/load`` of every instance the registry lists (the catalog gives
+membership, health and identity). Both use the one client
+:func:`probe_client` builds; whatever the upstreams require of a caller
+(credentials) is set there.
 """
 
 from __future__ import annotations
@@ -17,10 +24,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import httpx
 from prometheus_client import CollectorRegistry
 
+from geo_router.live_load import LiveLoad
 from servekit.registry import CatalogView, RegistrySettings, StaticEntry, StaticSettings
 from servekit.registry.factory import open_registry
+from servekit.registry.load_probe import LoadProbe
 from servekit.registry.protocol import InstanceState, KVStore, RegistryError
 from servekit.registry.static import StaticRegistry
 
@@ -33,12 +43,18 @@ __all__ = [
     "merge_sources",
     "open_discovery",
     "parse_traffic",
+    "probe_client",
 ]
 
 log = logging.getLogger(__name__)
 
 CandidateSource = Callable[[], Sequence[InstanceState]]
 TrafficSource = Callable[[str], Mapping[str, float] | None]
+
+
+def probe_client(timeout_s: float = 1.0) -> httpx.AsyncClient:
+    """The router's one HTTP client for probing upstreams (``/ready``, ``/load``)."""
+    return httpx.AsyncClient(timeout=timeout_s)
 
 
 def merge_sources(sources: Sequence[CandidateSource]) -> CandidateSource:
@@ -153,9 +169,11 @@ async def open_discovery(
     """Catalog views over the static entries and the registry; closed by ``stack``."""
     sources: list[CandidateSource] = [] if given is None else [given]
     views: list[CatalogView] = []
+    client = probe_client()
+    stack.push_async_callback(client.aclose)
     if upstreams:
         static = StaticRegistry(
-            StaticSettings(entries=list(upstreams), probe_interval_s=poll_interval_s)
+            StaticSettings(entries=list(upstreams), probe_interval_s=poll_interval_s), client
         )
         await static.start()
         stack.push_async_callback(static.aclose)
@@ -163,6 +181,7 @@ async def open_discovery(
         views.append(static_view)
         sources.append(_with_reported_model(static_view.snapshot))
     poller: TrafficPoller | None = None
+    live: LiveLoad | None = None
     stale: Callable[[], bool] = lambda: False  # noqa: E731
     if registry is not None:
         backend = await open_registry(registry)
@@ -172,13 +191,23 @@ async def open_discovery(
         stale = lambda: view.stale  # noqa: E731
         poller = TrafficPoller(backend)
         await poller.refresh()
-        task = asyncio.create_task(poller.run(poll_interval_s))
-        stack.push_async_callback(cancel_all, [task])
-        sources.append(view.snapshot)
+        tasks = [asyncio.create_task(poller.run(poll_interval_s))]
+        stack.push_async_callback(cancel_all, tasks)
+        if registry.backend == "static":  # its probes already read /load
+            sources.append(view.snapshot)
+        else:
+            live = LiveLoad(
+                view, LoadProbe(client), poll_interval_s, metrics_registry=metrics_registry
+            )
+            sources.append(live.snapshot)
     for v in views:
         await v.start()
         stack.push_async_callback(v.aclose)
     # Serve with a fresh catalog when it comes quickly; a registry that is
     # down at start is a runtime condition (stale), not a crash.
     await asyncio.gather(*(v.wait_fresh(fresh_timeout_s) for v in views))
+    if live is not None:
+        await live.poll_once()  # the first requests route on live load too
+        polling = asyncio.create_task(live.run())
+        stack.push_async_callback(cancel_all, [polling])
     return Discovery(merge_sources(sources), poller, stale)

@@ -21,11 +21,11 @@ import dataclasses
 import logging
 import time
 import urllib.parse
-from typing import Any
 
 import httpx
 
 from servekit.engine.protocol import LoadReport
+from servekit.registry.load_probe import LoadProbe
 from servekit.registry.protocol import (
     InstanceInfo,
     InstanceState,
@@ -68,6 +68,7 @@ class StaticRegistry:
         self._infos = [(entry_info(e), e.url.rstrip("/")) for e in settings.entries]
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=settings.probe_timeout_s)
+        self._load = LoadProbe(self._client, settings.load_path or "/load")
         self._states: dict[str, InstanceState] = {
             info.id: InstanceState(info=info, load=LoadReport(), healthy=False, last_heartbeat=0.0)
             for info, _ in self._infos
@@ -116,22 +117,12 @@ class StaticRegistry:
             healthy = ready.status_code == 200
             load = old.load
             if self.settings.load_path:
-                load = await self._fetch_load(url + self.settings.load_path, old.load)
+                load = (await self._load.fetch(url))[0] or old.load
         except httpx.HTTPError as exc:
             log.debug("static probe of %s failed: %s", url, exc)
             return dataclasses.replace(old, healthy=False)
         seen = time.time() if healthy else old.last_heartbeat
         return InstanceState(info=info, load=load, healthy=healthy, last_heartbeat=seen)
-
-    async def _fetch_load(self, url: str, fallback: LoadReport) -> LoadReport:
-        resp = await self._client.get(url)
-        if resp.status_code != 200:
-            return fallback
-        try:
-            data: Any = resp.json()
-            return LoadReport.from_dict(data) if isinstance(data, dict) else fallback
-        except (ValueError, TypeError):
-            return fallback
 
     # -- catalog (read side) -------------------------------------------------
 
