@@ -94,7 +94,7 @@ def create_app(
                 poll_interval_s=settings.poll_interval_s,
                 given=candidates,
                 metrics_registry=metrics.registry,
-                probe_client=peers.probe_client,
+                probe_client_for=peers.probe_client,
             )
             traffic_source = _traffic(settings, traffic, found.traffic)
             tracker = Tracker(settings.routing.breaker)

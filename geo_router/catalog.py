@@ -6,6 +6,13 @@ lifespan builds them from the registry's :class:`~servekit.registry.CatalogView`
 (over the configured registry, and over the static ``upstreams:`` entries)
 and from :class:`TrafficPoller`, which keeps the last-known
 ``models/<model>/traffic`` shares from the registry's KV store.
+
+Load figures come from the instances themselves: the static entries' probes
+read ``/load`` with ``/ready``, and :class:`~geo_router.live_load.LiveLoad`
+polls ``/load`` of every instance the registry lists (the catalog gives
+membership, health and identity). Both use the one client
+:func:`probe_client` builds; whatever the upstreams require of a caller
+(credentials) is set there.
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ from dataclasses import dataclass, replace
 import httpx
 from prometheus_client import CollectorRegistry
 
+from geo_router.live_load import LiveLoad
 from servekit.registry import CatalogView, RegistrySettings, StaticEntry, StaticSettings
 from servekit.registry.factory import open_registry
+from servekit.registry.load_probe import LoadProbe
 from servekit.registry.protocol import InstanceInfo, InstanceState, KVStore, RegistryError
 from servekit.registry.static import StaticRegistry
 
@@ -34,12 +43,18 @@ __all__ = [
     "merge_sources",
     "open_discovery",
     "parse_traffic",
+    "probe_client",
 ]
 
 log = logging.getLogger(__name__)
 
 CandidateSource = Callable[[], Sequence[InstanceState]]
 TrafficSource = Callable[[str], Mapping[str, float] | None]
+
+
+def probe_client(timeout_s: float = 1.0) -> httpx.AsyncClient:
+    """The router's one HTTP client for probing upstreams (``/ready``, ``/load``)."""
+    return httpx.AsyncClient(timeout=timeout_s)
 
 
 def merge_sources(sources: Sequence[CandidateSource]) -> CandidateSource:
@@ -150,18 +165,22 @@ async def open_discovery(
     given: CandidateSource | None = None,
     metrics_registry: CollectorRegistry | None = None,
     fresh_timeout_s: float = 3.0,
-    probe_client: Callable[[InstanceInfo], httpx.AsyncClient] | None = None,
+    probe_client_for: Callable[[InstanceInfo], httpx.AsyncClient] | None = None,
 ) -> Discovery:
     """Catalog views over the static entries and the registry; closed by ``stack``.
 
-    ``probe_client`` gives the HTTP client (token, CA bundle) polling an entry.
+    ``probe_client_for`` gives the client (token, CA bundle) probing an instance;
+    without it every probe uses :func:`probe_client`'s.
     """
     sources: list[CandidateSource] = [] if given is None else [given]
     views: list[CatalogView] = []
+    client = probe_client()
+    stack.push_async_callback(client.aclose)
     if upstreams:
         static = StaticRegistry(
             StaticSettings(entries=list(upstreams), probe_interval_s=poll_interval_s),
-            client_for=probe_client,
+            client,
+            client_for=probe_client_for,
         )
         await static.start()
         stack.push_async_callback(static.aclose)
@@ -169,6 +188,7 @@ async def open_discovery(
         views.append(static_view)
         sources.append(_with_reported_model(static_view.snapshot))
     poller: TrafficPoller | None = None
+    live: LiveLoad | None = None
     stale: Callable[[], bool] = lambda: False  # noqa: E731
     if registry is not None:
         backend = await open_registry(registry)
@@ -178,13 +198,26 @@ async def open_discovery(
         stale = lambda: view.stale  # noqa: E731
         poller = TrafficPoller(backend)
         await poller.refresh()
-        task = asyncio.create_task(poller.run(poll_interval_s))
-        stack.push_async_callback(cancel_all, [task])
-        sources.append(view.snapshot)
+        tasks = [asyncio.create_task(poller.run(poll_interval_s))]
+        stack.push_async_callback(cancel_all, tasks)
+        if registry.backend == "static":  # its probes already read /load
+            sources.append(view.snapshot)
+        else:
+            live = LiveLoad(
+                view,
+                LoadProbe(client, client_for=probe_client_for),
+                poll_interval_s,
+                metrics_registry=metrics_registry,
+            )
+            sources.append(live.snapshot)
     for v in views:
         await v.start()
         stack.push_async_callback(v.aclose)
     # Serve with a fresh catalog when it comes quickly; a registry that is
     # down at start is a runtime condition (stale), not a crash.
     await asyncio.gather(*(v.wait_fresh(fresh_timeout_s) for v in views))
+    if live is not None:
+        await live.poll_once()  # the first requests route on live load too
+        polling = asyncio.create_task(live.run())
+        stack.push_async_callback(cancel_all, [polling])
     return Discovery(merge_sources(sources), poller, stale)

@@ -9,13 +9,13 @@ operator gave (regions not named follow, sorted), or all at once.
 from __future__ import annotations
 
 import math
-import re
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 
 from model_sync.records import GateSettings, RolloutPlan, Wave
 from model_sync.store import ConflictError, SyncStore
+from servekit.durations import parse_duration
 from servekit.registry.protocol import Catalog, InstanceState
 
 __all__ = ["PlanError", "build_plan", "parse_duration"]
@@ -23,24 +23,6 @@ __all__ = ["PlanError", "build_plan", "parse_duration"]
 
 class PlanError(ConflictError):
     """The rollout cannot be planned as asked."""
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)?")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``5m``, ``1h``, ``1m30s``, ``250ms`` -> seconds."""
-    total, pos = 0.0, 0
-    text = text.strip()
-    for match in _DURATION.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    if pos != len(text) or not text:
-        raise ValueError(f"invalid duration {text!r} (examples: 90s, 5m, 1h, 250ms)")
-    return total
 
 
 def _canary_nodes(spec: str, ordered: Sequence[InstanceState]) -> list[str]:

@@ -7,3 +7,5 @@ scripts/setup.sh --dev
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 .venv/bin/pytest "$@"
+# A full run also holds the registry tests to the oldest py-consul we allow.
+if [[ $# -eq 0 ]]; then scripts/test-floors.sh; fi

@@ -1,9 +1,11 @@
 # Consul client agent on every node (edge, router, center, controller hosts).
-# The services talk to the local agent (CONSUL_HTTP_ADDR=127.0.0.1:8500); the
-# agent gossips with the servers of its datacenter. Servers: 3 or 5 per
-# datacenter (see server.hcl); one datacenter per region, WAN-joined, or one
-# datacenter for a small fleet.
-datacenter = "region-a"
+# The services talk to the agent on their own host (CONSUL_HTTP_ADDR=
+# https://127.0.0.1:8501, HTTPS only; never a load balancer or a server: registration and
+# heartbeats act on the agent that answers). The agent gossips with the
+# servers of its datacenter (3 or 5, see server.hcl). The fleet's registry is
+# ONE datacenter: routers and model-sync read one catalog and one KV, and an
+# instance always registers into its own agent's datacenter.
+datacenter = "fleet"
 data_dir   = "/var/lib/consul"
 node_name  = "edge-a-017"          # unique per node
 bind_addr  = "{{ GetPrivateInterfaces | include \"network\" \"10.0.0.0/8\" | attr \"address\" }}"
@@ -24,8 +26,9 @@ acl {
     # unit or a YAML: /etc/hybrid-llm/credentials/consul-token, handed over by
     # systemd (LoadCredential=consul-token:...) and named in each service's YAML
     # as registry.consul.token_file: $CREDENTIALS_DIRECTORY/consul-token
-    # (or CONSUL_HTTP_TOKEN_FILE). Policy: hybrid-llm-policy.hcl
-    #   consul acl token create -policy-name hybrid-llm -format json | jq -r .SecretID \
+    # (or CONSUL_HTTP_TOKEN_FILE). Policies per role: policy-instance.hcl,
+    # policy-router.hcl, policy-controller.hcl, e.g.
+    #   consul acl token create -policy-name hybrid-llm-instance -format json | jq -r .SecretID \
     #     | install -m 0600 /dev/stdin /etc/hybrid-llm/credentials/consul-token
     agent = "REPLACE-WITH-AGENT-TOKEN"
   }
@@ -46,9 +49,21 @@ tls {
   }
 }
 
-# Health: instances register with a TTL check and heartbeat their load; a node
-# that stops heartbeating turns critical within ttl_s and leaves the router's
-# candidate set; DeregisterCriticalServiceAfter removes it for good.
+# Health: instances register with a TTL check; each heartbeat passes it while
+# the instance is ready and warns while it is not (loading, draining), with its
+# load report as the check output. The agent forwards a status change to the
+# servers at once and an output-only change only after check_update_interval
+# (Consul's default 5m: 2.5-7.5 min late). Routers do not depend on that: they
+# poll each instance's /load. What reads load figures from the catalog
+# (model-sync status, rollout gates) gets them at most 45 s old with 30s; 0
+# would turn every heartbeat into a write on the servers. The services check
+# these settings at start (/v1/agent/self, needs agent:read) and warn.
+check_update_interval = "30s"
+discard_check_output  = false   # the catalog's copy of each load report
+check_output_max_size = 4096    # Consul's default; a load report is ~1 KB
+# An instance that stops beating turns critical within ttl_s and leaves the
+# routers' candidates; DeregisterCriticalServiceAfter (floored at 1m by the
+# agent, reaped every 30 s) removes it for good.
 telemetry {
   prometheus_retention_time = "60s"
   disable_hostname          = true

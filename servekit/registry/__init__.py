@@ -8,6 +8,7 @@ waiting on the registry through :class:`CatalogView`.
 from servekit.registry.factory import open_registry
 from servekit.registry.heartbeat import Heartbeater
 from servekit.registry.protocol import (
+    AccessFiltered,
     Catalog,
     InstanceInfo,
     InstanceState,
@@ -17,8 +18,10 @@ from servekit.registry.protocol import (
     NotRegistered,
     Registry,
     RegistryError,
+    RegistryRejected,
     RegistryUnavailable,
     Tier,
+    WrongAgent,
 )
 from servekit.registry.settings import (
     ConsulSettings,
@@ -30,6 +33,7 @@ from servekit.registry.settings import (
 from servekit.registry.view import CatalogView
 
 __all__ = [
+    "AccessFiltered",
     "Catalog",
     "CatalogView",
     "ConsulSettings",
@@ -43,10 +47,12 @@ __all__ = [
     "NotRegistered",
     "Registry",
     "RegistryError",
+    "RegistryRejected",
     "RegistrySettings",
     "RegistryUnavailable",
     "StaticEntry",
     "StaticSettings",
     "Tier",
+    "WrongAgent",
     "open_registry",
 ]

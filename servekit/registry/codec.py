@@ -1,22 +1,32 @@
 """How instance identity and load reports travel as text, for every backend.
 
 The embedded store keeps :class:`InstanceInfo` as a JSON column; Consul keeps
-it as service fields plus string-only ``Meta`` (keys limited to
-``[A-Za-z0-9_-]``). Load reports are always the JSON of
-:meth:`LoadReport.to_dict`. Decoding is lenient: a malformed load report reads
-as the default (not ready) report rather than failing a whole listing.
+it as service fields plus string-only ``Meta``. Load reports are always the
+JSON of :meth:`LoadReport.to_dict`. Decoding is lenient: a malformed load
+report reads as the default (not ready) report rather than failing a whole
+listing.
+
+:func:`check_meta` holds every backend to Consul's rules for service meta
+(``structs.ValidateServiceMetadata`` in Consul's ``agent/structs``): at most
+64 pairs, keys of ``[A-Za-z0-9_-]`` up to 128 characters and not starting
+with ``consul-`` (never ours: user keys travel as ``x-<key>``), values up
+to 512 bytes. An instance whose identity would be
+refused by a Consul agent is refused on the embedded store too, so a fleet
+moved from one machine to Consul does not fail at its first registration.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from servekit.engine.protocol import LoadReport
-from servekit.registry.protocol import InstanceInfo, Tier
+from servekit.registry.protocol import InstanceInfo, RegistryRejected, Tier
 
 __all__ = [
+    "check_meta",
     "info_from_json",
     "info_from_meta",
     "info_to_json",
@@ -29,6 +39,15 @@ __all__ = [
 # Meta keys written by us; user meta travels with this prefix so it can never
 # collide with them (Consul reserves the ``consul-`` prefix for itself).
 _USER_PREFIX = "x-"
+
+# Consul's limits (agent/structs/structs.go: metaMaxKeyPairs, metaKeyMaxLength,
+# metaValueMaxLength, MetaKeyReservedPrefix, metaKeyFormat).
+_META_MAX_PAIRS = 64
+_META_KEY_MAX = 128
+_META_VALUE_MAX = 512  # bytes: Go's len() of the UTF-8 string
+_META_KEY = re.compile(r"[A-Za-z0-9_-]+")
+# (Consul also reserves keys starting "consul-"; ours never do: identity keys
+# are fixed and user keys travel as "x-<key>".)
 
 
 def info_to_json(info: InstanceInfo) -> str:
@@ -78,6 +97,34 @@ def info_to_meta(info: InstanceInfo) -> dict[str, str]:
     for key, value in info.meta.items():
         meta[_USER_PREFIX + key] = value
     return meta
+
+
+def check_meta(info: InstanceInfo) -> None:
+    """Raise :class:`RegistryRejected` naming the first meta key (or value) a
+    Consul agent would refuse; ``info.meta`` keys travel as ``x-<key>``."""
+    meta = info_to_meta(info)
+    if len(meta) > _META_MAX_PAIRS:
+        raise RegistryRejected(
+            f"instance {info.id!r} has {len(meta)} meta pairs ({len(info.meta)} of its own plus"
+            f" {len(meta) - len(info.meta)} identity fields); Consul allows {_META_MAX_PAIRS}"
+        )
+    for key, value in meta.items():
+        own = key[len(_USER_PREFIX) :] if key.startswith(_USER_PREFIX) else key
+        where = f"instance {info.id!r} meta key {own!r}"
+        if not _META_KEY.fullmatch(key):
+            raise RegistryRejected(
+                f"{where} is invalid: Consul allows only letters, digits, '_' and '-' in meta keys"
+            )
+        if len(key) > _META_KEY_MAX:
+            raise RegistryRejected(
+                f"{where} is too long: {len(key)} characters as {key!r} (it travels with the"
+                f" {_USER_PREFIX!r} prefix); Consul allows {_META_KEY_MAX}"
+            )
+        size = len(value.encode())
+        if size > _META_VALUE_MAX:
+            raise RegistryRejected(
+                f"{where} has a value of {size} bytes; Consul allows {_META_VALUE_MAX}"
+            )
 
 
 def info_from_meta(

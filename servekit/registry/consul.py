@@ -3,18 +3,29 @@
 Mapping onto Consul:
 
 * an instance is a service instance (``ID`` = instance id, ``Service`` =
-  ``service_name``) whose identity rides in ``Meta`` and whose single TTL
-  check ``service:<id>`` carries the load: a heartbeat is
-  ``PUT /v1/agent/check/pass/service:<id>?note=<load JSON>`` (Consul puts the
-  note in the check's ``Output``). ``DeregisterCriticalServiceAfter`` reaps
-  instances that stopped beating. Note that a Consul agent syncs output-only
-  check changes to the servers at most every ``check_update_interval``
-  (default 5m): set it low (e.g. ``"1s"``) on agents that host instances, or
-  readers see load reports late;
-* discovery is ``GET /v1/health/service/<name>?passing`` as a blocking query
+  ``service_name``) whose identity rides in ``Meta`` (checked against
+  Consul's rules first: :func:`~servekit.registry.codec.check_meta`) and
+  whose one TTL check ``service:<id>`` says whether it is alive and ready.
+  It registers ``warning`` (alive, not yet ready); a heartbeat is
+  ``/v1/agent/check/pass`` when the load report says ready and
+  ``/v1/agent/check/warn`` when not (loading, draining), with the report as
+  the note. A Consul agent syncs a status change to the servers at once and
+  an output-only change only after ``check_update_interval`` (see
+  :mod:`~servekit.registry.consul_agent_check`), so readiness and draining
+  reach readers within a blocking query, figures late; routers read figures
+  from each instance's ``/load``. ``DeregisterCriticalServiceAfter`` reaps
+  instances that stopped beating (Consul floors it at 1m);
+* heartbeats must reach the agent that holds the instance: a 404 for a check
+  that the catalog shows alive on another node raises :class:`WrongAgent`
+  instead of registering a second copy there;
+* discovery is ``GET /v1/health/service/<name>`` (all entries; health is
+  judged here, :mod:`~servekit.registry.consul_health`) as a blocking query
   (``index`` + ``wait``); an index that goes backwards resets the watch, and
-  back-to-back watches are spaced by ``min_watch_interval_s``;
-* KV maps 1:1 (``cas`` for put-if);
+  back-to-back watches are spaced by ``min_watch_interval_s``. A listing
+  that ACLs filtered (``X-Consul-Results-Filtered-By-ACLs``) raises
+  :class:`AccessFiltered` rather than passing for the whole fleet;
+* KV maps 1:1 (``cas`` for put-if); ``datacenter`` applies to health, KV and
+  session calls, never to agent endpoints;
 * a lock is a session (``TTL``, ``Behavior=release``, ``LockDelay=0s``) that
   holds the key through ``?acquire=``; renew is ``/v1/session/renew``. Consul
   may keep a session up to twice its TTL before invalidating it.
@@ -22,8 +33,7 @@ Mapping onto Consul:
 ``py-consul``'s client is synchronous (its async flavour needs aiohttp), so
 calls run on a small private thread pool: blocking queries hold a thread for
 their ``wait`` and must not starve the default executor. Foreign exceptions
-become :class:`RegistryUnavailable` / :class:`RegistryError` in one place,
-:meth:`ConsulRegistry._call`.
+become registry errors in one place, :meth:`ConsulRegistry._call`.
 """
 
 from __future__ import annotations
@@ -31,14 +41,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
+import logging
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 import consul
@@ -46,100 +53,37 @@ import requests
 from consul.callback import CB
 from consul.exceptions import BadRequest, ClientError
 
+from servekit.durations import go_duration
 from servekit.engine.protocol import LoadReport
-from servekit.registry.codec import info_from_meta, info_to_meta, load_from_json, load_to_json
-from servekit.registry.codec import sent_at_from_json as _sent_at
+from servekit.registry.codec import check_meta, info_to_meta, load_to_json
+from servekit.registry.consul_agent_check import agent_facts, judge_agent
+from servekit.registry.consul_conn import ConsulConnection, resolve_connection
+from servekit.registry.consul_health import Listing, check_id, read_listing
 from servekit.registry.protocol import (
+    AccessFiltered,
     InstanceInfo,
     InstanceState,
     KVEntry,
     LockHandle,
     NotRegistered,
     RegistryError,
+    RegistryRejected,
     RegistryUnavailable,
     Tier,
+    WrongAgent,
 )
 from servekit.registry.settings import ConsulSettings
 
 __all__ = ["ConsulConnection", "ConsulRegistry", "resolve_connection"]
+
+log = logging.getLogger(__name__)
+_FILTERED = "X-Consul-Results-Filtered-By-ACLs"
 
 _T = TypeVar("_T")
 
 
 class _NotFound(RegistryError):
     """Consul answered 404 where the caller treats absence as a result."""
-
-
-@dataclass(frozen=True, slots=True)
-class ConsulConnection:
-    """Where and how to reach the agent, after settings and environment."""
-
-    host: str
-    port: int
-    scheme: str
-    token: str | None
-    verify: bool | str
-    cert: tuple[str, str] | str | None
-
-
-def resolve_connection(
-    settings: ConsulSettings, environ: Mapping[str, str] | None = None
-) -> ConsulConnection:
-    """Settings first, then the ``CONSUL_*`` environment variables, then defaults.
-
-    The ACL token: ``consul.token`` (or ``token_file`` / ``token_env``), then
-    ``$CONSUL_HTTP_TOKEN``, then the file ``$CONSUL_HTTP_TOKEN_FILE`` names.
-    """
-    env = os.environ if environ is None else environ
-    address = settings.address or env.get("CONSUL_HTTP_ADDR") or "127.0.0.1:8500"
-    parsed = urllib.parse.urlparse(address if "//" in address else "//" + address)
-    try:
-        port = parsed.port
-    except ValueError as exc:
-        raise RegistryError(f"invalid Consul address {address!r}: {exc}") from None
-    ssl_env = env.get("CONSUL_HTTP_SSL", "").lower()
-    scheme = settings.scheme or (
-        parsed.scheme if parsed.scheme in ("http", "https") else None
-    ) or ("https" if ssl_env in ("1", "true") else "http")  # fmt: skip
-    ca_cert = settings.ca_cert or env.get("CONSUL_CACERT")
-    verify: bool | str
-    if settings.verify is not None:
-        verify = settings.verify
-    elif env.get("CONSUL_HTTP_SSL_VERIFY", "").lower() in ("0", "false"):
-        verify = False
-    else:
-        verify = True
-    if verify and ca_cert:
-        verify = str(ca_cert)
-    client_cert = settings.client_cert or env.get("CONSUL_CLIENT_CERT")
-    client_key = settings.client_key or env.get("CONSUL_CLIENT_KEY")
-    cert: tuple[str, str] | str | None = None
-    if client_cert and client_key:
-        cert = (str(client_cert), str(client_key))
-    elif client_cert:
-        cert = str(client_cert)
-    token = settings.token.get_secret_value() if settings.token else env.get("CONSUL_HTTP_TOKEN")
-    if not token and env.get("CONSUL_HTTP_TOKEN_FILE"):
-        token_file = Path(env["CONSUL_HTTP_TOKEN_FILE"])
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise RegistryError(
-                f"CONSUL_HTTP_TOKEN_FILE: cannot read {token_file}: {exc.strerror}"
-            ) from None
-    return ConsulConnection(
-        host=parsed.hostname or "127.0.0.1",
-        port=port or (443 if scheme == "https" else 8500),
-        scheme=scheme,
-        token=token or None,
-        verify=verify,
-        cert=cert,
-    )
-
-
-def _duration(seconds: float) -> str:
-    """A Go duration string Consul parses (millisecond resolution)."""
-    return f"{max(1, round(seconds * 1000))}ms"
 
 
 class ConsulRegistry:
@@ -164,6 +108,8 @@ class ConsulRegistry:
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="consul")
         self._last_watch: dict[str, float] = {}
         self._closed = False
+        self._agent_check: asyncio.Task[list[str]] | None = None
+        self._duplicates_logged: set[tuple[str, ...]] = set()
 
     # -- plumbing ---------------------------------------------------------
 
@@ -179,7 +125,9 @@ class ConsulRegistry:
             raise _NotFound(str(exc)) from exc
         except (consul.ACLPermissionDenied, consul.ACLDisabled) as exc:
             raise RegistryError(f"consul refused the ACL token: {exc}") from exc
-        except (BadRequest, ClientError) as exc:
+        except BadRequest as exc:
+            raise RegistryRejected(f"consul rejected the request: {exc}") from exc
+        except ClientError as exc:
             raise RegistryError(f"consul rejected the request: {exc}") from exc
         except (consul.ConsulException, requests.RequestException) as exc:
             # 5xx (no leader, rpc errors), timeouts, refused connections.
@@ -197,10 +145,58 @@ class ConsulRegistry:
             if wait > 0:
                 await asyncio.sleep(wait)
 
+    def _get(
+        self, path: str, params: list[tuple[str, str]], *, what: str, decode: str | None = None
+    ) -> tuple[str, Any]:
+        """A GET through py-consul's session that also refuses an ACL-filtered answer
+        (py-consul's readers drop that header). Runs in the pool, under ``_call``."""
+        if self.settings.datacenter:
+            params = [*params, ("dc", self.settings.datacenter)]
+        parse = CB.json(index=True, decode=decode or False)
+
+        def callback(response: Any) -> tuple[str, Any]:
+            result: tuple[str, Any] = parse(response)
+            if response.headers.get(_FILTERED) == "true":
+                raise AccessFiltered(
+                    f"consul ACLs hid part of {what}: the token lacks read rights (a reader"
+                    f" of service {self.settings.service_name!r} needs service:read and"
+                    " node:read; KV readers need key_prefix read)"
+                )
+            return result
+
+        got: tuple[str, Any] = self._client.http.get(
+            callback, path, params=params, headers=self._client.prepare_headers()
+        )
+        return got
+
+    def start_agent_check(self) -> None:
+        """Inspect the agent's settings once in the background (logs warnings)."""
+        if self._agent_check is None:
+            self._agent_check = asyncio.create_task(self.check_agent(), name="consul-agent-check")
+
+    async def check_agent(self) -> list[str]:
+        """Read ``/v1/agent/self`` and log what its settings mean for the fleet;
+        returns the warnings (empty when the agent cannot be asked)."""
+        try:
+            body = await self._call(self._client.agent.self)
+        except RegistryError as exc:
+            log.info("consul agent settings not checked (%s)", exc)
+            return []
+        facts = agent_facts(body or {})
+        warnings = judge_agent(facts, self.settings.datacenter)
+        for warning in warnings:
+            log.warning("%s", warning)
+        verdict = f"{len(warnings)} warnings" if warnings else "settings as the fleet expects"
+        log.info("consul agent %s in datacenter %s: %s", facts.node, facts.datacenter, verdict)
+        return warnings
+
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._agent_check is not None:
+            self._agent_check.cancel()
+            await asyncio.gather(self._agent_check, return_exceptions=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
         # Abort blocking queries still parked in the pool.
         self._client.http.session.close()
@@ -208,13 +204,17 @@ class ConsulRegistry:
     # -- catalog ----------------------------------------------------------
 
     async def register(self, info: InstanceInfo, ttl_s: float) -> None:
+        check_meta(info)
         check = {
-            "CheckID": f"service:{info.id}",
+            "CheckID": check_id(info.id),
             "Name": "load heartbeat",
-            "TTL": _duration(ttl_s),
-            "DeregisterCriticalServiceAfter": _duration(self.settings.deregister_critical_after_s),
-            "Status": "passing",
-            "Output": load_to_json(LoadReport(), sent_at=time.time()),
+            "TTL": go_duration(ttl_s),
+            "DeregisterCriticalServiceAfter": go_duration(
+                self.settings.deregister_critical_after_s
+            ),
+            # Alive, not serving yet: the first ready beat is a status change,
+            # which the agent syncs at once (a check definition has no Output).
+            "Status": "warning",
         }
         ok = await self._call(
             self._client.agent.service.register,
@@ -231,13 +231,25 @@ class ConsulRegistry:
             raise RegistryError(f"consul did not register {info.id}")
 
     async def heartbeat(self, instance_id: str, load: LoadReport) -> None:
-        ok = await self._call(
-            self._client.agent.check.ttl_pass,
-            f"service:{instance_id}",
-            notes=load_to_json(load, sent_at=time.time()),
+        beat = (
+            self._client.agent.check.ttl_pass if load.ready else self._client.agent.check.ttl_warn
         )
-        if not ok:  # 404 Unknown check ID: the agent reaped (or never had) it
-            raise NotRegistered(instance_id)
+        note = load_to_json(load, sent_at=time.time())
+        if await self._call(beat, check_id(instance_id), notes=note):
+            return
+        # 404 Unknown check ID: this agent does not hold it. Reaped, or the
+        # beat reached another node's agent (a load balancer in front of agents).
+        listing = await self._listing()
+        holders = [s for s in listing.states if s.info.id == instance_id and s.healthy]
+        if holders:
+            nodes = listing.nodes.get(instance_id) or ["another node"]
+            raise WrongAgent(
+                f"heartbeat for {instance_id} reached a consul agent that does not hold it,"
+                f" while it is registered and alive on {', '.join(nodes)}: point"
+                f" registry.consul.address at the agent on the instance's own host (not a load"
+                f" balancer or a server), now {self._where}"
+            )
+        raise NotRegistered(instance_id)
 
     async def deregister(self, instance_id: str) -> None:
         await self._call(self._client.agent.service.deregister, instance_id)
@@ -245,13 +257,13 @@ class ConsulRegistry:
     async def instances(
         self, *, tier: Tier | None = None, region: str | None = None, healthy_only: bool = True
     ) -> list[InstanceState]:
-        _, nodes = await self._call(
-            self._client.health.service, self.settings.service_name, passing=healthy_only
-        )
+        listing = await self._listing()
         return [
             s
-            for s in self._states(nodes)
-            if (tier is None or s.info.tier == tier) and (region is None or s.info.region == region)
+            for s in listing.states
+            if (tier is None or s.info.tier == tier)
+            and (region is None or s.info.region == region)
+            and (s.healthy or not healthy_only)
         ]
 
     async def watch_instances(
@@ -259,45 +271,30 @@ class ConsulRegistry:
     ) -> tuple[int, list[InstanceState]]:
         await self._paced("catalog")
         try:
-            new, nodes = await self._call(
-                self._client.health.service,
-                self.settings.service_name,
-                index=index or None,
-                wait=_duration(timeout_s),
-                passing=True,
-            )
-            new_index = int(new)
+            new_index, listing = await self._listing_at(index, timeout_s)
             if new_index < index:  # the index went backwards: start over
-                new, nodes = await self._call(
-                    self._client.health.service, self.settings.service_name, passing=True
-                )
-                new_index = int(new)
+                new_index, listing = await self._listing_at(0, timeout_s)
         finally:
             self._last_watch["catalog"] = time.monotonic()
-        return max(new_index, 1), self._states(nodes)
+        return max(new_index, 1), [s for s in listing.states if s.healthy]
 
-    def _states(self, nodes: list[dict[str, Any]] | None) -> list[InstanceState]:
-        states = []
-        for entry in nodes or []:
-            svc = entry["Service"]
-            checks = entry.get("Checks") or []
-            own = next(
-                (c for c in checks if c.get("CheckID") == f"service:{svc['ID']}"), {"Output": ""}
-            )
-            address = svc.get("Address") or (entry.get("Node") or {}).get("Address", "")
-            states.append(
-                InstanceState(
-                    info=info_from_meta(
-                        svc["ID"], address, int(svc.get("Port") or 0), svc.get("Tags"),
-                        svc.get("Meta"),
-                    ),
-                    load=load_from_json(own.get("Output")),
-                    healthy=bool(checks) and all(c.get("Status") == "passing" for c in checks),
-                    last_heartbeat=_sent_at(own.get("Output")),
-                )
-            )  # fmt: skip
-        states.sort(key=lambda s: s.info.id)
-        return states
+    async def _listing(self) -> Listing:
+        return (await self._listing_at(0, 0.0))[1]
+
+    async def _listing_at(self, index: int, wait_s: float) -> tuple[int, Listing]:
+        params = [("index", str(index)), ("wait", go_duration(wait_s))] if index else []
+        name = self.settings.service_name
+        raw_index, entries = await self._call(
+            self._get, f"/v1/health/service/{name}", params, what=f"the instances of {name!r}"
+        )
+        listing = read_listing(entries)
+        for iid, nodes in listing.duplicates.items():
+            key = (iid, *nodes)
+            if key not in self._duplicates_logged:
+                self._duplicates_logged.add(key)
+                log.warning("instance %s is registered on several consul nodes (%s); using the"
+                            " live copy", iid, ", ".join(nodes))  # fmt: skip
+        return int(raw_index), listing
 
     # -- KV ---------------------------------------------------------------
 
@@ -316,24 +313,27 @@ class ConsulRegistry:
         await self._call(self._client.kv.delete, key)
 
     async def list_prefix(self, prefix: str) -> list[KVEntry]:
-        _, items = await self._call(self._client.kv.get, prefix, recurse=True)
+        _, items = await self._kv_list(prefix, 0, 0.0)
         return [_entry(i) for i in items or []]
+
+    async def _kv_list(self, prefix: str, index: int, wait_s: float) -> tuple[str, Any]:
+        params = [("recurse", "1")]
+        if index:
+            params += [("index", str(index)), ("wait", go_duration(wait_s))]
+        got: tuple[str, Any] = await self._call(
+            self._get, f"/v1/kv/{prefix}", params, what=f"KV under {prefix!r}", decode="Value"
+        )
+        return got
 
     async def watch_prefix(
         self, prefix: str, index: int, timeout_s: float
     ) -> tuple[int, list[KVEntry]]:
         await self._paced("kv:" + prefix)
         try:
-            new, items = await self._call(
-                self._client.kv.get,
-                prefix,
-                recurse=True,
-                index=index or None,
-                wait=_duration(timeout_s),
-            )
+            new, items = await self._kv_list(prefix, index, timeout_s)
             new_index = int(new)
             if new_index < index:
-                new, items = await self._call(self._client.kv.get, prefix, recurse=True)
+                new, items = await self._kv_list(prefix, 0, 0.0)
                 new_index = int(new)
         finally:
             self._last_watch["kv:" + prefix] = time.monotonic()
@@ -356,21 +356,31 @@ class ConsulRegistry:
 
     def _create_session(self, holder: str, ttl_s: float) -> str:
         # py-consul's session.create() insists on a whole TTL >= 10s; the
-        # agent's own floor is its session_ttl_min, so send the body ourselves.
+        # servers' own floor is their session_ttl_min, so send the body ourselves.
         body = {
             "Name": holder,
-            "TTL": _duration(ttl_s),
+            "TTL": go_duration(ttl_s),
             "Behavior": "release",
             "LockDelay": "0s",
         }
         params = [("dc", self.settings.datacenter)] if self.settings.datacenter else []
-        sid: str = self._client.http.put(
-            CB.json(is_id=True),
-            "/v1/session/create",
-            params=params,
-            headers=self._client.prepare_headers(),
-            data=json.dumps(body),
-        )
+        try:
+            sid: str = self._client.http.put(
+                CB.json(is_id=True),
+                "/v1/session/create",
+                params=params,
+                headers=self._client.prepare_headers(),
+                data=json.dumps(body),
+            )
+        except consul.ConsulException as exc:
+            # Consul answers a TTL outside [session_ttl_min, 24h] with a 500
+            # (agent/consul/session_endpoint.go); it is the caller's mistake.
+            if "Invalid Session TTL" in str(exc):
+                raise RegistryRejected(
+                    f"lock TTL {ttl_s:g}s refused: {exc} (Consul's session_ttl_min is 10s"
+                    " unless the servers lower it)"
+                ) from exc
+            raise
         return sid
 
     async def renew_lock(self, lock: LockHandle) -> bool:

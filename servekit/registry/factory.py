@@ -40,7 +40,9 @@ async def open_registry(
     ``http_client`` is used (not closed) by the static backend's probes.
     """
     if settings.backend == "consul":
-        return ConsulRegistry(settings.consul, environ)
+        consul = ConsulRegistry(settings.consul, environ)
+        consul.start_agent_check()  # in the background: logs what the agent's settings mean
+        return consul
     if settings.backend == "static":
         static = StaticRegistry(settings.static, http_client)
         await static.start()

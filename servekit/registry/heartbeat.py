@@ -5,7 +5,14 @@ it on shutdown. The loop never raises into the host: a heartbeat that finds
 the instance gone (expired and reaped) re-registers it; an unreachable
 registry is retried with exponential backoff (capped below the TTL so a
 recovered registry sees the instance again before readers give up on it);
-anything else is logged and retried the same way.
+anything else is logged and retried the same way, except a request the
+registry refused as invalid (:class:`RegistryRejected`, Consul's 400): that
+stops the loop with an error, since the same request can never succeed.
+
+Identity that a Consul agent would refuse (meta keys, sizes: see
+:func:`~servekit.registry.codec.check_meta`) fails :meth:`Heartbeater.start`
+at once, whichever backend is configured, so a misconfigured service refuses
+to start instead of retrying forever.
 """
 
 from __future__ import annotations
@@ -18,12 +25,15 @@ import random
 from collections.abc import Callable
 
 from servekit.engine.protocol import LoadReport
+from servekit.registry.codec import check_meta
 from servekit.registry.protocol import (
     InstanceInfo,
     NotRegistered,
     Registry,
     RegistryError,
+    RegistryRejected,
     RegistryUnavailable,
+    WrongAgent,
 )
 
 __all__ = ["Heartbeater"]
@@ -63,6 +73,7 @@ class Heartbeater:
         self.beats = 0
         self.failures = 0
         self.registrations = 0
+        self.rejected: RegistryRejected | None = None  # why the loop gave up, if it did
 
     @property
     def registered(self) -> bool:
@@ -77,7 +88,10 @@ class Heartbeater:
 
     async def start(self) -> None:
         """Start beating in a background task. Does not wait for the registry:
-        an unreachable registry at start must not keep the service down."""
+        an unreachable registry at start must not keep the service down.
+        Raises :class:`RegistryRejected` at once for identity no registry
+        would accept (the service should refuse to start)."""
+        check_meta(self.info)
         if self._task is None:
             self._loop = asyncio.get_running_loop()
             self._task = asyncio.create_task(self._run(), name=f"heartbeat:{self.info.id}")
@@ -105,7 +119,9 @@ class Heartbeater:
         self._drain_task = asyncio.get_running_loop().create_task(self.draining())
 
     def update_info(self, info: InstanceInfo) -> None:
-        """Publish changed identity (a new model version): re-register on the next beat."""
+        """Publish changed identity (a new model version): re-register on the next beat.
+        Raises :class:`RegistryRejected` (and keeps the old identity) if invalid."""
+        check_meta(info)
         self.info = info
         self._registered = False
 
@@ -135,6 +151,18 @@ class Heartbeater:
                 delay = self.interval_s
             except asyncio.CancelledError:
                 raise
+            except RegistryRejected as exc:
+                self.failures += 1
+                self._registered = False
+                self.rejected = exc
+                log.error("registry refused %s; no longer retrying: %s", self.info.id, exc)
+                return
+            except WrongAgent as exc:  # keep beating; never register a second copy
+                self.failures += 1
+                log.error("%s", exc)
+                delay = self.interval_s
+                await asyncio.sleep(delay)
+                continue
             except Exception as exc:  # never crash the host service
                 self.failures += 1
                 self._registered = False

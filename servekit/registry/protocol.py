@@ -5,6 +5,13 @@ Consul (production, through ``py-consul``) and an embedded store that several
 processes on one machine share. Nothing outside ``servekit.registry`` knows
 which one it holds.
 
+Errors: :class:`RegistryError` is the base; :class:`RegistryUnavailable`
+(unreachable, retry later), :class:`NotRegistered` (a beat for an instance
+the registry forgot), :class:`WrongAgent` (a beat reached an agent that does
+not hold the instance while another does), :class:`RegistryRejected` (an
+invalid request, never retried) and :class:`AccessFiltered` (ACLs hid part of
+a listing).
+
 Watches follow Consul's blocking-query model: pass the index you last saw and
 a timeout; the call returns when the data changed past that index or the
 timeout ran out, with the new index. Index 0 returns at once.
@@ -19,6 +26,7 @@ from typing import Literal, Protocol, runtime_checkable
 from servekit.engine.protocol import LoadReport
 
 __all__ = [
+    "AccessFiltered",
     "Catalog",
     "InstanceInfo",
     "InstanceState",
@@ -28,8 +36,10 @@ __all__ = [
     "NotRegistered",
     "Registry",
     "RegistryError",
+    "RegistryRejected",
     "RegistryUnavailable",
     "Tier",
+    "WrongAgent",
 ]
 
 Tier = Literal["edge", "center"]
@@ -45,6 +55,24 @@ class RegistryUnavailable(RegistryError):
 
 class NotRegistered(RegistryError):
     """A heartbeat for an instance the registry no longer knows (it expired)."""
+
+
+class RegistryRejected(RegistryError):
+    """The registry refused the request as invalid (Consul's 400): sending the
+    same request again cannot succeed, so callers stop instead of retrying."""
+
+
+class WrongAgent(RegistryError):
+    """A heartbeat reached a registry agent that does not hold the instance while
+    another one does (Consul: the address points at a load balancer or a server,
+    not the instance's local agent). Registering again there would leave two
+    copies on two nodes, so the caller reports it and does not."""
+
+
+class AccessFiltered(RegistryError):
+    """The registry answered, but its ACLs hid part of the answer (Consul sets
+    ``X-Consul-Results-Filtered-By-ACLs``): the token lacks read rights, and
+    the listing must not be taken for the whole fleet."""
 
 
 @dataclass(frozen=True, slots=True)

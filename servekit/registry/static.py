@@ -22,12 +22,12 @@ import logging
 import time
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 
 from servekit.engine.protocol import LoadReport
 from servekit.peers import PeerProblems
+from servekit.registry.load_probe import LoadProbe
 from servekit.registry.protocol import (
     InstanceInfo,
     InstanceState,
@@ -63,11 +63,7 @@ def entry_info(entry: StaticEntry) -> InstanceInfo:
 
 
 class StaticRegistry:
-    """:class:`~servekit.registry.protocol.Registry` over a configured list.
-
-    ``client_for`` picks the (borrowed) HTTP client probing an entry, e.g. one
-    carrying that tier's service token and CA bundle; ``client`` otherwise.
-    """
+    """:class:`~servekit.registry.protocol.Registry` over a configured list."""
 
     def __init__(
         self,
@@ -76,11 +72,14 @@ class StaticRegistry:
         *,
         client_for: Callable[[InstanceInfo], httpx.AsyncClient] | None = None,
     ) -> None:
+        """``client_for`` picks the (borrowed) client probing an entry, e.g. one with
+        that tier's service token and CA bundle; ``client`` otherwise."""
         self.settings = settings
         self._infos = [(entry_info(e), e.url.rstrip("/")) for e in settings.entries]
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=settings.probe_timeout_s)
         self._client_for = client_for
+        self._load = LoadProbe(self._client, settings.load_path or "/load", client_for=client_for)
         self._problems = PeerProblems(log)
         self._states: dict[str, InstanceState] = {
             info.id: InstanceState(info=info, load=LoadReport(), healthy=False, last_heartbeat=0.0)
@@ -125,32 +124,21 @@ class StaticRegistry:
 
     async def _probe(self, info: InstanceInfo, url: str) -> InstanceState:
         old = self._states[info.id]
-        client = self._client_for(info) if self._client_for is not None else self._client
         try:
+            client = self._client_for(info) if self._client_for is not None else self._client
             ready = await client.get(url + "/ready")
             healthy = ready.status_code == 200
             load = old.load
             if self.settings.load_path:
-                load = await self._fetch_load(client, url + self.settings.load_path, old.load)
+                report, status = await self._load.fetch(url, info)
+                self._problems.status(url, status)  # a refused token says so, once
+                load = report or old.load
         except httpx.HTTPError as exc:
-            self._problems.failed(url, exc)
+            self._problems.failed(url, exc)  # a refused certificate says so, once
             log.debug("static probe of %s failed: %s", url, exc)
             return dataclasses.replace(old, healthy=False)
         seen = time.time() if healthy else old.last_heartbeat
         return InstanceState(info=info, load=load, healthy=healthy, last_heartbeat=seen)
-
-    async def _fetch_load(
-        self, client: httpx.AsyncClient, url: str, fallback: LoadReport
-    ) -> LoadReport:
-        resp = await client.get(url)
-        if resp.status_code != 200:
-            self._problems.status(url, resp.status_code)
-            return fallback
-        try:
-            data: Any = resp.json()
-            return LoadReport.from_dict(data) if isinstance(data, dict) else fallback
-        except (ValueError, TypeError):
-            return fallback
 
     # -- catalog (read side) -------------------------------------------------
 

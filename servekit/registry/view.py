@@ -6,6 +6,11 @@ waits on the registry. A background task runs blocking queries
 registry cannot be reached the view keeps serving the last list it had, turns
 :attr:`CatalogView.stale` on (and the optional gauge/callback with it), retries
 with capped exponential backoff, and clears the flag on the first success.
+
+A listing the registry answered but ACLs filtered (:class:`AccessFiltered`)
+is treated the same way, never as the whole fleet, and logged as an error
+(again every minute while it lasts): an empty "healthy" fleet caused by a
+token without read rights must not look like an outage of every instance.
 """
 
 from __future__ import annotations
@@ -16,9 +21,16 @@ import logging
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from servekit.registry.protocol import Catalog, InstanceState, RegistryError, Tier
+from servekit.registry.protocol import (
+    AccessFiltered,
+    Catalog,
+    InstanceState,
+    RegistryError,
+    RegistryUnavailable,
+    Tier,
+)
 
 __all__ = ["CatalogView"]
 
@@ -30,9 +42,13 @@ class CatalogView:
 
     ``on_stale(stale)`` is called whenever staleness flips. With
     ``metrics_registry`` the view exports ``registry_catalog_stale`` (0/1),
-    ``registry_catalog_last_success_timestamp_seconds`` and
-    ``registry_catalog_instances`` into that registry (never the global one).
+    ``registry_catalog_last_success_timestamp_seconds``,
+    ``registry_catalog_instances`` and ``registry_catalog_errors_total{kind}``
+    (``unavailable``, ``acl_filtered``, ``error``) into that registry (never
+    the global one).
     """
+
+    error_log_every_s = 60.0
 
     def __init__(
         self,
@@ -58,6 +74,9 @@ class CatalogView:
         self._generation = 0
         self._stale_gauge: Gauge | None = None
         self._count_gauge: Gauge | None = None
+        self._errors: Counter | None = None
+        self._last_error: tuple[str, float] | None = None  # message, when logged
+        self.last_error: RegistryError | None = None
         if metrics_registry is not None:
             self._stale_gauge = Gauge(
                 "registry_catalog_stale",
@@ -76,6 +95,13 @@ class CatalogView:
                 "Healthy instances in the last-known catalog.",
                 registry=metrics_registry,
             )
+            self._errors = Counter(
+                "registry_catalog_errors",
+                "Failed catalog reads, by kind: unavailable, acl_filtered (the token may not"
+                " read every instance), error.",
+                ["kind"],
+                registry=metrics_registry,
+            )
 
     @property
     def stale(self) -> bool:
@@ -90,6 +116,11 @@ class CatalogView:
     @property
     def index(self) -> int:
         return self._index
+
+    @property
+    def generation(self) -> int:
+        """Moves on every published update (list or staleness): cheap change detection."""
+        return self._generation
 
     def snapshot(
         self, *, tier: Tier | None = None, region: str | None = None
@@ -145,8 +176,7 @@ class CatalogView:
             try:
                 index, states = await self.catalog.watch_instances(self._index, self.wait_s)
             except RegistryError as exc:
-                if not self._stale:
-                    log.warning("registry unreachable, serving last-known catalog: %s", exc)
+                self._failed(exc)
                 # Start over with a plain read: a restarted registry's index may be lower.
                 self._index = 0
                 await self._publish(stale=True)
@@ -154,10 +184,30 @@ class CatalogView:
                 backoff = min(self.retry_max_s, backoff * 2)
                 continue
             backoff = self.retry_initial_s
+            self._last_error = None
+            self.last_error = None
             self._index = index
             self._states = states
             self._last_success = time.time()
             await self._publish(stale=False)
+
+    def _failed(self, exc: RegistryError) -> None:
+        self.last_error = exc
+        unavailable = isinstance(exc, RegistryUnavailable)
+        kind = "unavailable" if unavailable else "acl_filtered" if isinstance(
+            exc, AccessFiltered) else "error"  # fmt: skip
+        if self._errors is not None:
+            self._errors.labels(kind).inc()
+        if unavailable:
+            if not self._stale:
+                log.warning("registry unreachable, serving last-known catalog: %s", exc)
+            return
+        now = time.monotonic()
+        last = self._last_error
+        if last is None or last[0] != str(exc) or now - last[1] >= self.error_log_every_s:
+            self._last_error = (str(exc), now)
+            log.error("catalog read failed, serving last-known catalog (%d instances): %s",
+                      len(self._states), exc)  # fmt: skip
 
     async def _publish(self, *, stale: bool) -> None:
         flipped = stale != self._stale

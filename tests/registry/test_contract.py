@@ -1,8 +1,10 @@
 """The registry contract: every backend must pass every test here.
 
 Runs against the embedded SQLite store and against the Consul backend talking
-to the HTTP double (see ``conftest.py``). Timing bounds are generous upper
-limits for a loaded machine; the behaviour checked is what callers rely on.
+to the HTTP double (see ``conftest.py``), whose agent runs at Consul's default
+timings unless a test's ``consul_timings`` marker says otherwise (and why).
+Timing bounds are generous upper limits for a loaded machine; the behaviour
+checked is what callers rely on.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 
 from servekit.engine.protocol import LoadReport
 from servekit.registry.protocol import InstanceInfo, InstanceState, NotRegistered, Registry
+from tests.registry.conftest import FAST_REAP
 
 pytestmark = pytest.mark.anyio
 
@@ -91,6 +94,8 @@ async def test_unbeaten_instance_expires_and_a_beat_revives_it(registry: Registr
     assert revived.load.running == 1
 
 
+# Consul reaps no earlier than 1m after a check turned critical, on a 30s tick.
+@pytest.mark.consul_timings(**FAST_REAP)
 async def test_reaped_or_deregistered_instance_is_not_registered(registry: Registry) -> None:
     await registry.register(_info("gone"), ttl_s=0.3)
 
@@ -219,33 +224,36 @@ async def test_watch_prefix_wakes_on_put_and_delete_only_under_it(registry: Regi
 
 
 async def test_lock_is_exclusive_until_released(registry: Registry) -> None:
-    held = await registry.acquire_lock("locks/rollout", "alice", ttl_s=5)
+    held = await registry.acquire_lock("locks/rollout", "alice", ttl_s=10)  # Consul's minimum
     assert held is not None
     assert held.holder == "alice"
-    assert await registry.acquire_lock("locks/rollout", "bob", ttl_s=5) is None
+    assert await registry.acquire_lock("locks/rollout", "bob", ttl_s=10) is None
     assert await registry.renew_lock(held)
-    assert await registry.acquire_lock("locks/rollout", "bob", ttl_s=5) is None
+    assert await registry.acquire_lock("locks/rollout", "bob", ttl_s=10) is None
 
     await registry.release_lock(held)
-    taken = await registry.acquire_lock("locks/rollout", "bob", ttl_s=5)
+    taken = await registry.acquire_lock("locks/rollout", "bob", ttl_s=10)
     assert taken is not None
     assert taken.session != held.session
     assert not await registry.renew_lock(held)
     await registry.release_lock(held)  # a stale handle releases nothing
-    assert await registry.acquire_lock("locks/rollout", "carol", ttl_s=5) is None
+    assert await registry.acquire_lock("locks/rollout", "carol", ttl_s=10) is None
     await registry.release_lock(taken)
 
 
+# Consul refuses session TTLs under session_ttl_min (10s) and may keep a
+# session for twice its TTL: waiting that out would take 20s and more.
+@pytest.mark.consul_timings(session_ttl_min_s=0.5)
 async def test_lock_expires_without_renewal(registry: Registry) -> None:
     held = await registry.acquire_lock("locks/rollout", "alice", ttl_s=0.5)
     assert held is not None
-    assert await registry.acquire_lock("locks/rollout", "bob", ttl_s=5) is None
+    assert await registry.acquire_lock("locks/rollout", "bob", ttl_s=10) is None
 
     taken = None
     deadline = time.monotonic() + 4.0  # Consul may keep a session up to 2x its TTL
     while taken is None and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-        taken = await registry.acquire_lock("locks/rollout", "bob", ttl_s=5)
+        taken = await registry.acquire_lock("locks/rollout", "bob", ttl_s=10)
     assert taken is not None, "lock did not expire"
     assert not await registry.renew_lock(held)
     await registry.release_lock(taken)

@@ -15,8 +15,8 @@ from servekit.registry.consul import ConsulRegistry
 from servekit.registry.embedded import EmbeddedRegistry
 from servekit.registry.heartbeat import Heartbeater
 from servekit.registry.protocol import InstanceInfo, InstanceState, Registry
-from tests.registry.conftest import consul_settings
-from tests.registry.consul_double import ConsulDouble, ConsulState
+from tests.registry.conftest import consul_datacenter, consul_settings
+from tests.registry.consul_double import ConsulDouble
 from tests.support.servers import UvicornThread, free_port
 
 pytestmark = pytest.mark.anyio
@@ -40,6 +40,10 @@ async def _only(registry: Registry) -> InstanceState | None:
     return states[0] if len(states) == 1 else None
 
 
+# A Consul agent forwards a beat that changes only figures after
+# check_update_interval (5m); 0 forwards each at once. At the default, see
+# test_consul_backend's test_figures_lag_but_readiness_and_draining_do_not.
+@pytest.mark.consul_timings(check_update_interval_s=0.0)
 async def test_beats_live_load_then_drains_and_deregisters(registry: Registry) -> None:
     running = [0]
     beater = Heartbeater(
@@ -144,12 +148,12 @@ async def test_backs_off_while_consul_is_down_and_recovers() -> None:
         assert beater._task is not None
         assert not beater._task.done()
 
-        state = ConsulState(deregister_floor_s=0.0, session_ttl_min_s=0.5)
+        state = consul_datacenter()
         with UvicornThread(ConsulDouble(state).app(), port=port):
             await _until(lambda: _is_listed(registry), 5.0, "registered after recovery")
             assert beater.registered
             await beater.stop()
-            assert "edge-eu-1" not in state.services
+            assert ("consul-double", "edge-eu-1") not in state.services
     finally:
         await beater.stop(deregister=False)
         await registry.aclose()

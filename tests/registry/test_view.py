@@ -15,8 +15,8 @@ from servekit.registry.consul import ConsulRegistry
 from servekit.registry.embedded import EmbeddedRegistry
 from servekit.registry.protocol import InstanceInfo
 from servekit.registry.view import CatalogView
-from tests.registry.conftest import consul_settings
-from tests.registry.consul_double import ConsulDouble, ConsulState
+from tests.registry.conftest import consul_datacenter, consul_settings
+from tests.registry.consul_double import ConsulDouble
 from tests.support.servers import UvicornThread, free_port
 
 pytestmark = pytest.mark.anyio
@@ -75,7 +75,7 @@ def _gauge(metrics: CollectorRegistry, name: str) -> float:
 
 
 async def test_view_serves_last_known_while_consul_is_down_and_recovers() -> None:
-    state = ConsulState(deregister_floor_s=0.0, session_ttl_min_s=0.5)
+    state = consul_datacenter()
     port = free_port()
     registry = ConsulRegistry(consul_settings(f"127.0.0.1:{port}"), environ={})
     metrics = CollectorRegistry()
@@ -121,7 +121,7 @@ async def test_view_serves_last_known_while_consul_is_down_and_recovers() -> Non
 
 
 async def test_view_recovers_when_the_index_goes_backwards() -> None:
-    state = ConsulState(deregister_floor_s=0.0, session_ttl_min_s=0.5)
+    state = consul_datacenter()
     with UvicornThread(ConsulDouble(state).app()) as server:
         registry = ConsulRegistry(consul_settings(server.url), environ={})
         view = CatalogView(registry, wait_s=0.5)
