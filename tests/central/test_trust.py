@@ -30,7 +30,7 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _wait(check: Callable[[], bool], timeout: float = 10.0) -> None:
+def _wait(check: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "timed out"
@@ -78,7 +78,7 @@ def test_the_gateway_needs_its_token_sends_its_own_and_shows_no_secret(tmp_path:
         anonymous = httpx.post(double.url + "/v1/chat/completions", json={"model": MODEL})
         assert anonymous.status_code == 401  # the replica takes only the gateway's token
         with UvicornThread(create_app(settings(tmp_path, double.url))) as gw:
-            wait_ready(gw.url, timeout=15)
+            wait_ready(gw.url, timeout=60)
             chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
             refused = httpx.post(gw.url + "/v1/chat/completions", json=chat)
             assert refused.status_code == 401
@@ -172,7 +172,7 @@ def test_the_gateway_reaches_a_tls_replica_with_its_client_certificate(
             key_file=str(client.key_file),
         )
         with UvicornThread(create_app(trusted)) as gw:
-            wait_ready(gw.url, timeout=15)
+            wait_ready(gw.url, timeout=60)
             chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
             r = httpx.post(gw.url + "/v1/chat/completions", json=chat, timeout=30)
             assert r.status_code == 200, r.text

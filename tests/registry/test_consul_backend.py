@@ -116,7 +116,7 @@ async def test_the_acl_token_comes_from_a_file_as_systemd_hands_it_over(tmp_path
     creds = tmp_path / "credentials"
     creds.mkdir()
     (creds / "consul-token").write_text("s3cret\n")
-    state = ConsulState(acl_token="s3cret", deregister_floor_s=0.0, session_ttl_min_s=0.5)
+    state = ConsulState(acl_token="s3cret")
     with UvicornThread(ConsulDouble(state).app()) as server:
         cfg = tmp_path / "registry.yaml"
         cfg.write_text(
