@@ -10,7 +10,7 @@ counts, its recent TTFT P50/P95, decode and prefill rates; see
 :meth:`hybrid_llm.sim.instance.Instance.report`). The router's
 :class:`~geo_router.tracker.Tracker` counts its own requests in flight and the
 ones that ended since a report (so a stale report is discounted), its own TTFT
-per instance (the hedge delay) and 429s (the circuit breaker); its
+per instance (the hedge delay) and 429s (ranked last for a moment); its
 :class:`~geo_router.scoring.Scorer` predicts each candidate's TTFT (RTT + queue
 wait + prefill + busy slowdown, power-of-two choices among the near-best) and
 orders them. The tier logic follows ``geo_router.planner``: simple requests
@@ -177,5 +177,5 @@ class RouterPolicy:
     def released(self, target: Target, failed: bool = False) -> None:
         now = self.clock()
         self.tracker.release(target.name, now)
-        if failed:
-            self.tracker.failure(target.name, now)
+        if failed:  # a 429: busy, not broken (the router's dispatcher books it so)
+            self.tracker.refused(target.name, self.routing.shed_backoff_s, now)
