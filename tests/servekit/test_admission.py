@@ -90,7 +90,8 @@ async def test_a_ttft_budget_refuses_at_once_what_would_wait_too_long() -> None:
     with pytest.raises(QueueFull) as info:
         await q.acquire()
     assert "TTFT budget" in info.value.message
-    assert info.value.retry_after is not None and info.value.retry_after >= 1
+    assert info.value.retry_after is not None
+    assert info.value.retry_after >= 1
     assert (q.running, q.waiting, q.shed) == (1, 0, 1)
     holder.release()
     # Once the slot is free the newcomer starts at once: no wait to predict.
