@@ -186,7 +186,7 @@ def test_an_edge_that_would_refuse_on_its_budget_ranks_behind_those_that_can_sta
         inst("edge-b", region="west"),
         inst("center", tier="center", region="center"),
     ]
-    p, _, tracker = planner(states, center_bias_ms=5000.0)
+    p, _, _ = planner(states, center_bias_ms=5000.0)
     ranked = p.plan(support("hi"), EAST, "u").candidates
     assert ranked[-1].id == "edge-a"
     assert ranked[-1].over_budget
