@@ -22,8 +22,12 @@ prediction for a newcomer:
   the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
   refreshed by :meth:`AdmissionQueue.observe`).
 
-The request's own prefill is not in it (the queue does not know the prompt's
-cached share); set the budget to the TTFT target less a typical prefill.
+The budget bounds the whole first token: a request is refused when its
+predicted wait plus the engine's typical TTFT once admitted (its recent
+median from slot to first token, ``ttft_p50_ms``: prompt lengths and prefix
+cache hits as its traffic has them) exceeds ``ttft_budget_ms``. The queue
+does not know the new prompt's length or cached share, so that median stands
+for its own prefill.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class AdmissionQueue:
         self.batch_every = max(1, batch_every)
         self.ttft_budget_ms = ttft_budget_ms
         self.busy_ms_per_seq: float | None = None
+        self.typical_ttft_ms: float | None = None
         self.shed = 0  # requests refused on the budget
         self._held: dict[Ticket, float] = {}  # running tickets -> admitted at
         self._running = 0
@@ -102,9 +107,14 @@ class AdmissionQueue:
         backlog = self.waiting + 1
         return max(1.0, self._service_s * backlog / self.slots)
 
-    def observe(self, busy_ms_per_seq: float | None) -> None:
-        """The engine's latest measured slowdown per running sequence."""
+    def observe(self, busy_ms_per_seq: float | None, typical_ttft_ms: float | None) -> None:
+        """The engine's latest slowdown per running sequence and median TTFT."""
         self.busy_ms_per_seq = busy_ms_per_seq
+        self.typical_ttft_ms = typical_ttft_ms
+
+    def over_budget(self, wait_ms: float) -> bool:
+        budget = self.ttft_budget_ms
+        return budget is not None and wait_ms + (self.typical_ttft_ms or 0.0) > budget
 
     def predicted_wait_ms(self, now: float | None = None) -> float:
         """Predicted wait of a request arriving now, before its own prefill (see above)."""
@@ -124,12 +134,14 @@ class AdmissionQueue:
         if self.ttft_budget_ms is None:
             return
         wait = self.predicted_wait_ms()
-        if wait > self.ttft_budget_ms:
+        if self.over_budget(wait):
             self.shed += 1
+            ttft = wait + (self.typical_ttft_ms or 0.0)
             raise QueueFull(
-                f"server cannot start this request within its TTFT budget "
-                f"(predicted wait {wait:.0f} ms > {self.ttft_budget_ms:.0f} ms); retry later",
-                retry_after=max(1.0, (wait - self.ttft_budget_ms) / 1000.0),
+                f"server cannot start this request within its TTFT budget (predicted wait "
+                f"{wait:.0f} ms + typical TTFT {self.typical_ttft_ms or 0.0:.0f} ms > "
+                f"{self.ttft_budget_ms:.0f} ms); retry later",
+                retry_after=max(1.0, (ttft - self.ttft_budget_ms) / 1000.0),
             )
 
     def _admit(self, ticket: Ticket, now: float) -> Ticket:
@@ -140,7 +152,7 @@ class AdmissionQueue:
     def try_acquire(self, priority: Priority = Priority.INTERACTIVE) -> Ticket | None:
         """A slot at once if one is free, nobody waits and the budget allows; else None."""
         if self._running < self.slots and self.waiting == 0:
-            if self.ttft_budget_ms is not None and self.predicted_wait_ms() > self.ttft_budget_ms:
+            if self.ttft_budget_ms is not None and self.over_budget(self.predicted_wait_ms()):
                 return None  # acquire() refuses it, with the figures
             now = time.monotonic()
             self._running += 1
