@@ -5,7 +5,8 @@ simple ones go to the edge unless the center predicts a lower TTFT even after
 its cost bias (a spill), hard ones go to the center (edges only as a last
 resort). A tier alias pins the tier, a concrete model name pins the model.
 A canary split picks one version per model, sticky per user, and prefers
-instances running it when any exist.
+instances running it when any exist (instances of versions outside the split,
+such as a center serving the same model name, are not filtered).
 
 Context windows: an instance that reports ``max_context_tokens`` is offered
 only requests whose estimated prompt plus ``max_tokens`` fit it; a tier whose
@@ -199,7 +200,15 @@ class Planner:
                 continue
             decision.versions[model] = version
             if any(s.info.model == model and s.info.version == version for s in pool):
-                pool = [s for s in pool if s.info.model != model or s.info.version == version]
+                # Only the versions being split are filtered: an instance serving the
+                # model under another version (a center's own build) stays a candidate.
+                pool = [
+                    s
+                    for s in pool
+                    if s.info.model != model
+                    or s.info.version == version
+                    or s.info.version not in shares
+                ]
         return pool
 
     def _fit(self, state: InstanceState, shape: RequestShape) -> tuple[int, Trim | None] | None:
