@@ -119,7 +119,8 @@ class Dispatcher:
 
     async def open(self, req: RouteRequest, decision: Decision) -> Opened:
         cands = decision.candidates[: self._routing.max_attempts]
-        hedge = self._routing.hedge.enabled
+        # A warming attempt is a cold start on purpose: a hedge would cancel it.
+        hedge = self._routing.hedge.enabled and not (cands and cands[0].warming)
         primed, cand, index, hedged = await self._race(req, cands, req.upstream_body, hedge)
         if hedged:
             reason = "hedge"

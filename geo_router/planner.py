@@ -13,13 +13,21 @@ only requests whose estimated prompt plus ``max_tokens`` fit it; a tier whose
 trimming policy is on (``routing.trimming``) gets long conversations trimmed
 to fit instead. When no instance can hold a request, those with the largest
 window are tried, and their own ``context_length_exceeded`` reaches the client.
+
+A prefix cached only away from the user (its first request happened to land
+on a neighbour) would keep its traffic there: the instance holding it is
+cheaper than a cold start at the same-city edge, every time. So when the best
+candidate of a simple request is not a same-city edge, a prefix is cached
+somewhere, and a same-city edge would be best once it held that prefix, that
+edge goes first (``warming``): it pays the cold prefill once and holds the
+prefix from then on.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from geo_router.catalog import CandidateSource, TrafficSource
@@ -286,13 +294,40 @@ class Planner:
                 self._score(s, region, n, t, shape, bias if s.info.tier == "center" else 0.0)
                 for s, n, t in fitted
             ]
-            ordered = within_budget_first(order(scored))
+            ordered = _warm_local(within_budget_first(order(scored)), region)
             return ensure_center(ordered, self._routing.max_attempts)
         scored = [self._score(s, region, n, t, shape) for s, n, t in fitted]
         ordered = order([c for c in scored if c.tier == "center"])
         if self._routing.hard_may_use_edge:
             ordered += sorted((c for c in scored if c.tier == "edge"), key=lambda c: c.predicted_ms)
         return within_budget_first(ordered)
+
+
+def _warm_local(ordered: list[Scored], region: str) -> list[Scored]:
+    """A same-city edge first when it would be best once it held the prefix that is
+    cached elsewhere (see the module docstring)."""
+    if not ordered or (ordered[0].tier == "edge" and ordered[0].region == region):
+        return ordered
+    held = max(c.cached_tokens for c in ordered)
+    if held <= 0:
+        return ordered
+
+    def warm_ms(c: Scored) -> float:
+        uncached = c.prompt_tokens - c.cached_tokens
+        per_token = c.prefill_ms / uncached if uncached > 0 else 0.0
+        return c.predicted_ms - c.prefill_ms + per_token * max(0, c.prompt_tokens - held)
+
+    local = [
+        c
+        for c in ordered
+        if c.tier == "edge" and c.region == region and not c.over_budget and c.trim is None
+    ]
+    if not local:
+        return ordered
+    best = min(local, key=warm_ms)
+    if warm_ms(best) >= ordered[0].predicted_ms:
+        return ordered
+    return [replace(best, warming=True), *(c for c in ordered if c is not best)]
 
 
 def ensure_center(ordered: list[Scored], attempts: int) -> list[Scored]:

@@ -76,6 +76,7 @@ class Scored:
     over_budget: bool = False
     trim: Trim | None = None
     prefix: Prefix | None = None  # what this instance will have cached once it serves it
+    warming: bool = False  # chosen to take a prefix cached elsewhere (a cold start, once)
 
     @property
     def window(self) -> int | None:
@@ -119,6 +120,7 @@ class Scored:
             "ttft_budget_ms": self.state.load.ttft_budget_ms,
             "reported_wait_ms": self.state.load.predicted_wait_ms,
             "over_budget": self.over_budget,
+            "warming": self.warming,
             "trimmed": None if self.trim is None else {"dropped_messages": self.trim.dropped},
             "weight": round(self.weight, 3),
             "circuit": self.circuit.name.lower(),

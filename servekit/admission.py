@@ -22,12 +22,11 @@ prediction for a newcomer:
   the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
   refreshed by :meth:`AdmissionQueue.observe`).
 
-The budget bounds the whole first token: a request is refused when its
-predicted wait plus the engine's typical TTFT once admitted (its recent
-median from slot to first token, ``ttft_p50_ms``: prompt lengths and prefix
-cache hits as its traffic has them) exceeds ``ttft_budget_ms``. The queue
-does not know the new prompt's length or cached share, so that median stands
-for its own prefill.
+The request's own prefill is not in it: the queue does not know the new
+prompt's length or how much of it the engine holds cached, and a guess from
+the engine's recent TTFTs would feed back on itself (once refusals stop
+admitting requests, a high median would never come down). So the budget is
+for the wait: set it to the TTFT target less a typical prefill.
 """
 
 from __future__ import annotations
@@ -79,7 +78,6 @@ class AdmissionQueue:
         self.batch_every = max(1, batch_every)
         self.ttft_budget_ms = ttft_budget_ms
         self.busy_ms_per_seq: float | None = None
-        self.typical_ttft_ms: float | None = None
         self.shed = 0  # requests refused on the budget
         self._held: dict[Ticket, float] = {}  # running tickets -> admitted at
         self._running = 0
@@ -107,14 +105,12 @@ class AdmissionQueue:
         backlog = self.waiting + 1
         return max(1.0, self._service_s * backlog / self.slots)
 
-    def observe(self, busy_ms_per_seq: float | None, typical_ttft_ms: float | None) -> None:
-        """The engine's latest slowdown per running sequence and median TTFT."""
+    def observe(self, busy_ms_per_seq: float | None) -> None:
+        """The engine's latest measured slowdown per running sequence."""
         self.busy_ms_per_seq = busy_ms_per_seq
-        self.typical_ttft_ms = typical_ttft_ms
 
     def over_budget(self, wait_ms: float) -> bool:
-        budget = self.ttft_budget_ms
-        return budget is not None and wait_ms + (self.typical_ttft_ms or 0.0) > budget
+        return self.ttft_budget_ms is not None and wait_ms > self.ttft_budget_ms
 
     def predicted_wait_ms(self, now: float | None = None) -> float:
         """Predicted wait of a request arriving now, before its own prefill (see above)."""
@@ -136,12 +132,10 @@ class AdmissionQueue:
         wait = self.predicted_wait_ms()
         if self.over_budget(wait):
             self.shed += 1
-            ttft = wait + (self.typical_ttft_ms or 0.0)
             raise QueueFull(
-                f"server cannot start this request within its TTFT budget (predicted wait "
-                f"{wait:.0f} ms + typical TTFT {self.typical_ttft_ms or 0.0:.0f} ms > "
-                f"{self.ttft_budget_ms:.0f} ms); retry later",
-                retry_after=max(1.0, (ttft - self.ttft_budget_ms) / 1000.0),
+                f"server cannot start this request within its TTFT budget "
+                f"(predicted wait {wait:.0f} ms > {self.ttft_budget_ms:.0f} ms); retry later",
+                retry_after=max(1.0, (wait - self.ttft_budget_ms) / 1000.0),
             )
 
     def _admit(self, ticket: Ticket, now: float) -> Ticket:

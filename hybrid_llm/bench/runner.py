@@ -6,9 +6,10 @@ compared at the same offered load in one run.
 The unit of work is a conversation: its turns go one after another, each
 with the previous answers in its history, as a chat client sends them. A
 closed-loop worker runs conversations back to back; an open-loop arrival
-starts one. A turn refused with 429 ends its conversation, and a closed-loop
-worker then waits the ``Retry-After`` (at most ``max_backoff_s``) before
-starting the next, as a client that honours it would.
+starts one. A failed turn ends its conversation; after a refusal that says
+when to come back (429 or 503 with ``Retry-After``) a closed-loop worker
+waits that long (at most ``max_backoff_s``) before starting the next, as a
+client that honours it would.
 """
 
 from __future__ import annotations
@@ -138,8 +139,8 @@ async def _closed_loop(
         while budget.take():
             conv = plan.workload.conversation()
             last = await _converse(client, plan, variant, conv, t0, budget, records)
-            if last is not None and last.status == 429:
-                wait = min(plan.max_backoff_s, last.retry_after or 1.0)
+            if last is not None and last.retry_after is not None:
+                wait = min(plan.max_backoff_s, last.retry_after)
                 await asyncio.sleep(max(0.0, min(wait, budget.deadline - time.perf_counter())))
 
     async with asyncio.TaskGroup() as tg:

@@ -69,7 +69,7 @@ class ServingCore:
         engine = self.engines.current()
         report = engine.load()
         admission = self.admission
-        admission.observe(report.busy_ms_per_seq, report.ttft_p50_ms)
+        admission.observe(report.busy_ms_per_seq)
         budget = admission.ttft_budget_ms
         return replace(
             report,

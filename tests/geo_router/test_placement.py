@@ -198,3 +198,30 @@ def test_an_edge_that_would_refuse_on_its_budget_ranks_behind_those_that_can_sta
         tracker2.refused("edge-a", 30.0)
     assert tracker2.available("edge-a")
     assert p2.plan(support("hi"), EAST, "u").candidates[0].id == "edge-b"
+
+
+def test_a_prefix_cached_only_in_another_city_warms_the_same_city_edge_once() -> None:
+    states = [
+        inst("edge-a", prefill_tokens_per_s=150.0),
+        inst("edge-b", region="west", prefill_tokens_per_s=170.0),  # measured a bit faster
+        inst("center", tier="center", region="center", prefill_tokens_per_s=150.0),
+    ]
+    p, index, _ = planner(states, center_bias_ms=1000.0)
+    first = p.plan(support("What are your store hours?"), EAST, "u").candidates[0]
+    assert (first.id, first.warming) == ("edge-b", False)  # cold everywhere: the faster one
+    assert first.prefix is not None
+    index.record("edge-b", first.prefix)
+    second = p.plan(support("Do you ship to Canada?"), EAST, "u").to_dict()
+    assert second["instance"] == "edge-a"
+    assert second["candidates"][0]["warming"] is True
+    assert second["reason"] == "simple"
+    chosen = p.plan(support("Do you ship to Canada?"), EAST, "u").candidates[0]
+    assert chosen.prefix is not None
+    index.record("edge-a", chosen.prefix)
+    third = p.plan(support("Is shipping free?"), EAST, "u").candidates[0]
+    assert (third.id, third.warming) == ("edge-a", False)  # it holds it now
+    # A busy same-city edge is not warmed: the neighbour that holds the prefix serves.
+    states[0] = inst("edge-a", prefill_tokens_per_s=150.0, running=4, waiting=6)
+    p2, index2, _ = planner(states, center_bias_ms=1000.0)
+    index2.record("edge-b", first.prefix)
+    assert p2.plan(support("Hours?"), EAST, "u").candidates[0].id == "edge-b"
