@@ -51,7 +51,8 @@ def router(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterat
             upstream(small, id="edge-small"),
             upstream(large, tier="center", region="center", id="center-large"),
         ]
-        routing = {"ttft_deadline_s": 180.0, "slow_start_s": 0, "center_bias_ms": 0}
+        # A big center bias: only the window may send a simple request to the center.
+        routing = {"ttft_deadline_s": 180.0, "slow_start_s": 0, "center_bias_ms": 5000}
         app = create_app(router_settings(ups, routing=routing))
         server = stack.enter_context(UvicornThread(app, http=HeadWithBodyProtocol))
         for _ in range(100):  # until both windows are known from /load
