@@ -81,6 +81,12 @@ class AdmissionSettings(_Section):
     batch_every: int = Field(
         4, ge=1, description="One grant in N goes to waiting batch work, so it is never starved."
     )
+    ttft_budget_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Refuse at once (429) a request whose predicted wait exceeds this; "
+        "none: only a full queue refuses.",
+    )
 
 
 class InstanceSettings(_Section):

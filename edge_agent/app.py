@@ -50,6 +50,7 @@ class EdgeAgent:
             engine.capacity,
             settings.admission.max_waiting,
             batch_every=settings.admission.batch_every,
+            ttft_budget_ms=settings.admission.ttft_budget_ms,
         )
         self.prometheus = CollectorRegistry()
         self.metrics = ServingMetrics(

@@ -54,6 +54,12 @@ class InstanceSettings(_Section):
 class AdmissionSettings(_Section):
     max_waiting: int = Field(16, ge=0, description="Requests that may wait; more get 429.")
     batch_every: int = Field(4, ge=1, description="One grant in N goes to waiting batch work.")
+    ttft_budget_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Refuse at once (429) a request whose predicted wait exceeds this; "
+        "none: only a full queue refuses.",
+    )
 
 
 class EngineSettings(LlamaSettings):

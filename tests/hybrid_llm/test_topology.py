@@ -112,6 +112,9 @@ def test_local_topology_renders_valid_service_settings(
     settings = load_settings(settings_model, tmp_path / "topology" / f"{service}.yaml")
     spec = next(s for s in topo.enabled() if s.name == service)
     assert operator.attrgetter(port_field)(settings) == spec.port
+    # Every service shares the topology's registry; the router reads rollout shares there.
+    assert settings.registry is not None
+    assert settings.registry.embedded.path == topo.registry
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
