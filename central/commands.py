@@ -11,7 +11,6 @@ unit tests see precisely what would run.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import yaml
 
 from central.specs import LlamaCppReplica, TrtllmReplica, UrlReplica, VllmReplica
 from servekit.engine.llama import LlamaSettings
+from servekit.engine.process import ProcessCommand
 
 if TYPE_CHECKING:
     from central.settings import CentralSettings
@@ -57,16 +57,20 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class LaunchPlan:
+    """A replica's process (the shared :class:`ProcessCommand`) and how to reach it."""
+
     argv: tuple[str, ...]
     endpoint: Endpoint
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[Path, str] = field(default_factory=dict)
 
+    @property
+    def command(self) -> ProcessCommand:
+        return ProcessCommand(self.argv, self.env, self.files)
+
     def shell(self) -> str:
         """The plan as one copy-pasteable shell line (environment first)."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        cmd = shlex.join(self.argv)
-        return f"{env} {cmd}" if env else cmd
+        return self.command.shell()
 
 
 def _url(host: str, port: int) -> str:
