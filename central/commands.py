@@ -10,7 +10,6 @@ unit tests see precisely what would run.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -87,41 +86,14 @@ def _gpu_env(gpus: list[int], extra: Mapping[str, str]) -> dict[str, str]:
 
 def vllm_plan(spec: VllmReplica, *, port: int, model_name: str) -> LaunchPlan:
     served = spec.served_model_name or model_name
-    argv: list[str] = [spec.executable, "serve", spec.model]
-    argv += ["--host", spec.host, "--port", str(port), "--served-model-name", served]
-    argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-    argv += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size)]
-    if spec.quantization is not None:
-        argv += ["--quantization", spec.quantization]
-    if spec.kv_cache_dtype is not None:
-        argv += ["--kv-cache-dtype", spec.kv_cache_dtype]
-    if spec.dtype is not None:
-        argv += ["--dtype", spec.dtype]
-    if spec.enable_chunked_prefill is not None:
-        on = spec.enable_chunked_prefill
-        argv.append("--enable-chunked-prefill" if on else "--no-enable-chunked-prefill")
-    if spec.max_num_batched_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
-    if spec.enable_prefix_caching is not None:
-        on = spec.enable_prefix_caching
-        argv.append("--enable-prefix-caching" if on else "--no-enable-prefix-caching")
-    if spec.max_num_seqs is not None:
-        argv += ["--max-num-seqs", str(spec.max_num_seqs)]
-    if spec.max_model_len is not None:
-        argv += ["--max-model-len", str(spec.max_model_len)]
-    if spec.gpu_memory_utilization is not None:
-        argv += ["--gpu-memory-utilization", _num(spec.gpu_memory_utilization)]
-    if spec.speculative is not None:
-        spec_json = json.dumps(spec.speculative.as_vllm_json(), separators=(",", ":"))
-        argv += ["--speculative-config", spec_json]
-    if spec.scheduling_policy is not None:
-        argv += ["--scheduling-policy", spec.scheduling_policy]
-    argv += spec.extra_args
-    priority = spec.scheduling_policy == "priority"
+    argv = spec.serve_argv(spec.model, host=spec.host, port=port, served=served)
     endpoint = Endpoint(
-        _url(spec.host, port), served, spec.capacity, "vllm", send_priority=priority
+        _url(spec.host, port), served, spec.capacity, "vllm", send_priority=spec.sends_priority
     )
-    return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env))
+    env = _gpu_env(spec.gpus, {}) if spec.gpus else {}
+    env.update(spec.serve_env())
+    env.update(spec.env)
+    return LaunchPlan(tuple(argv), endpoint, env)
 
 
 def trtllm_options(spec: TrtllmReplica) -> dict[str, Any]:
