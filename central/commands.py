@@ -90,8 +90,7 @@ def vllm_plan(spec: VllmReplica, *, port: int, model_name: str) -> LaunchPlan:
     endpoint = Endpoint(
         _url(spec.host, port), served, spec.capacity, "vllm", send_priority=spec.sends_priority
     )
-    env = _gpu_env(spec.gpus, {}) if spec.gpus else {}
-    env.update(spec.serve_env())
+    env = spec.serve_env()
     env.update(spec.env)
     return LaunchPlan(tuple(argv), endpoint, env)
 

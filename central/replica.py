@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ from central.settings import SupervisionSettings
 from central.specs import LlamaCppReplica, UrlReplica
 from central.specs import ReplicaSpec as AnySpec
 from servekit.engine.llama import LlamaCppEngine
-from servekit.engine.process import Backoff, EngineProcess, ProcessSupervisor
+from servekit.engine.process import Backoff, EngineProcess, ProcessSupervisor, free_port
 from servekit.engine.protocol import Engine
 
 __all__ = ["EngineFactory", "Replica", "ReplicaState"]
@@ -43,13 +42,6 @@ class ReplicaState(enum.StrEnum):
     UNHEALTHY = "unhealthy"
     RESTARTING = "restarting"
     STOPPED = "stopped"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Replica:
@@ -83,7 +75,7 @@ class Replica:
                 llama_settings(spec, model_name=model_name), version=version
             )
         else:
-            port = spec.port or _free_port(spec.host)
+            port = spec.port or free_port(spec.host)
             run_dir = Path(supervision.log_dir)
             plan = build_plan(
                 spec, port=port, model_name=model_name, run_dir=run_dir, version=version

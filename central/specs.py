@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servekit.engine.vllm_args import VllmServeArgs, default_max_num_seqs
+from servekit.engine.vllm_args import VllmServeArgs
 
 __all__ = [
     "LlamaCppReplica",
@@ -80,32 +80,12 @@ class VllmReplica(VllmServeArgs, _Spec):
 
     kind: Literal["vllm"] = "vllm"
     model: str = Field(description="Hugging Face id or local path of the checkpoint.")
-    gpus: list[int] = Field(
-        default_factory=list,
-        description="GPU indices this replica owns; becomes CUDA_VISIBLE_DEVICES. "
-        "Empty: a CPU replica.",
-    )
-    gpu_memory_gib: float | None = Field(
-        None, gt=0.0, description="Memory of one GPU; sets vLLM's default max_num_seqs."
-    )
-    gpu_name: str = Field("", description="GPU model, e.g. H100 (A100s keep smaller defaults).")
 
     @model_validator(mode="after")
     def _gpus_match(self) -> VllmReplica:
         if self.gpus:
             _check_gpus(self.gpus, self.world_size, "tensor_parallel_size × pipeline_parallel_size")
         return self
-
-    @property
-    def capacity(self) -> int:
-        if self.max_num_seqs is not None:
-            return self.max_num_seqs
-        return default_max_num_seqs(
-            cpu=not self.gpus,
-            world_size=self.world_size,
-            device_memory_gib=self.gpu_memory_gib,
-            device_name=self.gpu_name,
-        )
 
 
 class TrtllmReplica(_GpuSpec):

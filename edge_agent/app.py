@@ -31,7 +31,6 @@ from servekit.registry import (
     Registry,
     open_registry,
 )
-from servekit.sysinfo import fits_beside
 
 __all__ = ["EdgeAgent", "create_app"]
 
@@ -126,6 +125,9 @@ class EdgeAgent:
     async def start(self) -> None:
         try:
             await self.slot.current().start()
+            if self.core.max_tokens_limit is None:
+                # A vLLM engine learns its max_model_len from the server it started.
+                self.core.max_tokens_limit = self.slot.current().load().max_context_tokens
             log.info("model %s ready", self.settings.engine.model_name)
         except Exception as exc:
             self.load_error = exc
@@ -138,9 +140,9 @@ class EdgeAgent:
         503 (the router sends them elsewhere) while in-flight ones finish.
         Raises if the new model fails to load; the old one keeps serving.
         """
-        engine_settings = self.settings.engine.model_copy(update={"model_path": model_path})
+        engine_settings = self.settings.engine.with_model(model_path)
         engine = build_engine(engine_settings, version)
-        if fits_beside(model_path):
+        if engine_settings.fits_beside(model_path):
             await self.slot.swap(engine, version)
         else:
             log.warning("not enough memory to load %s beside the current model: draining", version)

@@ -21,6 +21,7 @@ import logging
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -37,6 +38,7 @@ __all__ = [
     "ProcessCommand",
     "ProcessSettings",
     "ProcessSupervisor",
+    "free_port",
     "log_tail",
 ]
 
@@ -234,3 +236,11 @@ def log_tail(path: Path, lines: int = 12) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on ``host`` now (the engine binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind((host if host not in ("", "0.0.0.0", "::") else "127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port

