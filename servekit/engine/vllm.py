@@ -147,6 +147,19 @@ class VllmEngine:
     def restarts(self) -> int:
         return self._supervisor.restarts
 
+    def status(self) -> dict[str, object]:
+        """The engine process, for operators (the edge agent's ``GET /engine``)."""
+        return {
+            "url": self.base_url,
+            "pid": self.process.pid,
+            "alive": self.process.alive,
+            "healthy": self._healthy,
+            "restarts": self._supervisor.restarts,
+            "last_exit": self._supervisor.last_exit,
+            "command": self.command.shell(),
+            "log": str(self.process.log_path),
+        }
+
     async def start(self) -> None:
         async with self._start_lock:
             if self._started:
