@@ -40,6 +40,10 @@ __all__ = [
 
 LoadSource = Literal["vllm", "trtllm", "load", "none"]
 
+# trtllm-serve's /metrics handler gathers `get_stats_async(2)`: it returns after a
+# 2-second quiet gap when the engine has nothing new (openai_server.get_iteration_stats).
+_TRTLLM_STATS_WAIT_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -52,6 +56,19 @@ class Endpoint:
     health_path: str = "/health"
     send_priority: bool = False
     can_continue: bool = True
+    # trtllm-serve: a 400 may be an engine failure; priority is a float in 0..1, higher
+    # first; its JSON /metrics waits ~2 s for iteration stats (a slower, longer scrape).
+    trtllm: bool = False
+
+    @property
+    def load_timeout_s(self) -> float | None:
+        """How long a load scrape may take (None: the gateway's probe timeout)."""
+        return _TRTLLM_STATS_WAIT_S + 3.0 if self.trtllm else None
+
+    @property
+    def load_interval_s(self) -> float | None:
+        """The least time between two load scrapes (None: the gateway's interval)."""
+        return _TRTLLM_STATS_WAIT_S + 1.0 if self.trtllm else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +119,10 @@ def trtllm_options(spec: TrtllmReplica) -> dict[str, Any]:
         # The /metrics endpoint only has iteration stats when these are collected.
         opts["enable_iter_perf_stats"] = True
     kv: dict[str, Any] = {}
+    if spec.kv_cache_free_gpu_memory_fraction is not None:
+        # In the file, not as --kv_cache_free_gpu_memory_fraction: older trtllm-serve
+        # drops the flag when the options file has a kv_cache_config of its own.
+        kv["free_gpu_memory_fraction"] = spec.kv_cache_free_gpu_memory_fraction
     if spec.kv_cache_dtype is not None:
         kv["dtype"] = spec.kv_cache_dtype
     if spec.enable_prefix_caching is not None:
@@ -126,9 +147,6 @@ def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
         argv += ["--max_num_tokens", str(spec.max_num_tokens)]
     if spec.max_seq_len is not None:
         argv += ["--max_seq_len", str(spec.max_seq_len)]
-    if spec.kv_cache_free_gpu_memory_fraction is not None:
-        fraction = _num(spec.kv_cache_free_gpu_memory_fraction)
-        argv += ["--kv_cache_free_gpu_memory_fraction", fraction]
     if spec.trust_remote_code:
         argv.append("--trust_remote_code")
     argv += ["--extra_llm_api_options", str(options_file)]
@@ -137,7 +155,13 @@ def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
     # trtllm-serve names the model after the path it was given. Its chat API is
     # not known to take continue_final_message, so answers are not resumed on it.
     endpoint = Endpoint(
-        _url(spec.host, port), spec.model, spec.capacity, "trtllm", can_continue=False
+        _url(spec.host, port),
+        spec.model,
+        spec.capacity,
+        "trtllm",
+        send_priority=spec.send_priority,
+        can_continue=False,
+        trtllm=True,
     )
     return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env), files)
 
@@ -229,6 +253,7 @@ def endpoint_for_url(spec: UrlReplica, *, model_name: str) -> Endpoint:
         spec.health_path,
         spec.send_priority,
         spec.can_continue,
+        trtllm=spec.load_source == "trtllm",
     )
 
 

@@ -91,6 +91,7 @@ class Replica:
         self.load: ReplicaLoad | None = None
         self._inflight_at_scrape = 0
         self._local_restarts = 0
+        self._scraped = 0.0
         self._failures = 0
         self._last_health = 0.0
         self._started = time.monotonic()
@@ -256,6 +257,10 @@ class Replica:
     async def _scrape(self) -> bool:
         if self.endpoint.load_source == "none" and self._local is None:
             return True
+        every = self.endpoint.load_interval_s
+        if every is not None and self.load is not None and time.monotonic() - self._scraped < every:
+            return True
+        self._scraped = time.monotonic()
         inflight = self.inflight
         load = await self._read_load()
         if load is None:

@@ -114,7 +114,8 @@ class ReplicaProbe:
             return None
         path = "/load" if endpoint.load_source == "load" else "/metrics"
         try:
-            response = await self._client.get(endpoint.base_url + path, timeout=self._timeout)
+            timeout = endpoint.load_timeout_s or self._timeout
+            response = await self._client.get(endpoint.base_url + path, timeout=timeout)
             response.raise_for_status()
             if endpoint.load_source == "vllm":
                 return parse_vllm_metrics(response.text)

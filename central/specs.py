@@ -115,6 +115,11 @@ class TrtllmReplica(_GpuSpec):
         default_factory=dict,
         description="More LLM-API options, deep-merged over the ones derived from fields.",
     )
+    send_priority: bool = Field(
+        False,
+        description="Set the request body's `priority` in TensorRT-LLM's scale (a float in "
+        "0..1, higher first, 0.5 default): interactive 0.5, batch 0.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrtllmReplica:
@@ -190,7 +195,9 @@ class UrlReplica(_Spec):
     health_path: str = "/health"
     capacity: int = Field(1, ge=1, description="Sequences it runs at once (for balancing).")
     send_priority: bool = Field(
-        False, description="Set the request body's `priority` (vLLM --scheduling-policy priority)."
+        False,
+        description="Set the request body's `priority` (vLLM --scheduling-policy priority; "
+        "TensorRT-LLM's scale when load_source is trtllm).",
     )
     can_continue: bool = Field(
         True,

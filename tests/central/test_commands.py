@@ -111,14 +111,18 @@ def test_trtllm_h100_config_command_lines_and_options_file(tmp_path: Path) -> No
         "--max_batch_size", "256",
         "--max_num_tokens", "8192",
         "--max_seq_len", "32768",
-        "--kv_cache_free_gpu_memory_fraction", "0.9",
         "--extra_llm_api_options", str(options_file),
     )  # fmt: skip
     assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert yaml.safe_load(plan.files[options_file]) == {
         "enable_iter_perf_stats": True,
         "enable_chunked_prefill": True,
-        "kv_cache_config": {"dtype": "fp8", "enable_block_reuse": True},
+        # The memory fraction lives in the file's kv_cache_config, not on the command line.
+        "kv_cache_config": {
+            "free_gpu_memory_fraction": 0.9,
+            "dtype": "fp8",
+            "enable_block_reuse": True,
+        },
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": 256},
     }
     # trtllm-serve answers to the model path it was started with.
