@@ -214,12 +214,15 @@ def test_a_corrupted_shard_is_rejected_and_the_old_version_keeps_serving(
         "--min-requests", "0", "--converge-timeout", "5m", "--wait",
     )  # fmt: skip
     assert rolled.returncode == 3, rolled.stdout + rolled.stderr  # rolled back
+    # The controller rolled back because the node rejected the shard, naming it.
+    history = _cli(db, "--json", "history", MODEL_NAME)
+    assert "node failed to take the version" in history.stdout
+    assert "ChecksumMismatch" in history.stdout
+    assert "model.safetensors" in history.stdout
     actual = _actual(db)
     assert actual is not None
     assert actual.version == serving["version"]
-    assert actual.error is not None
-    assert "ChecksumMismatch" in actual.error
-    assert "model.safetensors" in actual.error
+    assert actual.state == "serving"
     assert not (tmp / "node-models" / MODEL_NAME / "v3").exists()
     still = httpx.get(fleet["edge"] + "/engine").json()
     assert still["pid"] == serving["pid"]
