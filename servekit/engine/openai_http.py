@@ -269,6 +269,11 @@ async def _events(
     produced = 0
     finished = False
     async for chunk in resp.aiter_bytes():
+        if finished:
+            # Read the body to its end (the chunked terminator follows [DONE] at once):
+            # a response left unread closes its connection, and the next request to
+            # this upstream would pay a new TCP connect on its TTFT.
+            continue
         for data in decoder.feed(chunk):
             if data == DONE:
                 finished = True
@@ -290,8 +295,6 @@ async def _events(
                     yield TextDelta(text, 1)
                 if choice.get("finish_reason"):
                     reason = choice["finish_reason"]
-        if finished:
-            break
     if not finished and reason is None:
         raise UpstreamError(
             "upstream closed the stream before it finished", code="upstream_disconnected"
