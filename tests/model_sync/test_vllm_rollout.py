@@ -236,3 +236,31 @@ def test_a_corrupted_shard_is_rejected_and_the_old_version_keeps_serving(
 def _alive(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_version_vllm_cannot_load_leaves_the_old_one_serving(fleet: dict[str, Any]) -> None:
+    """v4 verifies (its manifest is of the broken files) but vLLM fails to load it: the
+    new server exits during its start and the serving one is untouched."""
+    db, tmp = fleet["db"], fleet["tmp"]
+    v4 = tmp / "published" / "v4" / HF_MODEL.name
+    _publish(HF_MODEL, v4, copy=("config.json",))
+    (v4 / "model.safetensors").unlink()
+    (v4 / "model.safetensors").write_bytes(b"not a safetensors file")
+    pushed = _cli(db, "push", str(v4), "--model", MODEL_NAME, "--version", "v4")
+    assert pushed.returncode == 0, pushed.stderr
+    serving = httpx.get(fleet["edge"] + "/engine").json()
+    rolled = _cli(
+        db, "rollout", MODEL_NAME, "v4", "--canary", "1", "--bake", "1s",
+        "--min-requests", "0", "--converge-timeout", "8m", "--wait",
+    )  # fmt: skip
+    assert rolled.returncode == 3, rolled.stdout + rolled.stderr
+    history = _cli(db, "--json", "history", MODEL_NAME)
+    assert "EngineFailure" in history.stdout
+    assert "vllm exited with code" in history.stdout
+    still = httpx.get(fleet["edge"] + "/engine").json()
+    assert (still["pid"], still["version"]) == (serving["pid"], serving["version"])
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    answer = httpx.post(fleet["router"] + "/v1/chat/completions", json=body, headers=headers,
+                        timeout=60)  # fmt: skip
+    assert answer.status_code == 200
