@@ -123,6 +123,8 @@ def body(prompt: str, tokens: int) -> dict[str, Any]:
         "model": MODEL,
         "prompt": prompt,
         "max_tokens": tokens,
+        # vLLM's: no early end of text, every answer `tokens` long (llama.cpp ignores it).
+        "min_tokens": tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
