@@ -18,7 +18,7 @@ __all__ = ["build_engine", "engine_collectors"]
 
 
 def build_engine(settings: EdgeEngineSettings, version: str) -> Engine:
-    plain = settings.model_dump(exclude={"kind"})
+    plain = settings.model_dump(exclude={"kind", "swap"})
     if isinstance(settings, VllmEdgeEngineSettings):
         return VllmEngine(VllmEngineSettings.model_validate(plain), version=version)
     if isinstance(settings, BatchingEngineSettings):

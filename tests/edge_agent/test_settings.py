@@ -74,7 +74,7 @@ def test_vllm_configs_load_and_build_their_command_lines(tmp_path: Path) -> None
     l4 = load_settings(
         EdgeSettings, REPO / "configs" / "edge-vllm.yaml", **{"engine.model": str(model)}
     )
-    engine = VllmEngineSettings.model_validate(l4.engine.model_dump(exclude={"kind"}))
+    engine = VllmEngineSettings.model_validate(l4.engine.model_dump(exclude={"kind", "swap"}))
     command = vllm_command(engine, 9000)
     argv = command.argv
     assert argv[:3] == ("vllm", "serve", str(model))

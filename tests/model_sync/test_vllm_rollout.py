@@ -126,7 +126,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     port = free_port()
     # Not pinned: during a swap two servers run, and with vLLM's automatic binding both
     # workers would share core 0 (the new one then starts many times slower).
-    engine = vllm_engine(tmp, model=str(HF_MODEL), cpu_threads_bind="nobind")
+    # Beside, always: on a machine shared with other work, host memory may look too short
+    # for a second server and the agent would drain, leaving the router no upstream.
+    engine = vllm_engine(tmp, model=str(HF_MODEL), cpu_threads_bind="nobind", swap="beside")
     config = write_edge_config(
         tmp / "edge.yaml",
         port,
