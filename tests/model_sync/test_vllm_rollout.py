@@ -156,7 +156,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         args = ["edge_agent", "serve", "--config", str(config)]
         with service_process(args, edge_url, ready_timeout=420):
-            settings = router_settings([upstream(edge_url, id=NODE)])
+            # One upstream and nowhere to fail over to: the router's TTFT deadline is
+            # not what is under test (the new server's start slows the old one on 2 cores).
+            settings = router_settings(
+                [upstream(edge_url, id=NODE)], routing={"ttft_deadline_s": 60.0}
+            )
             with UvicornThread(router_app(settings)) as router:
                 yield {"db": db, "edge": edge_url, "router": router.url, "tmp": tmp}
     finally:
