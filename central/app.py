@@ -47,6 +47,7 @@ class CentralGateway:
             self.pool.capacity,
             settings.admission.max_waiting,
             batch_every=settings.admission.batch_every,
+            ttft_budget_ms=settings.admission.ttft_budget_ms,
         )
         self.registry = CollectorRegistry()
         self.metrics = ServingMetrics(

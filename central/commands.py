@@ -10,8 +10,6 @@ unit tests see precisely what would run.
 
 from __future__ import annotations
 
-import json
-import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +20,7 @@ import yaml
 
 from central.specs import LlamaCppReplica, TrtllmReplica, UrlReplica, VllmReplica
 from servekit.engine.llama import LlamaSettings
-from servekit.secrets import redact_argv, redact_env
+from servekit.engine.process import ProcessCommand
 
 if TYPE_CHECKING:
     from central.settings import CentralSettings
@@ -47,6 +45,10 @@ LoadSource = Literal["vllm", "trtllm", "load", "none"]
 VLLM_TOKEN_ENV = "VLLM_API_KEY"  # `vllm serve` checks it on /v1 routes
 STANDIN_TOKEN_ENV = "HYBRID_LLM_SERVICE_TOKEN"
 
+# trtllm-serve's /metrics handler gathers `get_stats_async(2)`: it returns after a
+# 2-second quiet gap when the engine has nothing new (openai_server.get_iteration_stats).
+_TRTLLM_STATS_WAIT_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -59,20 +61,37 @@ class Endpoint:
     health_path: str = "/health"
     send_priority: bool = False
     can_continue: bool = True
+    # trtllm-serve: a 400 may be an engine failure; priority is a float in 0..1, higher
+    # first; its JSON /metrics waits ~2 s for iteration stats (a slower, longer scrape).
+    trtllm: bool = False
+
+    @property
+    def load_timeout_s(self) -> float | None:
+        """How long a load scrape may take (None: the gateway's probe timeout)."""
+        return _TRTLLM_STATS_WAIT_S + 3.0 if self.trtllm else None
+
+    @property
+    def load_interval_s(self) -> float | None:
+        """The least time between two load scrapes (None: the gateway's interval)."""
+        return _TRTLLM_STATS_WAIT_S + 1.0 if self.trtllm else None
 
 
 @dataclass(frozen=True, slots=True)
 class LaunchPlan:
+    """A replica's process (the shared :class:`ProcessCommand`) and how to reach it."""
+
     argv: tuple[str, ...]
     endpoint: Endpoint
     env: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[Path, str] = field(default_factory=dict)
 
+    @property
+    def command(self) -> ProcessCommand:
+        return ProcessCommand(self.argv, self.env, self.files)
+
     def shell(self) -> str:
         """The plan as one shell line (environment first), secret values shown as ``***``."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(self.env).items()))
-        cmd = shlex.join(redact_argv(self.argv))
-        return f"{env} {cmd}" if env else cmd
+        return self.command.shell()
 
 
 def _url(host: str, port: int) -> str:
@@ -91,41 +110,12 @@ def vllm_plan(
     spec: VllmReplica, *, port: int, model_name: str, token: str | None = None
 ) -> LaunchPlan:
     served = spec.served_model_name or model_name
-    argv: list[str] = [spec.executable, "serve", spec.model]
-    argv += ["--host", spec.host, "--port", str(port), "--served-model-name", served]
-    argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-    argv += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size)]
-    if spec.quantization is not None:
-        argv += ["--quantization", spec.quantization]
-    if spec.kv_cache_dtype is not None:
-        argv += ["--kv-cache-dtype", spec.kv_cache_dtype]
-    if spec.dtype is not None:
-        argv += ["--dtype", spec.dtype]
-    if spec.enable_chunked_prefill is not None:
-        on = spec.enable_chunked_prefill
-        argv.append("--enable-chunked-prefill" if on else "--no-enable-chunked-prefill")
-    if spec.max_num_batched_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
-    if spec.enable_prefix_caching is not None:
-        on = spec.enable_prefix_caching
-        argv.append("--enable-prefix-caching" if on else "--no-enable-prefix-caching")
-    if spec.max_num_seqs is not None:
-        argv += ["--max-num-seqs", str(spec.max_num_seqs)]
-    if spec.max_model_len is not None:
-        argv += ["--max-model-len", str(spec.max_model_len)]
-    if spec.gpu_memory_utilization is not None:
-        argv += ["--gpu-memory-utilization", _num(spec.gpu_memory_utilization)]
-    if spec.speculative is not None:
-        spec_json = json.dumps(spec.speculative.as_vllm_json(), separators=(",", ":"))
-        argv += ["--speculative-config", spec_json]
-    if spec.scheduling_policy is not None:
-        argv += ["--scheduling-policy", spec.scheduling_policy]
-    argv += spec.extra_args
-    priority = spec.scheduling_policy == "priority"
+    argv = spec.serve_argv(spec.model, host=spec.host, port=port, served=served)
     endpoint = Endpoint(
-        _url(spec.host, port), served, spec.capacity, "vllm", send_priority=priority
+        _url(spec.host, port), served, spec.capacity, "vllm", send_priority=spec.sends_priority
     )
-    env = _gpu_env(spec.gpus, spec.env)
+    env = spec.serve_env()
+    env.update(spec.env)
     if token is not None:
         env[VLLM_TOKEN_ENV] = token
     return LaunchPlan(tuple(argv), endpoint, env)
@@ -138,6 +128,10 @@ def trtllm_options(spec: TrtllmReplica) -> dict[str, Any]:
         # The /metrics endpoint only has iteration stats when these are collected.
         opts["enable_iter_perf_stats"] = True
     kv: dict[str, Any] = {}
+    if spec.kv_cache_free_gpu_memory_fraction is not None:
+        # In the file, not as --kv_cache_free_gpu_memory_fraction: older trtllm-serve
+        # drops the flag when the options file has a kv_cache_config of its own.
+        kv["free_gpu_memory_fraction"] = spec.kv_cache_free_gpu_memory_fraction
     if spec.kv_cache_dtype is not None:
         kv["dtype"] = spec.kv_cache_dtype
     if spec.enable_prefix_caching is not None:
@@ -162,9 +156,6 @@ def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
         argv += ["--max_num_tokens", str(spec.max_num_tokens)]
     if spec.max_seq_len is not None:
         argv += ["--max_seq_len", str(spec.max_seq_len)]
-    if spec.kv_cache_free_gpu_memory_fraction is not None:
-        fraction = _num(spec.kv_cache_free_gpu_memory_fraction)
-        argv += ["--kv_cache_free_gpu_memory_fraction", fraction]
     if spec.trust_remote_code:
         argv.append("--trust_remote_code")
     argv += ["--extra_llm_api_options", str(options_file)]
@@ -173,7 +164,13 @@ def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
     # trtllm-serve names the model after the path it was given. Its chat API is
     # not known to take continue_final_message, so answers are not resumed on it.
     endpoint = Endpoint(
-        _url(spec.host, port), spec.model, spec.capacity, "trtllm", can_continue=False
+        _url(spec.host, port),
+        spec.model,
+        spec.capacity,
+        "trtllm",
+        send_priority=spec.send_priority,
+        can_continue=False,
+        trtllm=True,
     )
     return LaunchPlan(tuple(argv), endpoint, _gpu_env(spec.gpus, spec.env), files)
 
@@ -288,6 +285,7 @@ def endpoint_for_url(spec: UrlReplica, *, model_name: str) -> Endpoint:
         spec.health_path,
         spec.send_priority,
         spec.can_continue,
+        trtllm=spec.load_source == "trtllm",
     )
 
 

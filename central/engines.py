@@ -29,6 +29,7 @@ def http_engine(
         served_name=served_name,
         capacity=endpoint.capacity,
         health_path=endpoint.health_path,
+        engine_errors_as_400=endpoint.trtllm,
     )
     return OpenAIHTTPEngine(settings, probe=None, version=version, peer=peer)
 

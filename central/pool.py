@@ -33,9 +33,17 @@ from servekit.engine.protocol import (
     GenerationEvent,
     GenerationRequest,
     LoadReport,
+    Priority,
     pooled_figures,
 )
-from servekit.errors import EngineFailure, NotReady, ServeError, UpstreamUnavailable
+from servekit.engine.vllm import with_vllm_priority
+from servekit.errors import (
+    EngineFailure,
+    NotReady,
+    ServeError,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 from servekit.peers import async_client
 
 __all__ = ["ReplicaPool"]
@@ -167,10 +175,12 @@ class ReplicaPool:
             replica = self._pick(key, tried, resuming)
             if replica is None:
                 if last_error is not None and (resuming or len(tried) >= len(self.replicas)):
-                    raise last_error
+                    raise _blame(last_error)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise last_error or NotReady("no healthy replica", retry_after=2)
+                    if last_error is not None:
+                        raise _blame(last_error)
+                    raise NotReady("no healthy replica", retry_after=2)
                 # A replica may come back (or be restarted) in a moment.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), left)
@@ -215,11 +225,26 @@ class ReplicaPool:
                 await _aclose(events)
 
 
+def _blame(error: ServeError) -> ServeError:
+    """What the client gets after the last try: a refusal no replica would take is the
+    request's fault (its 400), not the engines'."""
+    return error.rejection if isinstance(error, UpstreamRejected) else error
+
+
+# TensorRT-LLM's executor: Request::kDefaultPriority = 0.5, a float in 0..1, higher first.
+_TRTLLM_PRIORITY = {Priority.INTERACTIVE: 0.5, Priority.BATCH: 0.0}
+
+
 def _for_replica(request: GenerationRequest, replica: Replica) -> GenerationRequest:
-    """The request as this replica takes it (vLLM's own priority field when it schedules by it)."""
-    if not replica.endpoint.send_priority:
+    """The request as this replica takes it: the engine's own priority field when it
+    schedules by it (vLLM: an int, lower first; TensorRT-LLM: a float, higher first)."""
+    endpoint = replica.endpoint
+    if not endpoint.send_priority:
         return request
-    return dataclasses.replace(request, extra={**request.extra, "priority": int(request.priority)})
+    if not endpoint.trtllm:
+        return with_vllm_priority(request)
+    priority = _TRTLLM_PRIORITY[request.priority]
+    return dataclasses.replace(request, extra={**request.extra, "priority": priority})
 
 
 async def _aclose(events: AsyncIterator[GenerationEvent]) -> None:

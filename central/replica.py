@@ -14,20 +14,19 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from central.balancer import Candidate
-from central.commands import Endpoint, build_plan, endpoint_for_url, llama_settings
+from central.commands import Endpoint, LaunchPlan, build_plan, endpoint_for_url, llama_settings
 from central.scrape import ReplicaLoad, ReplicaProbe
 from central.settings import SupervisionSettings
 from central.specs import LlamaCppReplica, UrlReplica
 from central.specs import ReplicaSpec as AnySpec
-from central.supervisor import Backoff, LaunchFailed, ReplicaProcess
 from servekit.engine.llama import LlamaCppEngine
+from servekit.engine.process import Backoff, EngineProcess, ProcessSupervisor, free_port
 from servekit.engine.protocol import Engine
 from servekit.secrets import redact_url
 
@@ -44,13 +43,6 @@ class ReplicaState(enum.StrEnum):
     UNHEALTHY = "unhealthy"
     RESTARTING = "restarting"
     STOPPED = "stopped"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host if host not in ("", "0.0.0.0") else "127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Replica:
@@ -72,7 +64,9 @@ class Replica:
         self.name = spec.name
         self._sup = supervision
         self._probe = probe
-        self.process: ReplicaProcess | None = None
+        self.process: EngineProcess | None = None
+        self.plan: LaunchPlan | None = None
+        self._supervisor: ProcessSupervisor | None = None
         self._local: Engine | None = None
         self._local_start: asyncio.Task[None] | None = None
         if isinstance(spec, UrlReplica):
@@ -83,22 +77,24 @@ class Replica:
                 llama_settings(spec, model_name=model_name), version=version
             )
         else:
-            port = spec.port or _free_port(spec.host)
+            port = spec.port or free_port(spec.host)
             run_dir = Path(supervision.log_dir)
             plan = build_plan(
                 spec, port=port, model_name=model_name, run_dir=run_dir, version=version,
                 token=token,
             )  # fmt: skip
             self.endpoint = plan.endpoint
-            self.process = ReplicaProcess(spec.name, plan, run_dir / f"{spec.name}.log")
+            self.plan = plan
+            self.process = EngineProcess(spec.name, plan.command, run_dir / f"{spec.name}.log")
+            self._supervisor = ProcessSupervisor(self.process, supervision)
         self.engine = self._local or engine_factory(self.endpoint)
         self.state = ReplicaState.STARTING
         self.inflight = 0
         self.served = 0
         self.load: ReplicaLoad | None = None
         self._inflight_at_scrape = 0
-        self.restarts = 0
-        self.last_exit: int | None = None
+        self._local_restarts = 0
+        self._scraped = 0.0
         self._failures = 0
         self._last_health = 0.0
         self._started = time.monotonic()
@@ -112,6 +108,14 @@ class Replica:
     @property
     def capacity(self) -> int:
         return self.endpoint.capacity
+
+    @property
+    def restarts(self) -> int:
+        return self._supervisor.restarts if self._supervisor else self._local_restarts
+
+    @property
+    def last_exit(self) -> int | None:
+        return self._supervisor.last_exit if self._supervisor else None
 
     @property
     def healthy(self) -> bool:
@@ -151,8 +155,8 @@ class Replica:
 
     async def stop(self) -> None:
         self._set(ReplicaState.STOPPED)
-        if self.process is not None:
-            await self.process.stop(self._sup.stop_timeout_s)
+        if self._supervisor is not None:
+            await self._supervisor.stop()
         if self._local_start is not None:
             self._local_start.cancel()
             await asyncio.gather(self._local_start, return_exceptions=True)
@@ -174,7 +178,7 @@ class Replica:
             "engine_waiting": load.waiting if load else None,
             "kv_cache_usage": load.kv_cache_usage if load else None,
             "gpus": list(getattr(self.spec, "gpus", [])),
-            "command": self.process.plan.shell() if self.process is not None else None,
+            "command": self.plan.shell() if self.plan is not None else None,
             "log": str(self.process.log_path) if self.process is not None else None,
         }
 
@@ -186,20 +190,17 @@ class Replica:
             self._on_change()
 
     async def _launch(self) -> None:
-        assert self.process is not None
+        assert self._supervisor is not None
         self._set(ReplicaState.STARTING)
         self._failures = 0
         self.load = None
-        try:
-            await asyncio.to_thread(self.process.start)
-        except LaunchFailed as exc:
-            log.error("%s", exc)
+        await self._supervisor.launch()
         self._started = time.monotonic()
 
     async def _tick(self) -> None:
-        proc = self.process
-        if proc is not None and not proc.alive:
-            await self._restart(proc)
+        sup = self._supervisor
+        if sup is not None and not sup.process.alive:
+            await self._restart(sup)
             return
         if self._local_start is not None and self._local_start.done():
             await self._local_failed(self._local_start)
@@ -210,12 +211,10 @@ class Replica:
                 self._failures = 0
                 self._set(ReplicaState.HEALTHY)
                 await self._scrape()
-            elif (
-                proc is not None and time.monotonic() - self._started > self._sup.startup_timeout_s
-            ):
+            elif sup is not None and sup.startup_overdue():
                 log.error("replica %s not healthy after %.0fs; restarting", self.name,
                           self._sup.startup_timeout_s)  # fmt: skip
-                await proc.stop(self._sup.stop_timeout_s)
+                await sup.stop()
             return
         ok = await self._scrape()
         now = time.monotonic()
@@ -254,13 +253,17 @@ class Replica:
         log.error("replica %s failed to load (%s); retrying in %.1fs", self.name, error, delay)
         self._set(ReplicaState.RESTARTING)
         await asyncio.sleep(delay)
-        self.restarts += 1
+        self._local_restarts += 1
         self._set(ReplicaState.STARTING)
         self._local_start = asyncio.create_task(self._local.start())
 
     async def _scrape(self) -> bool:
         if self.endpoint.load_source == "none" and self._local is None:
             return True
+        every = self.endpoint.load_interval_s
+        if every is not None and self.load is not None and time.monotonic() - self._scraped < every:
+            return True
+        self._scraped = time.monotonic()
         inflight = self.inflight
         load = await self._read_load()
         if load is None:
@@ -273,14 +276,16 @@ class Replica:
         report = load.report
         return report is None or (report.ready and not report.draining)
 
-    async def _restart(self, proc: ReplicaProcess) -> None:
-        self.last_exit = proc.returncode
-        uptime = proc.uptime_s
-        delay = self._backoff.delay(uptime)
+    async def _restart(self, sup: ProcessSupervisor) -> None:
+        uptime = sup.process.uptime_s
+        delay = sup.next_delay()
         log.warning("replica %s exited (code %s) after %.1fs; restarting in %.1fs",
-                    self.name, self.last_exit, uptime, delay)  # fmt: skip
+                    self.name, sup.last_exit, uptime, delay)  # fmt: skip
         self._set(ReplicaState.RESTARTING)
         self.load = None
-        await asyncio.sleep(delay)
-        self.restarts += 1
-        await self._launch()
+        # Whatever the dead leader left in its session (engine workers) goes first.
+        await sup.stop()
+        await sup.relaunch(delay)
+        self._set(ReplicaState.STARTING)
+        self._failures = 0
+        self._started = time.monotonic()

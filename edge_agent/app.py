@@ -13,8 +13,9 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, cast
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 
 from edge_agent.engines import build_engine, engine_collectors
@@ -24,6 +25,7 @@ from model_sync.agent import Reconciler
 from servekit.admission import AdmissionQueue
 from servekit.api import ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
+from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
 from servekit.registry import (
     Heartbeater,
@@ -32,7 +34,6 @@ from servekit.registry import (
     open_registry,
 )
 from servekit.service_auth import TokenGate, warn_if_open
-from servekit.sysinfo import fits_beside
 
 __all__ = ["EdgeAgent", "create_app"]
 
@@ -51,6 +52,7 @@ class EdgeAgent:
             engine.capacity,
             settings.admission.max_waiting,
             batch_every=settings.admission.batch_every,
+            ttft_budget_ms=settings.admission.ttft_budget_ms,
         )
         self.prometheus = CollectorRegistry()
         self.metrics = ServingMetrics(
@@ -128,6 +130,9 @@ class EdgeAgent:
     async def start(self) -> None:
         try:
             await self.slot.current().start()
+            if self.core.max_tokens_limit is None:
+                # A vLLM engine learns its max_model_len from the server it started.
+                self.core.max_tokens_limit = self.slot.current().load().max_context_tokens
             log.info("model %s ready", self.settings.engine.model_name)
         except Exception as exc:
             self.load_error = exc
@@ -140,9 +145,9 @@ class EdgeAgent:
         503 (the router sends them elsewhere) while in-flight ones finish.
         Raises if the new model fails to load; the old one keeps serving.
         """
-        engine_settings = self.settings.engine.model_copy(update={"model_path": model_path})
+        engine_settings = self.settings.engine.with_model(model_path)
         engine = build_engine(engine_settings, version)
-        if fits_beside(model_path):
+        if engine_settings.fits_beside(model_path):
             await self.slot.swap(engine, version)
         else:
             log.warning("not enough memory to load %s beside the current model: draining", version)
@@ -159,6 +164,18 @@ class EdgeAgent:
         self.metrics.set_version(version)
         if self.heartbeater is not None:
             self.heartbeater.update_info(self.instance_info())
+
+    def engine_status(self) -> dict[str, Any]:
+        current = self.slot.current()
+        # A process engine (vLLM) describes its process; in-process engines have none.
+        process: dict[str, Any] = getattr(current.engine, "status", dict)()
+        return {
+            "kind": self.settings.engine.kind,
+            "model": current.model_name,
+            "version": current.version,
+            "in_flight": current.active,
+            **process,
+        }
 
     def drain(self) -> None:
         """Stop taking new work and tell the fleet, before connections close."""
@@ -199,7 +216,7 @@ def create_app(settings: EdgeSettings) -> FastAPI:
             await asyncio.gather(loading, return_exceptions=True)
             await agent.aclose()
 
-    return build_serving_app(
+    app = build_serving_app(
         title="edge-agent",
         version="0.1.0",
         lifespan=lifespan,
@@ -208,3 +225,13 @@ def create_app(settings: EdgeSettings) -> FastAPI:
         max_tokens_limit=settings.engine.context_window,
         auth=gate,
     )
+
+    @app.get("/engine", summary="The serving engine: kind, version and, for a process engine, "
+             "its process (pid, address, command, log, restarts)")  # fmt: skip
+    async def engine_status(request: Request) -> dict[str, Any]:
+        agent = getattr(request.app.state, "agent", None)
+        if agent is None:
+            raise NotReady("service is starting", retry_after=1)
+        return cast(EdgeAgent, agent).engine_status()
+
+    return app

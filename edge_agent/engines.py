@@ -7,24 +7,27 @@ from typing import cast
 
 from prometheus_client.registry import Collector
 
-from edge_agent.settings import BatchingEngineSettings, EngineSettings
+from edge_agent.settings import BatchingEngineSettings, EdgeEngineSettings, VllmEdgeEngineSettings
 from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
 from servekit.engine.batching_metrics import BatchingCollector
 from servekit.engine.llama import LlamaCppEngine, LlamaSettings
 from servekit.engine.protocol import Engine
+from servekit.engine.vllm import VllmEngine, VllmEngineSettings
 
 __all__ = ["build_engine", "engine_collectors"]
 
 
-def build_engine(settings: EngineSettings | BatchingEngineSettings, version: str) -> Engine:
-    plain = settings.model_dump(exclude={"kind"})
+def build_engine(settings: EdgeEngineSettings, version: str) -> Engine:
+    plain = settings.model_dump(exclude={"kind", "swap"})
+    if isinstance(settings, VllmEdgeEngineSettings):
+        return VllmEngine(VllmEngineSettings.model_validate(plain), version=version)
     if isinstance(settings, BatchingEngineSettings):
         return BatchingLlamaEngine(BatchingSettings.model_validate(plain), version=version)
     return LlamaCppEngine(LlamaSettings.model_validate(plain), version=version)
 
 
 def engine_collectors(
-    settings: EngineSettings | BatchingEngineSettings,
+    settings: EdgeEngineSettings,
     current: Callable[[], Engine],
     labels: Mapping[str, str],
 ) -> list[Collector]:

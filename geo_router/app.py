@@ -31,6 +31,7 @@ from geo_router.metrics import RouterMetrics
 from geo_router.openapi import install_openapi
 from geo_router.peers import PeerBook
 from geo_router.planner import Planner
+from geo_router.prefix_index import PrefixIndex
 from geo_router.region import RegionResolver, RttTable, open_geoip
 from geo_router.routes import router as api_routes
 from geo_router.scoring import Scorer
@@ -104,8 +105,22 @@ def create_app(
                 settings.classifier.threshold,
                 settings.classifier.max_chars,
             )
+            cache = settings.routing.prefix_cache
+            prefixes = (
+                PrefixIndex(
+                    block_chars=cache.block_chars, max_blocks=cache.max_blocks, ttl_s=cache.ttl_s
+                )
+                if cache.enabled
+                else None
+            )
             planner = Planner(
-                settings.routing, classifier, scorer, tracker, found.candidates, traffic_source
+                settings.routing,
+                classifier,
+                scorer,
+                tracker,
+                found.candidates,
+                traffic_source,
+                prefixes,
             )
             app.state.router = RouterState(
                 settings=settings,
@@ -116,7 +131,13 @@ def create_app(
                 planner=planner,
                 tracker=tracker,
                 dispatcher=Dispatcher(
-                    client, planner, tracker, metrics, settings.routing, peers.for_instance
+                    client,
+                    planner,
+                    tracker,
+                    metrics,
+                    settings.routing,
+                    prefixes,
+                    peers.for_instance,
                 ),
                 metrics=metrics,
                 stale=found.stale,

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from geo_router.bodycheck import validated_body
 from geo_router.continuation import Kind, StreamState, assemble
+from geo_router.conversation import estimate_prompt_tokens
 from geo_router.dispatch import RouteRequest
-from geo_router.planner import estimate_prompt_tokens
 from geo_router.relay import relay as relay_stream
 from servekit.asgi import (
     ClientGone,
@@ -135,8 +135,11 @@ class CompletionEndpoints:
             "X-Route-Region": opened.cand.region,
             "X-Route-User-Region": region.region,
             "X-Route-Reason": opened.reason,
+            "X-Route-Cached-Tokens": str(opened.cand.cached_tokens),
             "X-Request-Id": req_id,
         }
+        if opened.cand.trim is not None:
+            route_headers["X-Route-Trimmed"] = opened.cand.trim.header()
         stream = StreamState(kind)
         relay = relay_stream(state.dispatcher, req, opened, stream)
         try:

@@ -5,6 +5,13 @@ primed (200 and a first token), optionally racing a hedge when the current
 attempt is slower than its instance's recent P95 TTFT; losers are cancelled.
 :meth:`Dispatcher.resume` opens the continuation of a stream that broke off
 (``geo_router.relay`` streams the bytes).
+
+Two refusals move on without counting as failures: a 429 (the instance is
+busy: it ranks last for ``shed_backoff_s``, its circuit stays closed) and a
+``context_length_exceeded`` 400 (the request is too long *there*: only
+candidates with a larger context window are tried after it; when none is
+left, the 400 reaches the client). The primed instance's prefix index entry
+is updated with what it was sent.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from geo_router.continuation import Kind, StreamState, continuation_body
 from geo_router.http_client import UpstreamPool
 from geo_router.metrics import RouterMetrics
 from geo_router.planner import Decision, Planner
+from geo_router.prefix_index import PrefixIndex
 from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scored
 from geo_router.settings import HedgeSettings, RoutingSettings
@@ -31,6 +39,7 @@ from geo_router.upstream import (
     translate_error,
 )
 from servekit.errors import (
+    ContextLengthExceeded,
     NotReady,
     RateLimited,
     ServeError,
@@ -41,7 +50,7 @@ from servekit.peers import PeerCredentials
 from servekit.registry.protocol import InstanceInfo
 from servekit.sse import DONE_FRAME
 
-__all__ = ["Dispatcher", "Opened", "RouteRequest", "hedge_delay_s"]
+__all__ = ["Dispatcher", "Opened", "RouteRequest", "hedge_delay_s", "larger_window"]
 
 
 @dataclass(slots=True)
@@ -71,6 +80,13 @@ def hedge_delay_s(hedge: HedgeSettings, tracker: Tracker, cand: Scored) -> float
     return max(hedge.min_delay_ms, delay) / 1000.0
 
 
+def larger_window(failed: Scored, cand: Scored) -> bool:
+    """May ``cand`` hold what overflowed ``failed``'s context window?"""
+    if failed.window is not None and cand.window is not None:
+        return cand.window > failed.window
+    return failed.tier == "edge" and cand.tier == "center"
+
+
 def _cause(err: ServeError) -> str:
     if isinstance(err, UpstreamTimeout):
         return "timeout"
@@ -81,6 +97,11 @@ def _cause(err: ServeError) -> str:
     return "error"
 
 
+def _after_overflow(cands: Sequence[Scored], nxt: int, failed: Scored) -> list[Scored]:
+    """The try order after ``failed`` overflowed: untried ones with a larger window only."""
+    return [*cands[:nxt], *(c for c in cands[nxt:] if larger_window(failed, c))]
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -89,6 +110,7 @@ class Dispatcher:
         tracker: Tracker,
         metrics: RouterMetrics,
         routing: RoutingSettings,
+        prefixes: PrefixIndex | None = None,
         peers: Callable[[InstanceInfo], PeerCredentials | None] = lambda _info: None,
     ) -> None:
         self._pool = pool
@@ -97,10 +119,12 @@ class Dispatcher:
         self.tracker = tracker
         self.metrics = metrics
         self._routing = routing
+        self._prefixes = prefixes
 
     async def open(self, req: RouteRequest, decision: Decision) -> Opened:
         cands = decision.candidates[: self._routing.max_attempts]
-        hedge = self._routing.hedge.enabled
+        # A warming attempt is a cold start on purpose: a hedge would cancel it.
+        hedge = self._routing.hedge.enabled and not (cands and cands[0].warming)
         primed, cand, index, hedged = await self._race(req, cands, req.upstream_body, hedge)
         if hedged:
             reason = "hedge"
@@ -108,11 +132,17 @@ class Dispatcher:
             reason = "fallback"
         else:
             reason = decision.reason(cand)
+        if self._prefixes is not None and cand.prefix is not None:
+            load = cand.state.load
+            kv = load.capacity * load.max_context_tokens if load.max_context_tokens else None
+            self._prefixes.record(cand.id, cand.prefix, kv)
         return Opened(primed, cand, reason)  # the relay counts the decision once bytes flow
 
     def _payload(self, body: dict[str, Any], cand: Scored) -> bytes:
         out = dict(body)
         out["model"] = cand.state.info.model
+        if cand.trim is not None and "messages" in out:
+            out["messages"] = cand.trim.messages
         return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
 
     def _hedge_delay_s(self, cand: Scored) -> float:
@@ -177,11 +207,10 @@ class Dispatcher:
                         continue
                     err = translate_error(exc, cand.url)
                     self.tracker.release(cand.id)
-                    if not err.retryable:
-                        self.tracker.abandoned(cand.id)
+                    if not self._move_on(cand, err):
                         raise err
-                    self.tracker.failure(cand.id)
-                    self.metrics.fallbacks.labels(cand.tier, _cause(err)).inc()
+                    if isinstance(err, ContextLengthExceeded):
+                        cands = _after_overflow(cands, nxt, cand)
                     last_err = err
                 if winner is not None:
                     primed, cand, index = winner
@@ -207,7 +236,10 @@ class Dispatcher:
         """Without a hedge: one attempt at a time, awaited in place (no task to schedule)."""
         last_err: ServeError | None = None
         deadline = self._routing.ttft_deadline_s
+        overflowed: Scored | None = None
         for index, cand in enumerate(cands):
+            if overflowed is not None and not larger_window(overflowed, cand):
+                continue
             self.tracker.acquire(cand.id)
             try:
                 payload = self._payload(body, cand)
@@ -218,12 +250,11 @@ class Dispatcher:
             except Exception as exc:
                 err = translate_error(exc, cand.url)
                 self.tracker.release(cand.id)
-                if not err.retryable:
-                    self.tracker.abandoned(cand.id)
+                if not self._move_on(cand, err):
                     raise err from None
-                self.tracker.failure(cand.id)
-                self.metrics.fallbacks.labels(cand.tier, _cause(err)).inc()
                 last_err = err
+                if isinstance(err, ContextLengthExceeded):
+                    overflowed = cand
                 continue
             except BaseException:  # cancelled: the client went away
                 self.tracker.release(cand.id)
@@ -233,6 +264,22 @@ class Dispatcher:
             return primed, cand, index
         assert last_err is not None
         raise last_err
+
+    def _move_on(self, cand: Scored, err: ServeError) -> bool:
+        """Book a failed attempt; whether the next candidate may be tried."""
+        if isinstance(err, ContextLengthExceeded):
+            self.tracker.abandoned(cand.id)
+            self.metrics.fallbacks.labels(cand.tier, "context_length").inc()
+            return True
+        if not err.retryable:
+            self.tracker.abandoned(cand.id)
+            return False
+        if isinstance(err, RateLimited):
+            self.tracker.refused(cand.id, self._routing.shed_backoff_s)
+        else:
+            self.tracker.failure(cand.id)
+        self.metrics.fallbacks.labels(cand.tier, _cause(err)).inc()
+        return True
 
     async def resume(
         self, req: RouteRequest, state: StreamState, tried: list[str]

@@ -5,26 +5,66 @@ simple ones go to the edge unless the center predicts a lower TTFT even after
 its cost bias (a spill), hard ones go to the center (edges only as a last
 resort). A tier alias pins the tier, a concrete model name pins the model.
 A canary split picks one version per model, sticky per user, and prefers
-instances running it when any exist.
+instances running it when any exist (instances of versions outside the split,
+such as a center serving the same model name, are not filtered).
+
+Context windows: an instance that reports ``max_context_tokens`` is offered
+only requests whose estimated prompt plus ``max_tokens`` fit it; a tier whose
+trimming policy is on (``routing.trimming``) gets long conversations trimmed
+to fit instead. When no instance can hold a request, those with the largest
+window are tried, and their own ``context_length_exceeded`` reaches the client.
+
+A prefix cached only away from the user (its first request happened to land
+on a neighbour) would keep its traffic there: the instance holding it is
+cheaper than a cold start at the same-city edge, every time. So when the best
+candidate of a simple request is not a same-city edge, a prefix is cached
+somewhere, and a same-city edge would be best once it held that prefix, that
+edge goes first (``warming``): it pays the cold prefill once and holds the
+prefix from then on.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from geo_router.catalog import CandidateSource, TrafficSource
 from geo_router.classifier import Classification, DifficultyClassifier
+from geo_router.conversation import (
+    Turn,
+    estimate_prompt_tokens,
+    output_budget,
+    turns_of,
+)
+from geo_router.prefix_index import EMPTY, Prefix, PrefixIndex
 from geo_router.region import ResolvedRegion
-from geo_router.scoring import Scored, Scorer
+from geo_router.scoring import Scored, Scorer, within_budget_first
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
+from geo_router.trimming import Trim, trim_messages
 from servekit.errors import ModelNotFound, NotReady
 from servekit.registry.protocol import InstanceState, Tier
 
-__all__ = ["Decision", "Planner", "canary_version", "ensure_center", "estimate_prompt_tokens"]
+__all__ = ["Decision", "Planner", "RequestShape", "canary_version", "ensure_center"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestShape:
+    """What placement needs to know of a request: its size, output budget and prefix."""
+
+    turns: list[Turn]
+    messages: list[Any] | None  # the client's chat messages, for trimming
+    tokens: int
+    max_tokens: int | None
+    prefix: Prefix
+
+    @property
+    def out_tokens(self) -> int:
+        """What the window must leave for the answer (1 when the client set no limit:
+        engines trim an unbounded answer to what is left)."""
+        return self.max_tokens or 1
 
 
 @dataclass(slots=True)
@@ -35,6 +75,8 @@ class Decision:
     model: str | None  # the pinned model, if the request named one
     versions: dict[str, str] = field(default_factory=dict)  # canary pick per model
     candidates: list[Scored] = field(default_factory=list)
+    prompt_tokens: int = 0
+    fits: bool = True  # some instance's window can hold it
 
     def reason(self, chosen: Scored) -> str:
         if self.model is not None:
@@ -61,27 +103,10 @@ class Decision:
             "versions": self.versions,
             "reason": self.reason(chosen) if chosen else "no-candidate",
             "instance": chosen.id if chosen else None,
+            "prompt_tokens": self.prompt_tokens,
+            "fits_a_window": self.fits,
             "candidates": [c.to_dict() for c in self.candidates],
         }
-
-
-def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """Rough prompt size: ~3.5 characters a token across English and Chinese."""
-    chars = 0
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for m in messages:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                chars += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, dict))
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        chars += len(prompt)
-    elif isinstance(prompt, list):
-        chars += sum(len(p) for p in prompt if isinstance(p, str))
-    return max(1, int(chars / 3.5))
 
 
 def canary_version(shares: Mapping[str, float], sticky_key: str) -> str | None:
@@ -108,6 +133,7 @@ class Planner:
         tracker: Tracker,
         candidates: CandidateSource,
         traffic: TrafficSource,
+        prefixes: PrefixIndex | None = None,
     ) -> None:
         self._routing = routing
         self._classifier = classifier
@@ -115,6 +141,20 @@ class Planner:
         self._tracker = tracker
         self._candidates = candidates
         self._traffic = traffic
+        self.prefixes = prefixes
+
+    def shape(self, body: Mapping[str, Any]) -> RequestShape:
+        turns = turns_of(body)
+        tokens = estimate_prompt_tokens(body)
+        messages = body.get("messages")
+        prefix = EMPTY if self.prefixes is None else self.prefixes.prefix(turns, tokens)
+        return RequestShape(
+            turns,
+            messages if isinstance(messages, list) else None,
+            tokens,
+            output_budget(body),
+            prefix,
+        )
 
     def healthy(self) -> list[InstanceState]:
         return [s for s in self._candidates() if _serving(s)]
@@ -149,7 +189,9 @@ class Planner:
             decision = Decision(region, None, None, name)
             pool = [s for s in pool if s.info.model == name]
         pool = self._canary(pool, sticky_key, decision)
-        decision.candidates = self._rank(pool, decision, estimate_prompt_tokens(body))
+        shape = self.shape(body)
+        decision.prompt_tokens = shape.tokens
+        decision.candidates = self._rank(pool, decision, shape)
         if not decision.candidates and not exclude:
             raise NotReady("no healthy upstream can serve this request", retry_after=1)
         return decision
@@ -166,30 +208,126 @@ class Planner:
                 continue
             decision.versions[model] = version
             if any(s.info.model == model and s.info.version == version for s in pool):
-                pool = [s for s in pool if s.info.model != model or s.info.version == version]
+                # Only the versions being split are filtered: an instance serving the
+                # model under another version (a center's own build) stays a candidate.
+                pool = [
+                    s
+                    for s in pool
+                    if s.info.model != model
+                    or s.info.version == version
+                    or s.info.version not in shares
+                ]
         return pool
 
-    def _rank(self, pool: list[InstanceState], decision: Decision, tokens: int) -> list[Scored]:
+    def _fit(self, state: InstanceState, shape: RequestShape) -> tuple[int, Trim | None] | None:
+        """The prompt tokens ``state`` would get (after its tier's trim), or ``None``
+        when its window cannot hold the request."""
+        window = state.load.max_context_tokens
+        limit = None if window is None else window - shape.out_tokens
+        policy = self._routing.trimming.get(state.info.tier)
+        trimming = policy is not None and policy.enabled and shape.messages is not None
+        cap = policy.max_prompt_tokens if trimming and policy is not None else None
+        if cap is not None:
+            limit = cap if limit is None else min(limit, cap)
+        if limit is None or shape.tokens <= limit:
+            return shape.tokens, None
+        if trimming and shape.messages is not None:
+            trim = trim_messages(shape.messages, limit)
+            if trim is not None:
+                return trim.tokens, trim
+        if window is not None and shape.tokens + shape.out_tokens > window:
+            return None
+        return shape.tokens, None
+
+    def _fitted(
+        self, pool: list[InstanceState], shape: RequestShape, decision: Decision
+    ) -> list[tuple[InstanceState, int, Trim | None]]:
+        fitted = []
+        for state in pool:
+            fit = self._fit(state, shape)
+            if fit is not None:
+                fitted.append((state, *fit))
+        if fitted or not pool:
+            return fitted
+        # Nobody can hold it by the estimate: let the largest windows say so themselves.
+        decision.fits = False
+        largest = max(s.load.max_context_tokens or 0 for s in pool)
+        widest = [s for s in pool if (s.load.max_context_tokens or 0) == largest]
+        return [(s, shape.tokens, None) for s in widest]
+
+    def _score(
+        self,
+        state: InstanceState,
+        region: str,
+        tokens: int,
+        trim: Trim | None,
+        shape: RequestShape,
+        bias_ms: float = 0.0,
+    ) -> Scored:
+        prefix, cached = shape.prefix, 0
+        if self.prefixes is not None:
+            if trim is not None:
+                prefix = self.prefixes.prefix(turns_of({"messages": trim.messages}), tokens)
+            cached = prefix.tokens(self.prefixes.cached_blocks(state.info.id, prefix))
+        return self._scorer.score(
+            state, region, tokens, bias_ms, cached_tokens=cached, trim=trim, prefix=prefix
+        )
+
+    def _rank(
+        self, pool: list[InstanceState], decision: Decision, shape: RequestShape
+    ) -> list[Scored]:
         region = decision.region.region
+        fitted = self._fitted(pool, shape, decision)
+        order = self._scorer.order
         if decision.model is not None:
-            return self._scorer.order([self._scorer.score(s, region, tokens) for s in pool])
+            return within_budget_first(
+                order([self._score(s, region, n, t, shape) for s, n, t in fitted])
+            )
         if decision.classification is None:  # pinned tier
-            tiered = [s for s in pool if s.info.tier == decision.tier]
-            return self._scorer.order([self._scorer.score(s, region, tokens) for s in tiered])
+            tiered = [(s, n, t) for s, n, t in fitted if s.info.tier == decision.tier]
+            return within_budget_first(
+                order([self._score(s, region, n, t, shape) for s, n, t in tiered])
+            )
         if decision.tier == "edge":
             bias = self._routing.center_bias_ms
             scored = [
-                self._scorer.score(s, region, tokens, bias if s.info.tier == "center" else 0.0)
-                for s in pool
+                self._score(s, region, n, t, shape, bias if s.info.tier == "center" else 0.0)
+                for s, n, t in fitted
             ]
-            ordered = self._scorer.order(scored)
+            ordered = _warm_local(within_budget_first(order(scored)), region)
             return ensure_center(ordered, self._routing.max_attempts)
-        centers = [self._scorer.score(s, region, tokens) for s in pool if s.info.tier == "center"]
-        ordered = self._scorer.order(centers)
+        scored = [self._score(s, region, n, t, shape) for s, n, t in fitted]
+        ordered = order([c for c in scored if c.tier == "center"])
         if self._routing.hard_may_use_edge:
-            edges = [self._scorer.score(s, region, tokens) for s in pool if s.info.tier == "edge"]
-            ordered += sorted(edges, key=lambda s: s.predicted_ms)
+            ordered += sorted((c for c in scored if c.tier == "edge"), key=lambda c: c.predicted_ms)
+        return within_budget_first(ordered)
+
+
+def _warm_local(ordered: list[Scored], region: str) -> list[Scored]:
+    """A same-city edge first when it would be best once it held the prefix that is
+    cached elsewhere (see the module docstring)."""
+    if not ordered or (ordered[0].tier == "edge" and ordered[0].region == region):
         return ordered
+    held = max(c.cached_tokens for c in ordered)
+    if held <= 0:
+        return ordered
+
+    def warm_ms(c: Scored) -> float:
+        uncached = c.prompt_tokens - c.cached_tokens
+        per_token = c.prefill_ms / uncached if uncached > 0 else 0.0
+        return c.predicted_ms - c.prefill_ms + per_token * max(0, c.prompt_tokens - held)
+
+    local = [
+        c
+        for c in ordered
+        if c.tier == "edge" and c.region == region and not c.over_budget and c.trim is None
+    ]
+    if not local:
+        return ordered
+    best = min(local, key=warm_ms)
+    if warm_ms(best) >= ordered[0].predicted_ms:
+        return ordered
+    return [replace(best, warming=True), *(c for c in ordered if c is not best)]
 
 
 def ensure_center(ordered: list[Scored], attempts: int) -> list[Scored]:

@@ -2,8 +2,15 @@
 
 predicted TTFT = RTT(user region → instance region)
                + queue wait (requests beyond capacity × typical service time / capacity)
-               + prefill estimate (prompt tokens / prefill rate)
+               + prefill estimate (uncached prompt tokens / prefill rate)
                + busy slowdown (running sequences × the engine's measured cost of one)
+
+Uncached tokens are the prompt's minus what the router estimates the
+instance holds in its prefix cache (``geo_router.prefix_index``: what this
+router sent it recently), so a repeated system prompt or a conversation's
+history is charged only where it is not cached. Stickiness stays bounded by
+the other terms: as the instance holding a prefix fills up, its queue and
+busy terms grow until a cold instance predicts the earlier first token.
 
 The busy count is the larger of the instance's last load report and the
 router's own in-flight count, so a burst between two heartbeats does not
@@ -21,6 +28,12 @@ so each sequence running there (up to capacity) adds that, times
 ``busy_slowdown_weight``. Nothing is added until the engine has measured it,
 nor for an idle engine.
 
+An instance that sheds on a TTFT budget (``ttft_budget_ms`` in its load
+report) is *over budget* when the router's wait estimate there (queue + busy)
+exceeds that budget, or when it refused a request within the last
+``shed_backoff_s``: it would refuse, so :func:`within_budget_first` ranks it
+behind the candidates that can start in time (still tried last).
+
 Candidates within ``p2c_window_ms`` of the best compete by power of two
 choices, sampled by their slow-start weight.
 """
@@ -33,12 +46,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from geo_router.prefix_index import Prefix
 from geo_router.region import RttTable
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
+from geo_router.trimming import Trim
 from servekit.registry.protocol import InstanceState
 
-__all__ = ["Scored", "Scorer", "instance_url"]
+__all__ = ["Scored", "Scorer", "instance_url", "within_budget_first"]
 
 
 def instance_url(state: InstanceState) -> str:
@@ -56,6 +71,17 @@ class Scored:
     busy_ms: float
     weight: float
     circuit: Circuit
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    over_budget: bool = False
+    trim: Trim | None = None
+    prefix: Prefix | None = None  # what this instance will have cached once it serves it
+    warming: bool = False  # chosen to take a prefix cached elsewhere (a cold start, once)
+
+    @property
+    def window(self) -> int | None:
+        """The instance's context window (prompt + completion), if it reports one."""
+        return self.state.load.max_context_tokens
 
     @property
     def id(self) -> str:
@@ -88,6 +114,14 @@ class Scored:
             "prefill_ms": round(self.prefill_ms, 2),
             "busy_ms": round(self.busy_ms, 2),
             "bias_ms": round(self.bias_ms, 2),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "max_context_tokens": self.window,
+            "ttft_budget_ms": self.state.load.ttft_budget_ms,
+            "reported_wait_ms": self.state.load.predicted_wait_ms,
+            "over_budget": self.over_budget,
+            "warming": self.warming,
+            "trimmed": None if self.trim is None else {"dropped_messages": self.trim.dropped},
             "weight": round(self.weight, 3),
             "circuit": self.circuit.name.lower(),
         }
@@ -113,6 +147,10 @@ class Scorer:
         prompt_tokens: int,
         bias_ms: float = 0.0,
         now: float | None = None,
+        *,
+        cached_tokens: int = 0,
+        trim: Trim | None = None,
+        prefix: Prefix | None = None,
     ) -> Scored:
         now = time.monotonic() if now is None else now
         info, load = state.info, state.load
@@ -131,9 +169,12 @@ class Scorer:
         prefill_tps = load.prefill_tokens_per_s or self._routing.default_prefill_tps.get(
             tier, 1000.0
         )
-        prefill_ms = prompt_tokens / prefill_tps * 1000.0
+        cached_tokens = max(0, min(cached_tokens, prompt_tokens - 1))
+        prefill_ms = (prompt_tokens - cached_tokens) / prefill_tps * 1000.0
         per_seq = load.busy_ms_per_seq or 0.0
         busy_ms = min(busy, capacity) * per_seq * self._routing.busy_slowdown_weight
+        budget = load.ttft_budget_ms
+        over = stats.refused_until > now or (budget is not None and queue_ms + busy_ms > budget)
         rtt = self._rtt.rtt_ms(user_region, info.region)
         ramp = self._routing.slow_start_s
         weight = 1.0 if ramp <= 0 else min(1.0, max(0.05, (now - stats.first_seen) / ramp))
@@ -147,6 +188,11 @@ class Scorer:
             busy_ms=busy_ms,
             weight=weight,
             circuit=stats.circuit,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
+            over_budget=over,
+            trim=trim,
+            prefix=prefix,
         )
 
     def order(self, scored: Sequence[Scored]) -> list[Scored]:
@@ -168,3 +214,8 @@ class Scorer:
         rest = [i for i in range(len(window)) if i != first]
         second = self._rng.choices(rest, weights=[weights[i] for i in rest])[0]
         return window[first], window[second]
+
+
+def within_budget_first(ordered: Sequence[Scored]) -> list[Scored]:
+    """Candidates that can start in time keep their order; the over-budget ones follow."""
+    return [s for s in ordered if not s.over_budget] + [s for s in ordered if s.over_budget]

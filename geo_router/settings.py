@@ -23,9 +23,11 @@ __all__ = [
     "GeoIPSettings",
     "HedgeSettings",
     "PeersSettings",
+    "PrefixCacheSettings",
     "RegionSettings",
     "RouterSettings",
     "RoutingSettings",
+    "TrimSettings",
     "UpstreamSettings",
     "hash_key",
 ]
@@ -112,6 +114,26 @@ class HedgeSettings(_Section):
     default_delay_ms: float = Field(500.0, ge=0, description="Used until a P95 is known.")
 
 
+class PrefixCacheSettings(_Section):
+    """The router's estimate of each instance's prefix cache (``geo_router.prefix_index``)."""
+
+    enabled: bool = Field(True, description="Charge only the prompt an instance lacks cached.")
+    block_chars: int = Field(64, ge=8, description="Characters per hashed block.")
+    max_blocks: int = Field(
+        8192, ge=1, description="Blocks remembered per instance (fewer when its KV holds less)."
+    )
+    ttl_s: float = Field(600.0, gt=0, description="Blocks unused this long count as evicted.")
+
+
+class TrimSettings(_Section):
+    """Opt-in trimming of long conversations for one tier (``geo_router.trimming``)."""
+
+    enabled: bool = Field(False, description="Drop the oldest turns when a request does not fit.")
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Trim prompts above this too (default: only what cannot fit)."
+    )
+
+
 class RoutingSettings(_Section):
     aliases: dict[str, Tier | None] = Field(
         default_factory=lambda: {"auto": None, "edge": "edge", "center": "center"},
@@ -145,6 +167,16 @@ class RoutingSettings(_Section):
         description="Typical request duration, for queue wait when no rate is reported.",
     )
     default_max_tokens: int = Field(256, ge=1, description="Assumed output when unset (tpm).")
+    shed_backoff_s: float = Field(
+        0.5,
+        ge=0,
+        description="After an instance refused a request (429), how long it ranks behind "
+        "candidates that can start in time.",
+    )
+    prefix_cache: PrefixCacheSettings = Field(default_factory=PrefixCacheSettings)
+    trimming: dict[Tier, TrimSettings] = Field(
+        default_factory=dict, description="Per tier: trim long histories to fit (opt-in)."
+    )
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     hedge: HedgeSettings = Field(default_factory=HedgeSettings)
 

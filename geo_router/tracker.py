@@ -5,6 +5,11 @@ it; while open the instance gets no traffic; after ``open_s`` it turns
 half-open and lets exactly one request through as a probe. The probe's
 success closes the circuit (and restarts the slow-start ramp, since a
 recovered instance is cold); its failure reopens it for twice as long.
+
+A refusal (429: the instance's queue is full or it predicts it cannot start
+the request within its TTFT budget) is not a failure: the instance is healthy
+and busy. :meth:`Tracker.refused` only ranks it behind candidates that can
+start in time for a moment (``routing.shed_backoff_s``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class InstanceStats:
     opened_at: float = 0.0
     open_for: float = 0.0
     probing: bool = False
+    refused_until: float = 0.0  # monotonic; a 429 there ranks it last until then
     inflight: int = 0
     ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     # Wall-clock ends of the router's requests there (to discount stale load reports).
@@ -113,6 +119,13 @@ class Tracker:
         elif s.circuit is Circuit.CLOSED and s.failures >= self._settings.failures:
             s.open_for = self._settings.open_s
             s.circuit, s.opened_at = Circuit.OPEN, now
+
+    def refused(self, instance_id: str, backoff_s: float, now: float | None = None) -> None:
+        """It answered 429: busy, not broken. Rank it last for ``backoff_s``."""
+        s = self.stats(instance_id)
+        now = time.monotonic() if now is None else now
+        s.refused_until = max(s.refused_until, now + backoff_s)
+        s.probing = False
 
     def abandoned(self, instance_id: str) -> None:
         """A request that ended without a verdict (cancelled hedge, client gone)."""

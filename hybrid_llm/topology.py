@@ -63,6 +63,11 @@ class ServiceSpec(_Strict):
     module: str = Field(description="run as `python -m <module> <args>`")
     args: list[str] = Field(default_factory=list)
     config: Path | None = Field(None, description="base settings YAML of the service")
+    variants: dict[str, Path] = Field(
+        default_factory=dict,
+        description="other base settings by engine name; a center's is picked with "
+        "`hybrid-llm up --center NAME` (e.g. vllm: configs/central-vllm-cpu.yaml)",
+    )
     settings: dict[str, Any] = Field(default_factory=dict, description="merged over `config`")
     region: str | None = None
     port: int | None = Field(None, ge=1, le=65535)
@@ -89,6 +94,9 @@ class TopologySettings(_Strict):
     example_api_key: str = Field("local", description="the key the printed examples send")
     rtt: RttTable = Field(default_factory=RttTable)
     netem: NetemSettings = Field(default_factory=NetemSettings)
+    center: str = Field(
+        "default", description="which engine the center runs: `default` or one of its variants"
+    )
     services: list[ServiceSpec] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -104,7 +112,18 @@ class TopologySettings(_Strict):
         ports = [s.port for s in self.services if s.port and s.enabled]
         if len(set(ports)) != len(ports):
             raise ValueError(f"two services share a port: {ports}")
+        if self.center != "default":
+            centers = [s for s in self.enabled() if s.kind == "center"]
+            lacking = [s.name for s in centers if self.center not in s.variants]
+            if not centers or lacking:
+                raise ValueError(f"center {self.center!r}: no such variant for {lacking or 'any'}")
         return self
+
+    def base_config(self, service: ServiceSpec) -> Path | None:
+        """The service's base settings file (a center's variant when one is chosen)."""
+        if service.kind == "center" and self.center != "default":
+            return service.variants[self.center]
+        return service.config
 
     def enabled(self) -> list[ServiceSpec]:
         return [s for s in self.services if s.enabled]
@@ -237,13 +256,16 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
             "service_token_file": str(token_file),
         }
         base: dict[str, Any] = {}
-        if s.config is not None:
+        base_config = topo.base_config(s)
+        if base_config is not None:
             try:
-                loaded = yaml.safe_load((root / s.config).read_text(encoding="utf-8"))
+                loaded = yaml.safe_load((root / base_config).read_text(encoding="utf-8"))
             except (OSError, yaml.YAMLError) as exc:
-                raise TopologyError(f"service {s.name}: base settings {s.config}: {exc}") from None
+                raise TopologyError(
+                    f"service {s.name}: base settings {base_config}: {exc}"
+                ) from None
             base = loaded if isinstance(loaded, dict) else {}
-        if s.config is not None or s.settings:
+        if base_config is not None or s.settings:
             merged = _merge(base, _render(s.settings, variables))
             config_path.write_text(yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
         url = url_of[s.name]

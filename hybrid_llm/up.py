@@ -53,6 +53,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="emulate inter-region RTT on router->upstream hops (overrides the config)",
     )
     up.add_argument("--no-fetch", action="store_true", help="do not fetch missing models")
+    up.add_argument(
+        "--center",
+        default=None,
+        help="the center's engine: a variant of the center service, e.g. `vllm` "
+        "(two vllm serve replicas; needs `scripts/setup.sh --vllm`)",
+    )
     up.set_defaults(func=_up)
     down = sub.add_parser("down", help="stop a topology started by `hybrid-llm up`")
     down.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -63,10 +69,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status.set_defaults(func=_status)
 
 
-def _load(path: Path, netem: bool | None = None) -> TopologySettings:
+def _load(path: Path, netem: bool | None = None, center: str | None = None) -> TopologySettings:
     from servekit.config import load_settings
 
-    return load_settings(TopologySettings, path, **{"netem.enabled": netem})
+    return load_settings(TopologySettings, path, **{"netem.enabled": netem, "center": center})
 
 
 def _pid_path(topo: TopologySettings) -> Path:
@@ -126,7 +132,7 @@ def _up(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     try:
-        topo = _load(args.config, args.netem)
+        topo = _load(args.config, args.netem, args.center)
     except ConfigError as exc:
         console.print(f"[red]{exc}")
         return 2
@@ -248,6 +254,8 @@ def _detach(args: argparse.Namespace, topo: TopologySettings, console: Console) 
         argv.append("--netem" if args.netem else "--no-netem")
     if args.no_fetch:
         argv.append("--no-fetch")
+    if args.center is not None:
+        argv += ["--center", args.center]
     with (log_dir / "up.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,

@@ -58,11 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--actor", default=None, help="name recorded in history (default: $USER)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("push", help="hash an artifact and register it as a version")
-    s.add_argument("source", help="local path, file:// or http(s):// URL")
+    s = sub.add_parser("push", help="hash an artifact (file or model directory) as a version")
+    s.add_argument("source", help="GGUF file, HF model directory, or a file's http(s):// URL")
+    s.add_argument(
+        "--url", default=None, help="where nodes fetch it, if not SOURCE (its artifact-server URL)"
+    )
     s.add_argument("--model", required=True)
     s.add_argument("--version", required=True)
-    s.add_argument("--format", choices=["gguf", "awq", "fp8"], default=None)
+    s.add_argument("--format", choices=["gguf", "hf", "awq", "fp8", "gptq"], default=None)
     s.add_argument("--tier", choices=["edge", "center"], default="edge")
     s.add_argument("--notes", default="")
     s.add_argument("--filename", default=None, help="file name on the nodes (default: source's)")
@@ -156,6 +159,7 @@ async def _push(
                 tier=args.tier,
                 notes=args.notes,
                 filename=args.filename,
+                url=args.url,
                 progress=lambda done, total: progress.update(task, completed=done, total=total),
                 client=client,
             )

@@ -7,6 +7,14 @@ A file that fails verification is deleted and never reaches the versioned
 directory, so nothing can load it. Sources: ``http(s)://`` (any server with
 range support), ``file://`` URLs and plain local paths.
 
+A model directory (a record with a manifest) is fetched file by file into
+``<root>/.partial/<name>--<version>--<dir>/``: each file resumes on its own,
+is verified on its own (a corrupt or missing file fails the version, naming
+it), and only when every file is verified does the whole directory move into
+``<root>/<name>/<version>/<dir>`` with one rename. Manifest paths were checked
+when the record was read and are resolved inside the partial directory again
+before anything is written.
+
 httpx errors are translated into :class:`DownloadError` here and nowhere else.
 """
 
@@ -19,13 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 from urllib.request import url2pathname
 
 import anyio
 import anyio.to_thread
 import httpx
 
+from model_sync.manifest import INSTALLED_MANIFEST
 from model_sync.modeldir import ModelDir
 from model_sync.records import ArtifactRecord
 from servekit.modelfetch import sha256_file
@@ -79,6 +88,16 @@ def local_source(uri: str) -> Path | None:
     raise SourceUnavailable(f"unsupported artifact URI scheme {parts.scheme!r} in {uri}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One file to fetch: where from, how big, what it must hash to."""
+
+    uri: str
+    size: int
+    sha256: str
+    label: str
+
+
 @dataclass
 class Downloader:
     """Downloads artifacts into ``model_dir``.
@@ -99,46 +118,80 @@ class Downloader:
     chunk_size: int = 1 << 20
 
     async def fetch(self, record: ArtifactRecord, progress: ProgressFn | None = None) -> Path:
-        """Return the verified file's path, downloading (or resuming) it if needed."""
+        """Return the verified file's (or directory's) path, downloading or resuming it."""
+        if record.files is not None:
+            return await self._fetch_directory(record, progress)
         final = self.model_dir.file_path(record.name, record.version, record.filename)
-        if _size(final) is not None and await self._verified(final, record):
+        part = _Part(record.uri, record.size, record.sha256, f"{record.name} {record.version}")
+        if _size(final) is not None and await self._verified(final, part):
             return final
         partial = self.model_dir.partial_path(record.name, record.version, record.filename)
         have = _prepare_partial(partial, record.size)
         self._check_space(record.size - have)
+        await self._fetch_part(part, partial, progress)
+        _install(partial, final)
+        return final
 
+    async def _fetch_directory(self, record: ArtifactRecord, progress: ProgressFn | None) -> Path:
+        assert record.files is not None
+        final = self.model_dir.file_path(record.name, record.version, record.filename)
+        if _installed_manifest(final) == record.sha256:
+            return final
+        staging = self.model_dir.partial_path(record.name, record.version, record.filename)
+        staging.mkdir(parents=True, exist_ok=True)
+        targets = [(f, self.model_dir.inside(staging, staging / f.path)) for f in record.files]
+        have = sum(min(_size(path) or 0, f.size) for f, path in targets)
+        self._check_space(record.size - have)
+        base = 0
+        for entry, path in targets:
+            part = _Part(_join(record.uri, entry.path), entry.size, entry.sha256,
+                         f"{record.name} {record.version}: {entry.path}")  # fmt: skip
+            offset = base
+
+            def step(done: int, _total: int, offset: int = offset) -> None:
+                if progress is not None:
+                    progress(offset + done, record.size)
+
+            if not (_size(path) == entry.size and await self._verified(path, part)):
+                if _size(path) == entry.size:
+                    _discard(path)  # complete but wrong: an earlier copy of a corrupt source
+                _prepare_partial(path, entry.size)
+                await self._fetch_part(part, path, step)
+            base += entry.size
+        (staging / INSTALLED_MANIFEST).write_text(record.model_dump_json(), encoding="utf-8")
+        await anyio.to_thread.run_sync(_install_directory, staging, final)
+        return final
+
+    async def _fetch_part(self, part: _Part, partial: Path, progress: ProgressFn | None) -> None:
+        """Download (or resume) one file into ``partial`` and verify it; raises if bad."""
         last: Exception | None = None
         for _ in range(self.attempts):
             try:
-                await self._transfer(record, partial, progress)
+                await self._transfer(part, partial, progress)
                 break
             except httpx.TransportError as exc:  # dropped mid-body, refused, timed out
                 last = exc
                 await anyio.sleep(self.retry_delay_s)
             except ChecksumMismatch:
-                partial.unlink(missing_ok=True)
+                _discard(partial)
                 raise
             except OSError as exc:
                 if exc.errno != errno.ENOSPC:
                     raise
                 raise InsufficientSpace(
-                    f"disk full in {self.model_dir.root} while writing {record.filename}"
+                    f"disk full in {self.model_dir.root} while writing {part.label}"
                 ) from None
         else:
-            raise SourceUnavailable(
-                f"{record.uri}: gave up after {self.attempts} attempts: {last!r}"
-            )
+            raise SourceUnavailable(f"{part.uri}: gave up after {self.attempts} attempts: {last!r}")
 
-        if not await self._verified(partial, record):
+        if not await self._verified(partial, part):
             got = _size(partial) or 0
-            partial.unlink(missing_ok=True)
-            what = f"truncated ({got} of {record.size} bytes)" if got < record.size else "corrupt"
+            _discard(partial)
+            what = f"truncated ({got} of {part.size} bytes)" if got < part.size else "corrupt"
             raise ChecksumMismatch(
-                f"{record.name} {record.version}: artifact {what}: sha256 does not match "
-                f"{record.sha256[:12]}…; rejected"
+                f"{part.label}: artifact {what}: sha256 does not match "
+                f"{part.sha256[:12]}…; rejected"
             )
-        _install(partial, final)
-        return final
 
     def _check_space(self, needed: int) -> None:
         self.model_dir.root.mkdir(parents=True, exist_ok=True)
@@ -149,34 +202,32 @@ class Downloader:
                 f"(+{_mib(self.reserve_bytes)} reserve), {_mib(free)} free"
             )
 
-    async def _verified(self, path: Path, record: ArtifactRecord) -> bool:
-        if _size(path) != record.size:
+    async def _verified(self, path: Path, part: _Part) -> bool:
+        if _size(path) != part.size:
             return False
         digest = await anyio.to_thread.run_sync(sha256_file, path)
-        return digest == record.sha256
+        return digest == part.sha256
 
-    async def _transfer(
-        self, record: ArtifactRecord, partial: Path, progress: ProgressFn | None
-    ) -> None:
-        source = local_source(record.uri)
+    async def _transfer(self, part: _Part, partial: Path, progress: ProgressFn | None) -> None:
+        source = local_source(part.uri)
         offset = _size(partial) or 0
-        if offset >= record.size:
+        if offset >= part.size:
             return
         if source is not None:
-            await self._copy_local(source, record, partial, offset, progress)
+            await self._copy_local(source, part, partial, offset, progress)
         elif self.client is not None:
-            await self._get(self.client, record, partial, offset, progress)
+            await self._get(self.client, part, partial, offset, progress)
         else:
             timeout = httpx.Timeout(30.0, connect=10.0)
             # httpx drops the Authorization header on a redirect to another host.
             client = async_client(self.peer, timeout=timeout, follow_redirects=True)
             async with client:
-                await self._get(client, record, partial, offset, progress)
+                await self._get(client, part, partial, offset, progress)
 
     async def _get(
         self,
         client: httpx.AsyncClient,
-        record: ArtifactRecord,
+        record: _Part,
         partial: Path,
         offset: int,
         progress: ProgressFn | None,
@@ -202,7 +253,7 @@ class Downloader:
     async def _copy_local(
         self,
         source: Path,
-        record: ArtifactRecord,
+        record: _Part,
         partial: Path,
         offset: int,
         progress: ProgressFn | None,
@@ -222,12 +273,12 @@ class Downloader:
         fh: BinaryIO,
         chunk: bytes,
         done: int,
-        record: ArtifactRecord,
+        record: _Part,
         progress: ProgressFn | None,
     ) -> int:
         if done + len(chunk) > record.size:
             raise ChecksumMismatch(
-                f"{record.name} {record.version}: source is larger than the registered "
+                f"{record.label}: source is larger than the registered "
                 f"{record.size} bytes; rejected"
             )
         await anyio.to_thread.run_sync(fh.write, chunk)
@@ -268,6 +319,42 @@ def _install(partial: Path, final: Path) -> None:
         os.fsync(fh.fileno())
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(partial, final)
+
+
+def _install_directory(staging: Path, final: Path) -> None:
+    """fsync every file of a verified directory, then rename it into place at once."""
+    for path in staging.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():  # an incomplete or different copy of this version: replaced whole
+        shutil.rmtree(final)
+    os.replace(staging, final)
+
+
+def _installed_manifest(directory: Path) -> str | None:
+    """The manifest digest of an installed directory, if it is one."""
+    try:
+        text = (directory / INSTALLED_MANIFEST).read_text(encoding="utf-8")
+        return ArtifactRecord.model_validate_json(text).sha256
+    except (OSError, ValueError):
+        return None
+
+
+def _join(base: str, relative: str) -> str:
+    """A file of the directory ``base`` (a path or URL), by its manifest path."""
+    root = local_source(base)
+    if root is None:
+        return base.rstrip("/") + "/" + quote(relative)
+    path = (root / relative).resolve()
+    if root.resolve() not in path.parents:
+        raise SourceUnavailable(f"{relative}: resolves outside the published directory {root}")
+    return str(path)
+
+
+def _discard(path: Path) -> None:
+    path.unlink(missing_ok=True)
 
 
 def _mib(n: int) -> str:

@@ -112,7 +112,8 @@ def evaluate(
             ],
             figures,
         )
-    new_rate = failed / total
+    # With min_requests 0 an empty bake is accepted: nothing failed on the new version.
+    new_rate = failed / total if total else 0.0
 
     old_ok, old_failed = _totals(old_nodes, start, end)
     if old_ok + old_failed >= max(gates.min_requests, 1):

@@ -26,9 +26,18 @@ class ModelDir:
         self.root = Path(root).resolve()
 
     def _inside(self, path: Path) -> Path:
-        resolved = path.resolve()
-        if resolved != self.root and self.root not in resolved.parents:
-            raise UnsafePath(f"{path} resolves outside the model directory {self.root}")
+        return self.inside(self.root, path)
+
+    def inside(self, base: Path, path: Path) -> Path:
+        """``path`` resolved, if it stays inside ``base`` (itself inside the root)."""
+        base = self._within(self.root, base)
+        return self._within(base, path)
+
+    @staticmethod
+    def _within(base: Path, path: Path) -> Path:
+        base, resolved = base.resolve(), path.resolve()
+        if resolved != base and base not in resolved.parents:
+            raise UnsafePath(f"{path} resolves outside {base}")
         return resolved
 
     def model_dir(self, name: str) -> Path:

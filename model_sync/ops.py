@@ -18,6 +18,7 @@ import httpx
 
 from model_sync import keys
 from model_sync.download import ProgressFn, SourceUnavailable, local_source
+from model_sync.manifest import ManifestFile, build_manifest, manifest_digest
 from model_sync.records import (
     ActiveRollout,
     ActualState,
@@ -58,8 +59,11 @@ async def push(
     filename: str | None = None,
     progress: ProgressFn | None = None,
     client: httpx.AsyncClient | None = None,
+    url: str | None = None,
 ) -> ArtifactRecord:
-    """Hash ``source`` (path or URL) and register it as ``model`` ``version``.
+    """Hash ``source`` (a file, a model directory, or a file's URL) and register it
+    as ``model`` ``version``. A directory becomes one version with a manifest;
+    ``url``, if given, is where nodes fetch it (e.g. its artifact-server URL).
 
     A URL's credentials (``user:password@``, ``?token=``...) are used for the
     hashing only; the record stores the URL without them, and the nodes
@@ -68,13 +72,20 @@ async def push(
     keys.check_name("model name", model)
     keys.check_name("version", version)
     path = local_source(source)
-    if path is not None:
+    files: list[ManifestFile] | None = None
+    if path is not None and path.is_dir():
+        path = path.resolve()
+        files = await anyio.to_thread.run_sync(build_manifest, path, progress)
+        digest, size = manifest_digest(files), sum(f.size for f in files)
+        uri, base = url or str(path), path.name
+        fmt = fmt or "hf"
+    elif path is not None:
         path = path.resolve()
         if not path.is_file():
-            raise SourceUnavailable(f"{source}: no such file")
+            raise SourceUnavailable(f"{source}: no such file or directory")
         digest = await anyio.to_thread.run_sync(sha256_file, path, progress)
         size = path.stat().st_size
-        uri, base = str(path), path.name
+        uri, base = url or str(path), path.name
     else:
         digest, size = await _hash_url(source, progress, client)
         uri = strip_url_credentials(source)
@@ -89,6 +100,7 @@ async def push(
             "sha256": digest,
             "size": size,
             "format": fmt or _FORMATS.get(Path(name).suffix.lower(), "gguf"),
+            "files": None if files is None else [f.model_dump() for f in files],
             "tier": tier,
             "notes": notes,
             "created_by": store.actor,

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from model_sync.keys import check_name, check_node_id
+from model_sync.manifest import ManifestFile, manifest_digest
 from servekit.secrets import redact_text, strip_url_credentials
 
 __all__ = [
@@ -36,7 +37,7 @@ __all__ = [
     "Wave",
 ]
 
-ArtifactFormat = Literal["gguf", "awq", "fp8"]
+ArtifactFormat = Literal["gguf", "hf", "awq", "fp8", "gptq"]
 NodeState = Literal["serving", "downloading", "loading", "failed"]
 RolloutStatus = Literal["running", "paused", "rolling_back", "completed", "aborted", "rolled_back"]
 RolloutStep = Literal["apply", "converge", "bake", "gate"]
@@ -50,14 +51,23 @@ class _Doc(BaseModel):
 
 
 class ArtifactRecord(_Doc):
-    """One published model version: where its file is and what it must hash to."""
+    """One published model version: where its file (or directory) is and what it hashes to.
+
+    A single file (GGUF) has its own ``sha256`` and ``size``. A model directory
+    (HF layout) has ``files``, its manifest; then ``uri`` names the directory
+    (each file is ``uri/<path>``), ``sha256`` is the manifest's digest and
+    ``size`` the sum of its files.
+    """
 
     name: str
     version: str
     uri: str = Field(description="local path, file:// or http(s):// URL of the artifact")
-    filename: str = Field(description="file name inside the versioned model directory")
+    filename: str = Field(description="file (or directory) name inside the version's directory")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
+    files: list[ManifestFile] | None = Field(
+        None, description="a model directory's manifest: relative path, size, sha256 per file"
+    )
     format: ArtifactFormat = "gguf"
     tier: Literal["edge", "center"] = "edge"
     notes: str = ""
@@ -86,6 +96,26 @@ class ArtifactRecord(_Doc):
         if v.lower().startswith(("http://", "https://")):
             return strip_url_credentials(v)
         return v
+
+    @model_validator(mode="after")
+    def _manifest_matches(self) -> ArtifactRecord:
+        if self.files is None:
+            return self
+        paths = [f.path for f in self.files]
+        if not paths or len(set(paths)) != len(paths):
+            raise ValueError("a model directory's manifest lists no file or one twice")
+        dirs = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+        if dirs & set(paths):
+            raise ValueError("a manifest path is both a file and a directory")
+        if manifest_digest(self.files) != self.sha256:
+            raise ValueError("sha256 is not the digest of the manifest (edited file list?)")
+        if sum(f.size for f in self.files) != self.size:
+            raise ValueError("size is not the sum of the manifest's file sizes")
+        return self
+
+    @property
+    def is_directory(self) -> bool:
+        return self.files is not None
 
 
 class ActiveRollout(_Doc):

@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # Set up the project on a fresh machine: .venv/, the portable llama.cpp build,
-# the project itself (editable), and the bundled GGUF model under models/.
+# the project itself (editable), the bundled GGUF model under models/ and,
+# with --dev or --vllm, vLLM for CPU in its own environment (.vllm/) plus the
+# HF-layout model directory it serves (scripts/setup-vllm.sh).
 #   scripts/setup.sh          runtime only
-#   scripts/setup.sh --dev    plus the test and lint tools
+#   scripts/setup.sh --vllm   runtime plus vLLM (a local topology centred on vLLM)
+#   scripts/setup.sh --dev    plus the test and lint tools, and vLLM for its tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 EXTRAS="edge"
-if [[ "${1:-}" == "--dev" ]]; then EXTRAS="edge,dev"; fi
+VLLM=0
+for arg in "$@"; do
+    case "$arg" in
+        --dev) EXTRAS="edge,dev"; VLLM=1 ;;
+        --vllm) VLLM=1 ;;
+        *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+    esac
+done
 
 PY="${PYTHON:-python3}"
 if [[ ! -x .venv/bin/python ]]; then
@@ -20,3 +30,7 @@ wheel="$(PYTHON=.venv/bin/python scripts/build-llama-wheel.sh)"
 .venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
 
 .venv/bin/hybrid-llm fetch-models
+
+if [[ "$VLLM" == 1 ]]; then
+    PYTHON="$PY" scripts/setup-vllm.sh
+fi

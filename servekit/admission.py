@@ -6,6 +6,27 @@ to a waiting batch request, so batch work is never starved. A full queue is
 refused at once with :class:`~servekit.errors.QueueFull` and a Retry-After
 estimated from the recent service time. A waiter that is cancelled (its
 client went away) leaves the queue without taking a slot.
+
+With a TTFT budget (``ttft_budget_ms``) the queue also refuses at once, with
+the same 429, a request whose *predicted wait* exceeds the budget, instead of
+letting it queue for seconds; a router then places it elsewhere. The
+prediction for a newcomer:
+
+- slot wait: with ``k`` requests waiting ahead and the ``S`` slots held, it
+  gets the slot freed by the ``k+1``-th release. Each running request is
+  expected to hold its slot for the recent mean hold time ``h`` (an
+  exponential moving average), so slot ``i`` frees after ``r_i = max(0, h -
+  held_i)``, and with the remainders sorted the newcomer's slot frees after
+  ``r[k mod S] + (k // S) * h``;
+- busy slowdown: the sequences running beside it once it has a slot, times
+  the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
+  refreshed by :meth:`AdmissionQueue.observe`).
+
+The request's own prefill is not in it: the queue does not know the new
+prompt's length or how much of it the engine holds cached, and a guess from
+the engine's recent TTFTs would feed back on itself (once refusals stop
+admitting requests, a high median would never come down). So the budget is
+for the wait: set it to the TTFT target less a typical prefill.
 """
 
 from __future__ import annotations
@@ -42,12 +63,23 @@ class Ticket:
 
 
 class AdmissionQueue:
-    def __init__(self, slots: int, max_waiting: int, *, batch_every: int = 4) -> None:
+    def __init__(
+        self,
+        slots: int,
+        max_waiting: int,
+        *,
+        batch_every: int = 4,
+        ttft_budget_ms: float | None = None,
+    ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
         self.slots = slots
         self.max_waiting = max_waiting
         self.batch_every = max(1, batch_every)
+        self.ttft_budget_ms = ttft_budget_ms
+        self.busy_ms_per_seq: float | None = None
+        self.shed = 0  # requests refused on the budget
+        self._held: dict[Ticket, float] = {}  # running tickets -> admitted at
         self._running = 0
         self._waiters: dict[Priority, deque[tuple[Ticket, asyncio.Future[None]]]] = {
             p: deque() for p in Priority
@@ -73,21 +105,61 @@ class AdmissionQueue:
         backlog = self.waiting + 1
         return max(1.0, self._service_s * backlog / self.slots)
 
+    def observe(self, busy_ms_per_seq: float | None) -> None:
+        """The engine's latest measured slowdown per running sequence."""
+        self.busy_ms_per_seq = busy_ms_per_seq
+
+    def over_budget(self, wait_ms: float) -> bool:
+        return self.ttft_budget_ms is not None and wait_ms > self.ttft_budget_ms
+
+    def predicted_wait_ms(self, now: float | None = None) -> float:
+        """Predicted wait of a request arriving now, before its own prefill (see above)."""
+        now = time.monotonic() if now is None else now
+        ahead = self.waiting
+        hold = self._service_s
+        if self._running < self.slots and ahead == 0:
+            slot_wait, beside = 0.0, self._running
+        else:
+            left = sorted(max(0.0, hold - (now - t)) for t in self._held.values())
+            left = [0.0] * max(0, self.slots - len(left)) + left
+            slot_wait = left[ahead % len(left)] + (ahead // len(left)) * hold
+            beside = self.slots - 1
+        return slot_wait * 1000.0 + beside * (self.busy_ms_per_seq or 0.0)
+
+    def _check_budget(self) -> None:
+        if self.ttft_budget_ms is None:
+            return
+        wait = self.predicted_wait_ms()
+        if self.over_budget(wait):
+            self.shed += 1
+            raise QueueFull(
+                f"server cannot start this request within its TTFT budget "
+                f"(predicted wait {wait:.0f} ms > {self.ttft_budget_ms:.0f} ms); retry later",
+                retry_after=max(1.0, (wait - self.ttft_budget_ms) / 1000.0),
+            )
+
+    def _admit(self, ticket: Ticket, now: float) -> Ticket:
+        ticket.admitted_at = now
+        self._held[ticket] = now
+        return ticket
+
     def try_acquire(self, priority: Priority = Priority.INTERACTIVE) -> Ticket | None:
-        """A slot at once if one is free and nobody waits; else None (no waiting)."""
+        """A slot at once if one is free, nobody waits and the budget allows; else None."""
         if self._running < self.slots and self.waiting == 0:
+            if self.ttft_budget_ms is not None and self.over_budget(self.predicted_wait_ms()):
+                return None  # acquire() refuses it, with the figures
             now = time.monotonic()
             self._running += 1
-            return Ticket(self, priority, now, admitted_at=now)
+            return self._admit(Ticket(self, priority, now), now)
         return None
 
     async def acquire(self, priority: Priority = Priority.INTERACTIVE) -> Ticket:
+        self._check_budget()
         now = time.monotonic()
         ticket = Ticket(self, priority, now)
         if self._running < self.slots and self.waiting == 0:
             self._running += 1
-            ticket.admitted_at = now
-            return ticket
+            return self._admit(ticket, now)
         if self.waiting >= self.max_waiting:
             raise QueueFull(
                 f"server is at capacity ({self._running} running, {self.waiting} waiting); "
@@ -102,18 +174,18 @@ class AdmissionQueue:
         except BaseException:
             if fut.done() and not fut.cancelled():
                 # Granted just as we were cancelled: hand the slot on.
-                ticket.admitted_at = time.monotonic()
+                self._admit(ticket, time.monotonic())
                 ticket.release()
             else:
                 self._waiters[priority].remove(entry)
             raise
-        ticket.admitted_at = time.monotonic()
-        return ticket
+        return self._admit(ticket, time.monotonic())
 
     def _release(self, ticket: Ticket) -> None:
         if ticket.admitted_at:
             held = time.monotonic() - ticket.admitted_at
             self._service_s = 0.8 * self._service_s + 0.2 * held
+        self._held.pop(ticket, None)
         self._running -= 1
         self._grant_next()
 
@@ -122,9 +194,10 @@ class AdmissionQueue:
             entry = self._pick()
             if entry is None:
                 return
-            _ticket, fut = entry
+            ticket, fut = entry
             if fut.done():
                 continue
+            self._held[ticket] = time.monotonic()
             self._running += 1
             self._grants += 1
             fut.set_result(None)

@@ -16,7 +16,8 @@ at exactly one boundary per foreign library.
     ├── NotReady                    503 (Retry-After)
     ├── UpstreamError               502 (the upstream failed: 5xx, bad body)
     │   ├── UpstreamUnavailable     503 (connect refused, reset before a byte)
-    │   └── UpstreamTimeout         504
+    │   ├── UpstreamTimeout         504
+    │   └── UpstreamRejected        502 (a 400 that may be the engine's own failure)
     └── EngineFailure               500 (the local engine crashed)
 """
 
@@ -36,6 +37,7 @@ __all__ = [
     "RateLimited",
     "ServeError",
     "UpstreamError",
+    "UpstreamRejected",
     "UpstreamTimeout",
     "UpstreamUnavailable",
     "error_body",
@@ -141,6 +143,23 @@ class UpstreamTimeout(UpstreamError):
     default_code = "upstream_timeout"
 
 
+class UpstreamRejected(UpstreamError):
+    """A 400 from an upstream that answers its own failures with 400 as well.
+
+    ``trtllm-serve`` turns every exception in its handlers into a 400
+    ``BadRequestError``, so one refusal does not say whether the request or
+    the engine is at fault. It is retryable on another instance; when every
+    instance refused it, the request is to blame and :attr:`rejection` (the
+    upstream's 400) is what the client gets.
+    """
+
+    default_code = "upstream_rejected"
+
+    def __init__(self, rejection: ServeError) -> None:
+        super().__init__(f"upstream refused the request: {rejection.message}")
+        self.rejection = rejection
+
+
 class EngineFailure(ServeError):
     status = 500
     type = "internal_error"
@@ -169,15 +188,22 @@ def error_from_body(status: int, body: Any, *, retry_after: float | None = None)
 
     Client errors keep their status (the request itself is at fault and no
     other instance would accept it); anything 5xx becomes an upstream error.
+    Besides the OpenAI shape it reads the flat ``{"object": "error", "message",
+    "type", "code": 400}`` that trtllm-serve's ``ErrorResponse`` sends, its
+    ``{"error": "..."}`` for validation errors, and FastAPI's ``{"detail": ...}``.
     """
     message = f"upstream returned HTTP {status}"
     param: str | None = None
     code: str | None = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        err = body["error"]
+    err: Any = body.get("error") if isinstance(body, dict) else None
+    if isinstance(body, dict) and not isinstance(err, dict) and "message" in body:
+        err = body  # flat: trtllm-serve's ErrorResponse
+    if isinstance(err, dict):
         message = str(err.get("message") or message)
         param = err.get("param") if isinstance(err.get("param"), str) else None
         code = err.get("code") if isinstance(err.get("code"), str) else None
+    elif isinstance(err, str) and err:
+        message = err
     elif isinstance(body, dict) and isinstance(body.get("detail"), str):
         message = body["detail"]
     if code == "context_length_exceeded":

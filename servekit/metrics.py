@@ -93,6 +93,24 @@ class _LoadCollector(Collector):
                 "Recent per-sequence decode rate.",
                 report.decode_tokens_per_s,
             )
+        if report.ttft_budget_ms is not None:
+            yield gauge(
+                "servekit:ttft_budget_seconds",
+                "Predicted waits above this are refused with 429 (TTFT-budget admission).",
+                report.ttft_budget_ms / 1000.0,
+            )
+        if report.predicted_wait_ms is not None:
+            yield gauge(
+                "servekit:predicted_wait_seconds",
+                "Predicted wait of a request arriving now, before its own prefill.",
+                report.predicted_wait_ms / 1000.0,
+            )
+        if report.max_context_tokens is not None:
+            yield gauge(
+                "servekit:max_context_tokens",
+                "Longest request (prompt + completion) the instance holds.",
+                report.max_context_tokens,
+            )
         yield gauge("hybrid_ready", "1 when the instance serves traffic.", int(report.ready))
         yield gauge("hybrid_draining", "1 while draining before stop.", int(report.draining))
 

@@ -124,6 +124,8 @@ def run_service(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # One INFO line per HTTP request (every probe and scrape of an engine) drowns the log.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
     config = uvicorn.Config(
         app,
         host=host,

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from hybrid_llm.bench.conversations import BUILTIN, builtin_workload
+from hybrid_llm.bench.datasets import dataset_workload
 from hybrid_llm.bench.plot import write_plot
 from hybrid_llm.bench.report import build_report, compare, print_report
 from hybrid_llm.bench.runner import LoadStep, RunPlan, StepRun, Variant, run_plan
-from hybrid_llm.bench.workload import Workload, parse_bucket
+from hybrid_llm.bench.workload import Source, Workload, parse_bucket
 
 __all__ = ["register"]
 
@@ -83,11 +85,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=1,
         help="warm-up requests in flight at once (N warms N engine slots and connections)",
     )
-    p.add_argument(
+    what = p.add_mutually_exclusive_group()
+    what.add_argument(
+        "--workload",
+        choices=sorted(BUILTIN),
+        default="realistic",
+        help="built-in conversation workload (default: realistic, a mix of the others)",
+    )
+    what.add_argument(
+        "--dataset",
+        type=Path,
+        help="conversations from a file: OpenAI message lists, ShareGPT or aiperf JSON(L)",
+    )
+    what.add_argument(
         "--bucket",
         type=parse_bucket,
         action="append",
-        help="PROMPT:OUTPUT[:WEIGHT] token lengths (repeatable; default 128:64)",
+        help="synthetic filler prompts of PROMPT:OUTPUT[:WEIGHT] tokens (repeatable)",
+    )
+    p.add_argument(
+        "--dataset-format", choices=("auto", "openai", "sharegpt", "aiperf"), default="auto"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=64, help="answer length where the workload sets none"
     )
     p.add_argument("--header", type=_header, action="append", default=[], help="NAME:VALUE")
     p.add_argument(
@@ -116,12 +136,28 @@ def run(args: argparse.Namespace) -> int:
     common = dict(args.header)
     variants = args.variant or [Variant("default")]
     variants = [Variant(v.name, {**common, **v.headers}, v.model) for v in variants]
-    workload = Workload(
-        model=args.model,
-        buckets=args.bucket or [parse_bucket("128:64")],
-        api=args.api,
-        seed=args.seed,
-    )
+    workload: Source
+    if args.bucket:
+        workload = Workload(model=args.model, buckets=args.bucket, api=args.api, seed=args.seed)
+    elif args.api != "chat":
+        console.print("[red]conversation workloads are chat; use --bucket for --api completions")
+        return 2
+    elif args.dataset is not None:
+        try:
+            workload = dataset_workload(
+                args.dataset,
+                args.model,
+                fmt=args.dataset_format,
+                max_tokens=args.max_tokens,
+                seed=args.seed,
+            )
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]{exc}")
+            return 2
+    else:
+        workload = builtin_workload(
+            args.workload, args.model, max_tokens=args.max_tokens, seed=args.seed
+        )
     plan = RunPlan(
         url=args.url.rstrip("/"),
         workload=workload,

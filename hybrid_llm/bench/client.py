@@ -19,7 +19,12 @@ from servekit.sse import DONE, SSEDecoder
 
 __all__ = ["RequestRecord", "send_streaming"]
 
-ROUTE_HEADERS = {"tier": "x-route-tier", "region": "x-route-region", "reason": "x-route-reason"}
+ROUTE_HEADERS = {
+    "tier": "x-route-tier",
+    "region": "x-route-region",
+    "user_region": "x-route-user-region",
+    "reason": "x-route-reason",
+}
 
 
 @dataclass
@@ -39,7 +44,15 @@ class RequestRecord:
     cached_tokens: int = 0
     tier: str = "-"
     region: str = "-"
+    user_region: str = "-"
     reason: str = "-"
+    turn: int = 0  # which turn of its conversation (0: the first)
+    retry_after: float | None = None  # a 429's Retry-After, seconds
+
+    @property
+    def same_city(self) -> bool:
+        """Served in the user's own region (as the router's route headers say)."""
+        return self.region != "-" and self.region == self.user_region
 
     @property
     def tpot(self) -> float | None:
@@ -72,10 +85,13 @@ async def send_streaming(
     bucket: str,
     run_start: float,
     headers: dict[str, str] | None = None,
+    answer: list[str] | None = None,
+    turn: int = 0,
 ) -> RequestRecord:
-    """POST ``body`` with ``stream: true`` and time every text event."""
+    """POST ``body`` with ``stream: true`` and time every text event; the text
+    goes to ``answer`` when given (a conversation's next turn needs it)."""
     t0 = time.perf_counter()
-    record = RequestRecord(start=t0 - run_start, bucket=bucket)
+    record = RequestRecord(start=t0 - run_start, bucket=bucket, turn=turn)
     text_events = 0
     usage_tokens: int | None = None
     last = t0
@@ -89,6 +105,12 @@ async def send_streaming(
             if response.status_code != 200:
                 raw = await response.aread()
                 record.error = _error_message(response.status_code, raw)
+                retry = response.headers.get("retry-after")
+                if retry:
+                    try:
+                        record.retry_after = float(retry)
+                    except ValueError:
+                        record.retry_after = None
                 return record
             decoder = SSEDecoder()
             done = False
@@ -109,8 +131,11 @@ async def send_streaming(
                         details = usage.get("prompt_tokens_details")
                         if isinstance(details, dict):
                             record.cached_tokens = int(details.get("cached_tokens") or 0)
-                    if not _text_of(event):
+                    text = _text_of(event)
+                    if not text:
                         continue
+                    if answer is not None:
+                        answer.append(text)
                     text_events += 1
                     if record.ttft is None:
                         record.ttft = now - t0

@@ -59,7 +59,7 @@ def build_report(plan: RunPlan, runs: list[StepRun], knee_metric: str) -> dict[s
             "url": plan.url,
             "model": plan.workload.model,
             "api": plan.workload.api,
-            "buckets": [b.label for b in plan.workload.buckets],
+            "workload": plan.workload.labels,
             "duration_s": plan.duration,
             "max_requests": plan.max_requests,
             "variants": {v.name: {"headers": v.headers, "model": v.model} for v in plan.variants},
@@ -136,9 +136,15 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _shares(shares: dict[str, float]) -> str:
+    if not shares:
+        return "-"
+    return f"{shares['edge'] * 100:.0f}%/{shares['same_city'] * 100:.0f}%"
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
     table = Table(title=f"hybrid-llm bench {report['meta']['url']}")
-    for col in ("variant", "step", "route", "ok/n", "err%", "req/s", "tok/s"):
+    for col in ("variant", "step", "route", "ok/n", "err%", "429", "edge/same-city", "req/s"):
         table.add_column(col, justify="right")
     for col in ("TTFT p50/p95/p99", "TPOT p50/p99", "ITL p50/p99", "E2E p50/p99 ms"):
         table.add_column(col, justify="right")
@@ -147,6 +153,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         rows = [("all", summary)]
         if len(summary["by_route"]) > 1 or "-/-" not in summary["by_route"]:
             rows += list(summary["by_route"].items())
+        if len(summary["by_bucket"]) > 1:
+            rows += [(f"[{name}]", s) for name, s in summary["by_bucket"].items()]
         for route, s in rows:
             t, tp, itl, e = s["ttft_ms"], s["tpot_ms"], s["itl_ms"], s["e2e_ms"]
             table.add_row(
@@ -155,8 +163,9 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                 route,
                 f"{s['ok']}/{s['requests']}",
                 f"{s['error_rate'] * 100:.1f}",
+                str(s["shed"]),
+                _shares(s["route_shares"]),
                 f"{s['requests_per_s']:.2f}",
-                f"{s['output_tokens_per_s']:.1f}",
                 f"{_ms(t['p50'])}/{_ms(t['p95'])}/{_ms(t['p99'])}",
                 f"{_ms(tp['p50'])}/{_ms(tp['p99'])}",
                 f"{_ms(itl['p50'])}/{_ms(itl['p99'])}",

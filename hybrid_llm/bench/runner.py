@@ -1,7 +1,16 @@
 """Load schedules: stepped concurrency (closed loop) or a Poisson request rate
 (open loop), each step run for a bounded time and request count, once per
 variant (a named set of extra headers, e.g. to pin a tier) so variants are
-compared at the same offered load in one run."""
+compared at the same offered load in one run.
+
+The unit of work is a conversation: its turns go one after another, each
+with the previous answers in its history, as a chat client sends them. A
+closed-loop worker runs conversations back to back; an open-loop arrival
+starts one. A failed turn ends its conversation; after a refusal that says
+when to come back (429 or 503 with ``Retry-After``) a closed-loop worker
+waits that long (at most ``max_backoff_s``) before starting the next, as a
+client that honours it would.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +23,8 @@ from typing import Any, Literal
 import httpx
 
 from hybrid_llm.bench.client import RequestRecord, send_streaming
-from hybrid_llm.bench.workload import Workload
+from hybrid_llm.bench.conversations import Conversation
+from hybrid_llm.bench.workload import Source
 
 __all__ = ["LoadStep", "RunPlan", "StepRun", "Variant", "run_plan"]
 
@@ -56,7 +66,7 @@ class StepRun:
 @dataclass
 class RunPlan:
     url: str
-    workload: Workload
+    workload: Source
     steps: list[LoadStep]
     variants: list[Variant]
     duration: float = 10.0
@@ -67,30 +77,71 @@ class RunPlan:
     timeout: float = 120.0
     max_in_flight: int = 1024
     seed: int = 0
+    max_backoff_s: float = 5.0  # longest Retry-After a closed-loop worker honours
+
+
+class _Budget:
+    """Requests a step may still send before its deadline."""
+
+    def __init__(self, plan: RunPlan) -> None:
+        self.left = plan.max_requests
+        self.deadline = time.perf_counter() + plan.duration
+
+    def take(self) -> bool:
+        if self.left <= 0 or time.perf_counter() >= self.deadline:
+            return False
+        self.left -= 1
+        return True
+
+
+async def _converse(
+    client: httpx.AsyncClient,
+    plan: RunPlan,
+    variant: Variant,
+    conv: Conversation,
+    t0: float,
+    budget: _Budget | None,
+    records: list[RequestRecord],
+) -> RequestRecord | None:
+    """Send ``conv``'s turns in order; the last record (``None`` if none was sent)."""
+    history = list(conv.prefix)
+    last: RequestRecord | None = None
+    for turn, text in enumerate(conv.turns):
+        if budget is not None and turn > 0 and not budget.take():
+            break
+        messages = [*history, {"role": "user", "content": text}]
+        body = variant.apply(plan.workload.request_body(messages, conv.max_tokens))
+        answer: list[str] = []
+        last = await send_streaming(
+            client,
+            plan.workload.path,
+            body,
+            bucket=conv.label,
+            run_start=t0,
+            headers=variant.headers,
+            answer=answer,
+            turn=turn,
+        )
+        records.append(last)
+        if not last.ok:
+            break
+        history = [*messages, {"role": "assistant", "content": "".join(answer)}]
+    return last
 
 
 async def _closed_loop(
     client: httpx.AsyncClient, plan: RunPlan, variant: Variant, concurrency: int, t0: float
 ) -> list[RequestRecord]:
     records: list[RequestRecord] = []
-    deadline = time.perf_counter() + plan.duration
-    issued = 0
+    budget = _Budget(plan)
 
     async def worker() -> None:
-        nonlocal issued
-        while time.perf_counter() < deadline and issued < plan.max_requests:
-            issued += 1
-            bucket, body = plan.workload.draw()
-            records.append(
-                await send_streaming(
-                    client,
-                    plan.workload.path,
-                    variant.apply(body),
-                    bucket=bucket.label,
-                    run_start=t0,
-                    headers=variant.headers,
-                )
-            )
+        while budget.take():
+            conv = plan.workload.conversation()
+            last = await _converse(client, plan, variant, conv, t0, budget, records)
+            if last is not None and last.retry_after is not None:
+                wait = min(plan.max_backoff_s, last.retry_after)
+                await asyncio.sleep(max(0.0, min(wait, budget.deadline - time.perf_counter())))
 
     async with asyncio.TaskGroup() as tg:
         for _ in range(concurrency):
@@ -110,19 +161,9 @@ async def _open_loop(
     gate = asyncio.Semaphore(plan.max_in_flight)
     deadline = time.perf_counter() + plan.duration
 
-    async def one() -> None:
+    async def one(conv: Conversation) -> None:
         try:
-            bucket, body = plan.workload.draw()
-            records.append(
-                await send_streaming(
-                    client,
-                    plan.workload.path,
-                    variant.apply(body),
-                    bucket=bucket.label,
-                    run_start=t0,
-                    headers=variant.headers,
-                )
-            )
+            await _converse(client, plan, variant, conv, t0, None, records)
         finally:
             gate.release()
 
@@ -134,7 +175,7 @@ async def _open_loop(
                 break
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
             await gate.acquire()
-            tg.create_task(one())
+            tg.create_task(one(plan.workload.conversation()))
     return records
 
 

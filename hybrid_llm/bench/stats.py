@@ -39,9 +39,19 @@ def _summary(records: Sequence[RequestRecord], wall: float) -> dict[str, Any]:
         if not r.ok:
             key = r.error.split(":")[0] if r.error else "unknown"
             errors[key] = errors.get(key, 0) + 1
+    routed = [r for r in ok if r.tier != "-"]
+    shares: dict[str, float] = {}
+    if routed:
+        for tier in ("edge", "center"):
+            shares[tier] = sum(1 for r in routed if r.tier == tier) / len(routed)
+        shares["same_city"] = sum(1 for r in routed if r.same_city) / len(routed)
     return {
         "requests": len(records),
         "ok": len(ok),
+        # Of the answered requests the router routed: per tier, and served in the user's region.
+        "route_shares": shares,
+        "shed": sum(1 for r in records if r.status == 429),
+        "server_errors": sum(1 for r in records if r.status >= 500),
         "error_rate": (len(records) - len(ok)) / len(records) if records else 0.0,
         "errors": errors,
         "requests_per_s": len(ok) / wall if wall > 0 else 0.0,
@@ -55,7 +65,8 @@ def _summary(records: Sequence[RequestRecord], wall: float) -> dict[str, Any]:
 
 
 def summarize(records: Sequence[RequestRecord], wall: float) -> dict[str, Any]:
-    """The step's totals, plus the same per route (``tier/region``) and per bucket."""
+    """The step's totals, plus the same per route (``tier/region``) and per workload
+    (a conversation workload's name, or a length bucket)."""
     out = _summary(records, wall)
     routes: dict[str, list[RequestRecord]] = {}
     buckets: dict[str, list[RequestRecord]] = {}

@@ -1,18 +1,27 @@
-"""What the load generator sends: length buckets, prompts, request bodies.
+"""What the load generator sends: the workload seam, and synthetic length buckets.
 
-Prompts are built from a fixed vocabulary of short common English words, each
-about one token for the usual BPE tokenizers, so ``prompt_tokens`` is a close
-(not exact) target. The server's reported usage is what the report counts.
+A workload (:class:`Source`) hands out conversations
+(:class:`~hybrid_llm.bench.conversations.Conversation`) and builds the
+request body for each turn; the runner sends the turns. Besides the
+conversation workloads (``--workload``, ``--dataset``) there are synthetic
+length buckets (``--bucket``), for engine measurements that need a known
+prompt length: prompts built from a fixed vocabulary of short common English
+words, each about one token for the usual BPE tokenizers, so ``prompt_tokens``
+is a close (not exact) target. They are not what users send (a router judges
+filler words hard); the server's reported usage is what the report counts.
 """
 
 from __future__ import annotations
 
 import random
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-__all__ = ["Bucket", "Workload", "parse_bucket"]
+from hybrid_llm.bench.conversations import Conversation
+
+__all__ = ["Bucket", "Source", "Workload", "parse_bucket"]
 
 Api = Literal["chat", "completions"]
 
@@ -55,6 +64,28 @@ def parse_bucket(text: str) -> Bucket:
     return Bucket(prompt, output, weight)
 
 
+class Source(Protocol):
+    """What the runner needs of a workload."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def api(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def labels(self) -> list[str]: ...
+
+    def conversation(self) -> Conversation: ...
+
+    def request_body(
+        self, messages: Sequence[dict[str, Any]], max_tokens: int | None
+    ) -> dict[str, Any]: ...
+
+
 @dataclass
 class Workload:
     """Draws request bodies: bucket by weight, a fresh prompt of about its length."""
@@ -77,6 +108,34 @@ class Workload:
     @property
     def path(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+
+    @property
+    def labels(self) -> list[str]:
+        return [b.label for b in self.buckets]
+
+    def conversation(self) -> Conversation:
+        """One single-turn conversation of a bucket drawn by weight."""
+        bucket, body = self.draw()
+        text = body["messages"][-1]["content"] if self.api == "chat" else body["prompt"]
+        return Conversation(bucket.label, (), (text,), bucket.output_tokens)
+
+    def request_body(
+        self, messages: Sequence[dict[str, Any]], max_tokens: int | None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0.0,
+        }
+        if self.api == "chat":
+            body["messages"] = list(messages)
+        else:
+            body["prompt"] = messages[-1]["content"]
+        if self.extra_body:
+            body.update(self.extra_body)
+        return body
 
     def draw(self) -> tuple[Bucket, dict[str, Any]]:
         bucket = self._rng.choices(self.buckets, weights=[b.weight for b in self.buckets])[0]

@@ -10,7 +10,7 @@ counts, its recent TTFT P50/P95, decode and prefill rates; see
 :meth:`hybrid_llm.sim.instance.Instance.report`). The router's
 :class:`~geo_router.tracker.Tracker` counts its own requests in flight and the
 ones that ended since a report (so a stale report is discounted), its own TTFT
-per instance (the hedge delay) and 429s (the circuit breaker); its
+per instance (the hedge delay) and 429s (ranked last for a moment); its
 :class:`~geo_router.scoring.Scorer` predicts each candidate's TTFT (RTT + queue
 wait + prefill + busy slowdown, power-of-two choices among the near-best) and
 orders them. The tier logic follows ``geo_router.planner``: simple requests
@@ -21,7 +21,10 @@ among the first ``max_attempts`` candidates so failover ends there.
 The router estimates a prompt's tokens from the text the client sent
 (``estimate_prompt_tokens``); the simulator has token counts, and leaves out
 the workload's ``template_tokens`` (the chat template's, which the client
-never sent).
+never sent). Its prefix index is taken as warm: every instance is charged
+only the tokens beyond the workload's ``cached_prefix_tokens`` (a shared
+system prompt every instance has seen), as the router charges them once it
+has sent that prefix everywhere.
 """
 
 from __future__ import annotations
@@ -140,10 +143,15 @@ class RouterPolicy:
         by_id: dict[str, Target] = {t.name: t for t in edges}
         by_id[center.name] = center
         tokens = req.estimated_tokens or req.prompt_tokens
+        # The router's prefix index, warm: it knows the shared prefix every instance
+        # holds (the workload's cached prefix less the template, which no client sends).
+        cached = max(0, req.cached_tokens - (req.prompt_tokens - tokens))
 
         def score(target: Target, bias_ms: float = 0.0) -> Scored:
             state = self.states[target.name]
-            return self.scorer.score(state, req.region, tokens, bias_ms, now=now)
+            return self.scorer.score(
+                state, req.region, tokens, bias_ms, now=now, cached_tokens=cached
+            )
 
         centers = [score(center)] if available(center.name, now) else []
         if req.hard:
@@ -177,5 +185,5 @@ class RouterPolicy:
     def released(self, target: Target, failed: bool = False) -> None:
         now = self.clock()
         self.tracker.release(target.name, now)
-        if failed:
-            self.tracker.failure(target.name, now)
+        if failed:  # a 429: busy, not broken (the router's dispatcher books it so)
+            self.tracker.refused(target.name, self.routing.shed_backoff_s, now)

@@ -14,7 +14,7 @@ import math
 import statistics
 from typing import Any
 
-from geo_router.planner import estimate_prompt_tokens
+from geo_router.conversation import estimate_prompt_tokens
 from hybrid_llm.bench import Workload, parse_bucket
 from hybrid_llm.sim import EngineProfile, SimConfig, SimResult, Simulation
 from hybrid_llm.sim.request import SimRequest

@@ -68,6 +68,9 @@ class ServingCore:
     def load(self) -> LoadReport:
         engine = self.engines.current()
         report = engine.load()
+        admission = self.admission
+        admission.observe(report.busy_ms_per_seq)
+        budget = admission.ttft_budget_ms
         return replace(
             report,
             draining=self.draining,
@@ -76,6 +79,8 @@ class ServingCore:
             running=self.admission.running,
             capacity=self.admission.slots,
             queue_limit=self.admission.max_waiting,
+            ttft_budget_ms=budget,
+            predicted_wait_ms=None if budget is None else admission.predicted_wait_ms(),
             version=report.version or self.version,
             requests_ok=self.requests_ok,
             requests_failed=self.requests_failed,

@@ -205,6 +205,7 @@ class BatchingLlamaEngine:
             ttft_p50_ms=snap.ttft_p50_ms,
             ttft_p95_ms=snap.ttft_p95_ms,
             busy_ms_per_seq=snap.busy_ms_per_seq,
+            max_context_tokens=self._settings.ctx_per_slot,
             decode_tokens_per_s=snap.decode_tokens_per_s,
             prefill_tokens_per_s=snap.prefill_tokens_per_s,
             model=self.model_name,

@@ -232,6 +232,7 @@ class LlamaCppEngine:
             ready=self._ready,
             running=self._running,
             capacity=1,
+            max_context_tokens=self.settings.n_ctx,
             ttft_p50_ms=self._rates.ttft_quantile(0.5),
             ttft_p95_ms=self._rates.ttft_quantile(0.95),
             decode_tokens_per_s=self._rates.decode_tps,

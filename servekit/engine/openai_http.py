@@ -34,6 +34,7 @@ from servekit.engine.protocol import (
 from servekit.errors import (
     ServeError,
     UpstreamError,
+    UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
     error_from_body,
@@ -67,6 +68,11 @@ class OpenAIHTTPSettings(BaseModel):
     read_timeout_s: float = Field(120.0, gt=0, description="Longest silence between chunks.")
     health_path: str = Field("/health", description="GET path that answers 200 when alive.")
     probe_interval_s: float = Field(1.0, gt=0)
+    engine_errors_as_400: bool = Field(
+        False,
+        description="The upstream answers its own failures with 400 too (trtllm-serve): "
+        "a 400 is retried elsewhere before it is blamed on the request.",
+    )
 
 
 def translate_httpx_error(exc: httpx.HTTPError, where: str) -> ServeError:
@@ -238,7 +244,10 @@ class OpenAIHTTPEngine:
             ) as resp:
                 if resp.status_code != 200:
                     raw = await resp.aread()
-                    raise _error_from_response(resp.status_code, raw, _retry_after(resp))
+                    error = _error_from_response(resp.status_code, raw, _retry_after(resp))
+                    if resp.status_code == 400 and self.settings.engine_errors_as_400:
+                        raise UpstreamRejected(error)
+                    raise error
                 async for event in _events(resp, request.kind):
                     yield event
         except httpx.HTTPError as exc:
@@ -266,6 +275,11 @@ async def _events(
     produced = 0
     finished = False
     async for chunk in resp.aiter_bytes():
+        if finished:
+            # Read the body to its end (the chunked terminator follows [DONE] at once):
+            # a response left unread closes its connection, and the next request to
+            # this upstream would pay a new TCP connect on its TTFT.
+            continue
         for data in decoder.feed(chunk):
             if data == DONE:
                 finished = True
@@ -287,8 +301,6 @@ async def _events(
                     yield TextDelta(text, 1)
                 if choice.get("finish_reason"):
                     reason = choice["finish_reason"]
-        if finished:
-            break
     if not finished and reason is None:
         raise UpstreamError(
             "upstream closed the stream before it finished", code="upstream_disconnected"

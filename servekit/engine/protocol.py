@@ -217,7 +217,9 @@ def pooled_figures(reports: Sequence[LoadReport], replicas: int) -> LoadReport:
     """A gateway's measured figures from its ``replicas``' reports (the counts,
     readiness and identity are the caller's to set, e.g. with ``dataclasses.replace``).
 
-    TTFT P50 and decode rate are the replicas' means, P95 their worst. The
+    TTFT P50, decode and prefill rates are the replicas' means (a request is
+    prefilled on one replica), P95 their worst, the
+    context window their smallest (a request may land on any of them). The
     gateway reports all its replicas' running sequences as one count; a new
     request lands on one replica and meets about 1/``replicas`` of them, so
     each counts for the replicas' mean busy slowdown divided by their number.
@@ -229,11 +231,14 @@ def pooled_figures(reports: Sequence[LoadReport], replicas: int) -> LoadReport:
 
     p95 = [r.ttft_p95_ms for r in reports if r.ttft_p95_ms is not None]
     busy = mean([r.busy_ms_per_seq for r in reports])
+    windows = [r.max_context_tokens for r in reports if r.max_context_tokens is not None]
     return LoadReport(
+        max_context_tokens=min(windows) if windows else None,
         ttft_p50_ms=mean([r.ttft_p50_ms for r in reports]),
         ttft_p95_ms=max(p95) if p95 else None,
         busy_ms_per_seq=busy / replicas if busy is not None and replicas >= 1 else None,
         decode_tokens_per_s=mean([r.decode_tokens_per_s for r in reports]),
+        prefill_tokens_per_s=mean([r.prefill_tokens_per_s for r in reports]),
     )
 
 

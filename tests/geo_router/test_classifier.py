@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from geo_router.classifier import DifficultyClassifier
-from geo_router.eval_classifier import evaluate, load_examples
+from geo_router.eval_classifier import CATEGORIES, Example, evaluate, load_examples
 from tests.support.servers import REPO
 
 
@@ -31,15 +31,66 @@ def test_obvious_cases_in_both_languages(clf: DifficultyClassifier, text: str, l
     assert clf.classify({"messages": [{"role": "user", "content": text}]}).difficulty == label
 
 
-def test_held_out_accuracy_in_both_languages(clf: DifficultyClassifier) -> None:
+def test_held_out_accuracy_in_both_languages_and_every_category(clf: DifficultyClassifier) -> None:
     test = [e for e in load_examples() if e.split == "test"]
     assert {e.lang for e in test} == {"en", "zh"}
-    assert len(test) >= 60
-    report = evaluate(clf, test)
-    accuracy = report["accuracy"]
-    assert isinstance(accuracy, dict)
-    assert accuracy["en"] >= 0.85
-    assert accuracy["zh"] >= 0.85
+    assert len(test) >= 250
+    report = evaluate(clf, test, repeats=1)
+    assert report["accuracy"]["en"]["accuracy"] >= 0.85
+    assert report["accuracy"]["zh"]["accuracy"] >= 0.85
+    for category in CATEGORIES:
+        row = report["by_category"][category]["all"]
+        assert row["n"] >= 8, category
+        assert row["accuracy"] >= 0.7, category
+
+
+def test_the_split_holds_out_whole_pieces() -> None:
+    """No test conversation's latest turn or system prompt is seen in training."""
+    examples = load_examples()
+
+    def pieces(e: Example) -> set[str]:
+        return {m["content"] for m in e.messages if m["role"] == "system"} | {
+            e.messages[-1]["content"]
+        }
+
+    train = set().union(*(pieces(e) for e in examples if e.split == "train"))
+    test = set().union(*(pieces(e) for e in examples if e.split == "test"))
+    assert train.isdisjoint(test)
+
+
+SYSTEM = (
+    "You are the assistant of a home and garden store. Store hours: Monday to Saturday "
+    "9-20, Sunday 10-18. Returns within 30 days with a receipt. Shipping is free over $75. "
+) * 8
+ORDER = "Order NW-55123 confirmed: 2 x desk lamp, shipping to Denver, Colorado, $84.20.\n"
+
+
+@pytest.mark.parametrize(
+    ("messages", "label"),
+    [
+        # Length from a system prompt, a history or a pasted document is not difficulty.
+        ([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Open on Sunday?"}],
+         "simple"),
+        ([{"role": "user", "content": ORDER * 4 + "What is my order number?"}], "simple"),
+        ([{"role": "user", "content": ORDER * 4 + "Which city is it shipping to?"}], "simple"),
+        # Short conceptual questions are hard.
+        ([{"role": "user", "content": "How does public-key cryptography work?"}], "hard"),
+        ([{"role": "user", "content": "How do vaccines train the immune system?"}], "hard"),
+        # A follow-up inherits little from a hard history.
+        (
+            [
+                {"role": "user", "content": "Design a multi-region active-active database."},
+                {"role": "assistant", "content": "Use conflict-free replicated types ... " * 20},
+                {"role": "user", "content": "thanks!"},
+            ],
+            "simple",
+        ),
+    ],
+)  # fmt: skip
+def test_the_latest_turn_decides_not_the_request_length(
+    clf: DifficultyClassifier, messages: list[dict[str, str]], label: str
+) -> None:
+    assert clf.classify({"messages": messages}).difficulty == label
 
 
 def test_threshold_moves_the_boundary() -> None:

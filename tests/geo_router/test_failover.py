@@ -29,10 +29,13 @@ from tests.support.servers import REPO, UvicornThread, free_port, wait_ready
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def state(url: str, iid: str, tier: str = "edge", region: str = "east") -> InstanceState:
+def state(
+    url: str, iid: str, tier: str = "edge", region: str = "east", window: int | None = None
+) -> InstanceState:
     port = int(url.rsplit(":", 1)[1])
     info = InstanceInfo(iid, tier, region, "127.0.0.1", port, "fake-model")  # type: ignore[arg-type]
-    return InstanceState(info, LoadReport(ready=True, capacity=4), True, time.time())
+    load = LoadReport(ready=True, capacity=4, max_context_tokens=window)
+    return InstanceState(info, load, True, time.time())
 
 
 @contextmanager
@@ -101,6 +104,57 @@ def test_500_and_429_fall_over_and_all_429_keeps_retry_after() -> None:
             r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
             assert r.status_code == 429
             assert r.headers["retry-after"] == "7"
+
+
+def test_a_shedding_edge_is_busy_not_broken_its_circuit_stays_closed() -> None:
+    shedding = Behavior(status=429, retry_after="1")
+    with serve_fake(shedding) as a, serve_fake(Behavior(words=2)) as b:
+        states = [state(a, "a"), state(b, "b", region="west")]
+        body = chat(False, model="edge")
+        with routed(states, breaker={"failures": 2}, shed_backoff_s=0.0) as url:
+            for _ in range(4):
+                r = httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH)
+                assert r.status_code == 200
+                assert r.headers["x-route-instance"] == "b"
+            assert len(shedding.seen) == 4  # tried first each time: no backoff configured
+            assert metric(url, 'router_circuit_state{instance="a"}') == 0
+            assert metric(url, 'router_fallbacks_total{cause="rate_limited",tier="edge"}') == 4
+            shedding.status = 200
+            r = httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH)
+            assert r.headers["x-route-instance"] == "a"
+        shedding.status = 429
+        with routed(states, shed_backoff_s=60.0) as url:
+            for _ in range(3):
+                r = httpx.post(url + "/v1/chat/completions", json=body, headers=AUTH)
+                assert r.headers["x-route-instance"] == "b"
+            assert len(shedding.seen) == 6  # 5 before; one refusal here, then it ranks behind b
+
+
+def test_context_length_exceeded_moves_to_a_larger_window_only() -> None:
+    small = Behavior(words=2, max_prompt_chars=100)
+    same = Behavior(words=2, max_prompt_chars=100)
+    large = Behavior(words=3, max_prompt_chars=100_000)
+    long_chat = chat(False, messages=[{"role": "user", "content": "hi " * 60}])
+    with serve_fake(small) as a, serve_fake(same) as b, serve_fake(large) as c:
+        # The windows the instances report are wrong (the router's estimate fits them all),
+        # so the edge's own 400 is what moves the request on.
+        states = [
+            state(a, "a", window=4096),
+            state(b, "b", window=4096),
+            state(c, "c", "center", "center", window=8192),
+        ]
+        with routed(states, center_bias_ms=1000) as url:
+            r = httpx.post(url + "/v1/chat/completions", json=long_chat, headers=AUTH)
+            assert r.status_code == 200
+            assert r.headers["x-route-instance"] == "c"
+            assert r.headers["x-route-reason"] == "fallback"
+            assert len(small.seen) + len(same.seen) == 1  # the other edge's window is no larger
+            assert metric(url, 'router_fallbacks_total{cause="context_length",tier="edge"}') == 1
+        large.max_prompt_chars = 100
+        with routed(states, center_bias_ms=1000) as url:
+            r = httpx.post(url + "/v1/chat/completions", json=long_chat, headers=AUTH)
+            assert r.status_code == 400
+            assert r.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_stall_past_the_ttft_deadline_moves_on() -> None:

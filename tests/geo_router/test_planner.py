@@ -193,6 +193,13 @@ def test_canary_split_is_sticky_and_close_to_its_share() -> None:
         assert [c.state.info.version for c in d.candidates] == [want]
     p, _ = planner([inst("old")], traffic={"m": {"v2": 1.0}})
     assert [c.id for c in p.plan(SIMPLE, EAST, "x").candidates] == ["old"]  # fallback
+    # A center serving the same model name under its own version is outside the split.
+    center = inst("c", "center", "center", version="fp8")
+    p, _ = planner([inst("old"), inst("new", version="v2"), center], traffic={"m": shares})
+    for i in range(20):
+        ids = {c.id for c in p.plan(SIMPLE, EAST, f"user-{i}").candidates}
+        assert "c" in ids
+        assert len(ids & {"old", "new"}) == 1
 
 
 def test_breaker_opens_half_opens_for_one_probe_and_closes() -> None:

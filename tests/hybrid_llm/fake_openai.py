@@ -7,7 +7,7 @@ streams ``max_tokens`` one-word tokens and answers with the router's ``X-Route-*
 headers (the tier echoed from the request's ``X-Want-Tier``, so tests can pin
 routes). ``fail_every`` makes every n-th request a 429 in the OpenAI error shape.
 ``arrivals`` (when given) records each request's tier and how many were in
-flight when it arrived.
+flight when it arrived; ``seen`` (when given) each request body.
 """
 
 from __future__ import annotations
@@ -33,7 +33,11 @@ class Timing:
     region: str = "region-a"
 
 
-def create_app(timing: Timing, arrivals: list[tuple[str, int]] | None = None) -> Starlette:
+def create_app(
+    timing: Timing,
+    arrivals: list[tuple[str, int]] | None = None,
+    seen: list[dict[str, object]] | None = None,
+) -> Starlette:
     served = 0
     in_flight = 0
 
@@ -47,6 +51,8 @@ def create_app(timing: Timing, arrivals: list[tuple[str, int]] | None = None) ->
                 headers={"Retry-After": "1"},
             )
         body = json.loads(await request.body())
+        if seen is not None:
+            seen.append(body)
         n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         chat = request.url.path.endswith("/chat/completions")
         tier = request.headers.get("x-want-tier", "edge")
@@ -105,6 +111,7 @@ def create_app(timing: Timing, arrivals: list[tuple[str, int]] | None = None) ->
         headers = {
             "X-Route-Tier": tier,
             "X-Route-Region": timing.region,
+            "X-Route-User-Region": "region-a",
             "X-Route-Reason": "simple" if tier == "edge" else "pinned",
         }
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from hybrid_llm.bench import (
+    Conversation,
+    ConversationWorkload,
     LoadStep,
     RunPlan,
+    StepRun,
     Variant,
     Workload,
     build_report,
+    builtin_workload,
     compare,
     find_knee,
     parse_bucket,
+    parse_dataset,
     percentile,
     run_plan,
 )
@@ -92,7 +98,13 @@ async def test_routes_grouped_from_router_headers(server: UvicornThread) -> None
 async def test_errors_counted_and_completions_api() -> None:
     with UvicornThread(create_app(Timing(ttft=0.0, itl=0.0, fail_every=3))) as srv:
         workload = Workload("m", [parse_bucket("8:4")], api="completions")
-        plan = _plan(srv.url, workload=workload, max_requests=9, steps=[LoadStep("concurrency", 1)])
+        plan = _plan(
+            srv.url,
+            workload=workload,
+            max_requests=9,
+            steps=[LoadStep("concurrency", 1)],
+            max_backoff_s=0.0,  # do not honour the 429s' Retry-After here
+        )
         report = build_report(plan, await run_plan(plan), "ttft_ms.p99")
     summary = report["steps"][0]["summary"]
     assert summary["requests"] == 9
@@ -211,3 +223,91 @@ def test_cli_writes_report_and_plot_and_flags_regression(tmp_path: Path) -> None
         )
     assert code == 3
     assert any("ttft_ms.p50" in r for r in json.loads(out.read_text())["regressions"])
+
+
+@pytest.mark.anyio
+async def test_a_conversation_sends_its_turns_with_the_real_answers_as_history() -> None:
+    seen: list[dict[str, object]] = []
+    chats = {"chat": [Conversation("chat", (), ("first?", "second?", "third?"))]}
+    workload = ConversationWorkload("m", chats, {"chat": 1.0}, max_tokens=3)
+    with UvicornThread(create_app(Timing(ttft=0.0, itl=0.0), seen=seen)) as srv:
+        plan = _plan(srv.url, workload=workload, max_requests=3, steps=[LoadStep("concurrency", 1)])
+        runs = await run_plan(plan)
+    records = runs[0].records
+    assert [r.turn for r in records] == [0, 1, 2]
+    assert [len(b["messages"]) for b in seen] == [1, 3, 5]  # type: ignore[arg-type]
+    third = seen[2]["messages"]
+    assert third == [  # the server's own answers, as a chat client keeps them
+        {"role": "user", "content": "first?"},
+        {"role": "assistant", "content": " w0 w1 w2"},
+        {"role": "user", "content": "second?"},
+        {"role": "assistant", "content": " w0 w1 w2"},
+        {"role": "user", "content": "third?"},
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_refused_turn_ends_its_conversation_and_the_worker_honours_retry_after() -> None:
+    chats = {"chat": [Conversation("chat", (), ("a", "b", "c"))]}
+    workload = ConversationWorkload("m", chats, {"chat": 1.0}, max_tokens=2)
+    with UvicornThread(create_app(Timing(ttft=0.0, itl=0.0, fail_every=2))) as srv:
+        plan = _plan(
+            srv.url, workload=workload, max_requests=50, steps=[LoadStep("concurrency", 1)]
+        )
+        records = (await run_plan(plan))[0].records
+    # One second of run: ok, 429 (Retry-After: 1), then the run is over.
+    assert [r.status for r in records] == [200, 429]
+    assert records[1].retry_after == 1.0
+    summary = build_report(plan, [StepRun(LoadStep("concurrency", 1), "v", 1.0, records)], "x")
+    assert summary["steps"][0]["summary"]["shed"] == 1
+
+
+def test_the_default_workload_is_a_realistic_mix_not_filler() -> None:
+    workload = builtin_workload("realistic", "auto", seed=1)
+    drawn = Counter(workload.conversation().label for _ in range(400))
+    assert set(drawn) == {"customer-service", "chat", "mixed", "long-context"}
+    assert 0.3 < drawn["customer-service"] / 400 < 0.5
+    support = builtin_workload("customer-service", "auto").conversation()
+    assert support.prefix[0]["role"] == "system"
+    assert 1600 < len(support.prefix[0]["content"]) < 2600  # about 450 tokens
+    mixed = builtin_workload("mixed", "auto").pools["mixed"]
+    assert len(mixed) > 1000
+    assert any(c.prefix for c in mixed)  # system prompts and histories, as labelled
+
+
+def test_route_shares_and_same_city_share_in_the_summary() -> None:
+    from hybrid_llm.bench import RequestRecord, summarize
+
+    def rec(tier: str, region: str) -> RequestRecord:
+        return RequestRecord(0.0, "w", ok=True, status=200, ttft=0.1, e2e=0.2, tier=tier,
+                             region=region, user_region="region-a")  # fmt: skip
+
+    records = [rec("edge", "region-a")] * 6 + [rec("edge", "region-b")] * 2
+    records += [rec("center", "c")] * 2
+    shares = summarize(records, 1.0)["route_shares"]
+    assert shares == {"edge": 0.8, "center": 0.2, "same_city": 0.6}
+
+
+def test_datasets_in_openai_sharegpt_and_aiperf_shapes(tmp_path: Path) -> None:
+    system = {"role": "system", "content": "S"}
+    openai = tmp_path / "openai.jsonl"
+    record = {"messages": [system, {"role": "user", "content": "q"}], "max_tokens": 9}
+    openai.write_text(json.dumps(record) + "\n")
+    sharegpt = tmp_path / "sharegpt.json"
+    talk = [("system", "S"), ("human", "h1"), ("gpt", "g1"), ("human", "h2")]
+    conversations = [{"from": who, "value": value} for who, value in talk]
+    sharegpt.write_text(json.dumps([{"id": "1", "conversations": conversations}]))
+    aiperf = tmp_path / "aiperf.jsonl"
+    turns = [{"role": "system", "text": "S"}, {"text": "t1"}, {"text": "t2", "output_length": 7}]
+    lines = [{"text": "single", "output_length": 5}, {"session_id": "s", "turns": turns}]
+    aiperf.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert parse_dataset(openai) == [Conversation("dataset", (system,), ("q",), 9)]
+    (conv,) = parse_dataset(sharegpt)
+    assert (conv.prefix, conv.turns) == ((system,), ("h1", "h2"))
+    single, multi = parse_dataset(aiperf)
+    assert (single.turns, single.max_tokens) == (("single",), 5)
+    assert (multi.prefix[0]["content"], multi.turns, multi.max_tokens) == ("S", ("t1", "t2"), 7)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_only": 1}\n')
+    with pytest.raises(ValueError, match="record 0"):
+        parse_dataset(bad)

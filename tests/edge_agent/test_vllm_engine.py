@@ -1,0 +1,176 @@
+"""The edge agent on a real vLLM: one `edge-agent serve` process that launches
+`vllm serve` (CPU build) on the converted SmolLM2, checked with the `openai` SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.support.servers import free_port, service_process
+from tests.support.vllm import MODEL_NAME, require_vllm, vllm_engine, write_edge_config
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_vllm()
+    tmp = tmp_path_factory.mktemp("edge-vllm")
+    port = free_port()
+    engine = vllm_engine(tmp, process={"startup_timeout_s": 400, "restart_backoff_initial_s": 0.5})
+    config = write_edge_config(tmp / "edge.yaml", port, engine)
+    url = f"http://127.0.0.1:{port}"
+    with service_process(["edge_agent", "serve", "--config", str(config)], url, ready_timeout=420):
+        yield url
+
+
+@pytest.fixture
+def client(edge: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=edge + "/v1", api_key="unused", max_retries=0) as sdk:
+        yield sdk
+
+
+def test_chat_non_streaming_with_usage(client: openai.OpenAI) -> None:
+    done = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Name three rivers in China."}],
+        max_tokens=12,
+        temperature=0,
+    )
+    choice = done.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason == "length"
+    assert done.model == MODEL_NAME
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 12
+    # SmolLM2's chat template adds a system turn: the prompt is longer than the question.
+    assert done.usage.prompt_tokens > 10
+
+
+def test_chat_streaming_ends_with_usage(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="edge",
+        messages=[{"role": "user", "content": "Count from one to five."}],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] in ("stop", "length")
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert 0 < usage.completion_tokens <= 16
+
+
+def test_greedy_answers_match_vllm_itself(client: openai.OpenAI, edge: str) -> None:
+    """The agent passes text through unchanged: same tokens as asking vLLM directly."""
+    engine_url = _engine_url(edge)
+    body = {"model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 8}
+    direct = httpx.post(engine_url + "/v1/completions", json={**body, "temperature": 0}).json()
+    via = client.completions.create(
+        model=MODEL_NAME, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert via.choices[0].text == direct["choices"][0]["text"]
+    streamed = client.completions.create(
+        model=MODEL_NAME,
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == via.choices[0].text
+
+
+def test_repeated_prefix_reports_cached_tokens(client: openai.OpenAI) -> None:
+    """--enable-prompt-tokens-details: vLLM's prefix-cache hits reach usage."""
+    system = "You are a careful assistant. " + " ".join(f"Rule {i}: be brief." for i in range(80))
+    cached = []
+    for question in ("What is two plus two?", "What is three plus three?"):
+        done = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ],
+            max_tokens=2,
+            temperature=0,
+        )
+        assert done.usage is not None
+        details = done.usage.prompt_tokens_details
+        cached.append(details.cached_tokens if details and details.cached_tokens else 0)
+    assert cached[1] >= 128  # at least one full KV block of the shared system prompt
+
+
+def test_errors_in_the_openai_shape(client: openai.OpenAI, edge: str) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=5000
+        )
+    assert too_long.value.code == "context_length_exceeded"
+    # A prompt longer than vLLM's max_model_len: vLLM refuses, the agent keeps it a 400.
+    huge = "word " * 3000
+    with pytest.raises(openai.BadRequestError) as overflow:
+        client.completions.create(model=MODEL_NAME, prompt=huge, max_tokens=4)
+    assert "2048" in str(overflow.value)
+    bad = httpx.post(edge + "/v1/chat/completions", json={"model": MODEL_NAME})
+    assert bad.status_code == 400
+    assert set(bad.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_load_and_metrics_come_from_vllm(edge: str, client: openai.OpenAI) -> None:
+    client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
+    load = httpx.get(edge + "/load").json()
+    assert load["ready"] is True
+    assert load["capacity"] == 8
+    assert load["max_context_tokens"] == 2048  # vLLM's max_model_len, from /v1/models
+    assert load["decode_tokens_per_s"] > 0
+    assert load["prefix_cache_query_tokens"] > 0  # vLLM's own counter
+    metrics = httpx.get(edge + "/metrics").text
+    assert 'vllm:num_requests_running{model="smollm2-135m-instruct"' in metrics
+    assert 'tier="edge"' in metrics
+
+
+def test_a_killed_engine_is_restarted_and_serves_again(edge: str, client: openai.OpenAI) -> None:
+    """SIGKILL the vLLM server: /ready turns 503, the agent restarts it, answers resume."""
+    before = httpx.get(edge + "/engine").json()
+    assert before["kind"] == "vllm"
+    assert "--enforce-eager" in before["command"]
+    os.killpg(before["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while httpx.get(edge + "/ready").status_code == 200:
+        assert time.monotonic() < deadline, "the agent did not notice its engine died"
+        time.sleep(0.1)
+    deadline = time.monotonic() + 400
+    while httpx.get(edge + "/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the engine was not restarted"
+        time.sleep(0.5)
+    done = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 4
+    after = httpx.get(edge + "/engine").json()
+    assert after["restarts"] == before["restarts"] + 1
+    assert after["pid"] != before["pid"]
+
+
+def _engine_url(edge: str) -> str:
+    return str(httpx.get(edge + "/engine").json()["url"])
+
+
+def _engine_pid(edge: str) -> int:
+    return int(httpx.get(edge + "/engine").json()["pid"])

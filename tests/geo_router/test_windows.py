@@ -1,0 +1,113 @@
+"""Two real context windows: what the edge cannot hold goes to the center that can.
+
+Two edge agents on the real model as subprocesses, one with a 256-token
+window per slot (the edge tier), one with 1024 (registered as the center
+tier); prompts are kept short enough for a loaded 2-core machine. The
+router (in-process, real sockets) learns both windows from their ``/load``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from geo_router.app import create_app
+from servekit.http_protocol import HeadWithBodyProtocol
+from tests.geo_router.conftest import KEY, router_settings, upstream
+from tests.support.servers import REPO, UvicornThread, free_port, service_process
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _agent(stack: ExitStack, tmp: Path, name: str, region: str, window: int) -> str:
+    base = yaml.safe_load((REPO / "configs" / "edge-local.yaml").read_text())
+    engine = {"ctx_per_slot": window, "slots": 2, "n_threads": 1, "chunk_tokens": 64}
+    base["engine"].update(engine, default_max_tokens=16)
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(base))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["edge_agent", "serve", "--config", str(cfg), "--port", str(port)]
+    stack.enter_context(service_process([*args, "--region", region, "--id", name], url))
+    return url
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("windows")
+    with ExitStack() as stack:
+        small = _agent(stack, tmp, "edge-small", "east", 256)
+        large = _agent(stack, tmp, "center-large", "center", 1024)
+        ups = [
+            upstream(small, id="edge-small"),
+            upstream(large, tier="center", region="center", id="center-large"),
+        ]
+        # A big center bias: only the window may send a simple request to the center.
+        routing = {"ttft_deadline_s": 180.0, "slow_start_s": 0, "center_bias_ms": 5000}
+        app = create_app(router_settings(ups, routing=routing))
+        server = stack.enter_context(UvicornThread(app, http=HeadWithBodyProtocol))
+        for _ in range(100):  # until both windows are known from /load
+            found = _explain(server.url, [{"role": "user", "content": "hi"}])
+            if all(c["max_context_tokens"] for c in found["candidates"]):
+                break
+            time.sleep(0.1)
+        yield server.url
+
+
+def _explain(url: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    body = {"model": "auto", "max_tokens": 8, "messages": messages}
+    r = httpx.post(url + "/v1/route/explain", json=body, headers=AUTH, timeout=10)
+    assert r.status_code == 200, r.text
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def _history(turns: int) -> list[dict[str, str]]:
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"Turn {i}: we talked about gardens, roses and tulips. " * 6,
+        }
+        for i in range(turns)
+    ]
+
+
+def test_a_conversation_longer_than_the_edge_window_is_served_by_the_larger_one(
+    router: str,
+) -> None:
+    short = [{"role": "user", "content": "Thanks, that was helpful!"}]
+    windows = {c["id"]: c["max_context_tokens"] for c in _explain(router, short)["candidates"]}
+    assert windows == {"edge-small": 256, "center-large": 1024}
+    long = [*_history(8), {"role": "user", "content": "Thanks, that was helpful!"}]
+    plan = _explain(router, long)
+    assert plan["difficulty"] == "simple"
+    assert 256 < plan["prompt_tokens"] < 1024
+    assert [c["id"] for c in plan["candidates"]] == ["center-large"]
+    body = {"model": "auto", "max_tokens": 8, "messages": long, "stream": False}
+    r = httpx.post(router + "/v1/chat/completions", json=body, headers=AUTH, timeout=240)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-route-instance"] == "center-large"
+    assert r.json()["usage"]["prompt_tokens"] > 256  # the engine's own count: it did not fit
+    # The short one still goes to the edge; one that fits nowhere gets the engine's 400.
+    r = httpx.post(
+        router + "/v1/chat/completions",
+        json={**body, "messages": short},
+        headers=AUTH,
+        timeout=240,
+    )
+    assert r.headers["x-route-instance"] == "edge-small"
+    huge = [*_history(40), {"role": "user", "content": "ok"}]
+    r = httpx.post(
+        router + "/v1/chat/completions", json={**body, "messages": huge}, headers=AUTH, timeout=240
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"
