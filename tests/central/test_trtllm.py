@@ -15,9 +15,9 @@ from central.commands import Endpoint, build_plan, trtllm_options
 from central.scrape import ReplicaProbe
 from central.settings import CentralSettings
 from central.specs import TrtllmReplica
+from hybrid_llm.local.servers import UvicornThread, wait_ready
 from servekit.errors import InvalidRequest, error_from_body
 from tests.central.trtllm_double import create_trtllm_double
-from tests.support.servers import UvicornThread, wait_ready
 
 MODEL = "big"
 

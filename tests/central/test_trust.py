@@ -16,9 +16,9 @@ from central.app import create_app
 from central.commands import STANDIN_TOKEN_ENV, VLLM_TOKEN_ENV, build_plan
 from central.settings import CentralSettings
 from central.specs import LlamaCppReplica, VllmReplica
-from tests.central.engine_double import create_double
+from hybrid_llm.local.servers import UvicornThread, wait_ready
+from hybrid_llm.local.engine_double import create_double
 from tests.support.pki import PrivateCA
-from tests.support.servers import UvicornThread, wait_ready
 
 MODEL = "big"
 GATEWAY_TOKEN = "svc-router-to-center"

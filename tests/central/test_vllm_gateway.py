@@ -19,7 +19,7 @@ import openai
 import pytest
 import yaml
 
-from tests.support.servers import REPO, free_port, service_process
+from hybrid_llm.local.servers import REPO, free_port, service_process
 from tests.support.vllm import HF_MODEL, MODEL_NAME, VLLM, require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

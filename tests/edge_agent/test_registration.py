@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from edge_agent.app import create_app
+from hybrid_llm.local.servers import UvicornThread, free_port
 from servekit.registry import RegistrySettings, open_registry
-from tests.support.servers import UvicornThread, free_port
 
 pytestmark = [pytest.mark.model]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.servers import free_port, service_process
+from hybrid_llm.local.servers import free_port, service_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(1200)]
 

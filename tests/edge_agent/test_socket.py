@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from edge_agent.app import create_app
-from tests.support.servers import UvicornThread
+from hybrid_llm.local.servers import UvicornThread
 
 pytestmark = pytest.mark.model
 

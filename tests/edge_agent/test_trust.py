@@ -24,10 +24,10 @@ from cryptography import x509
 
 from edge_agent.app import create_app
 from geo_router.app import create_app as create_router
+from hybrid_llm.local.servers import UvicornThread, free_port, service_process, wait_ready
 from servekit.service_auth import ServiceAuthSettings
 from tests.geo_router.conftest import KEY, router_settings, upstream
 from tests.support.pki import PrivateCA
-from tests.support.servers import UvicornThread, free_port, service_process, wait_ready
 
 pytestmark = [pytest.mark.model]
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.servers import free_port, service_process
+from hybrid_llm.local.servers import free_port, service_process
 from tests.support.vllm import MODEL_NAME, require_vllm, vllm_engine, write_edge_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -15,11 +15,11 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from hybrid_llm.local.servers import UvicornThread, wait_ready
 from servekit.admission import AdmissionQueue
 from servekit.api import FixedEngine, ServingCore, build_serving_app
 from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
 from servekit.metrics import ServingMetrics
-from tests.support.servers import UvicornThread, wait_ready
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 

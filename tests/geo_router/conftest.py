@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from geo_router.settings import RouterSettings, hash_key
+from hybrid_llm.local.servers import UvicornThread, free_port
 from tests.geo_router.fake_upstream import Behavior, build_app
-from tests.support.servers import UvicornThread, free_port
 
 KEY = "sk-test-router-key"
 BATCH_KEY = "sk-test-batch-key"

@@ -9,7 +9,7 @@ import pytest
 
 from geo_router.classifier import DifficultyClassifier
 from geo_router.eval_classifier import CATEGORIES, Example, evaluate, load_examples
-from tests.support.servers import REPO
+from hybrid_llm.local.servers import REPO
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from geo_router.app import create_app
+from hybrid_llm.local.servers import UvicornThread
 from servekit.engine.protocol import LoadReport
 from servekit.registry import ConsulSettings, Heartbeater, InstanceInfo
 from servekit.registry.consul import ConsulRegistry
@@ -27,7 +28,6 @@ from tests.geo_router.conftest import KEY, router_settings, serve_fake
 from tests.geo_router.fake_upstream import Behavior
 from tests.registry.conftest import consul_datacenter
 from tests.registry.consul_double import ConsulDouble, ConsulState
-from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
+from hybrid_llm.local.servers import free_port, service_process
 from tests.geo_router.conftest import KEY, router_settings, upstream
-from tests.support.servers import free_port, service_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

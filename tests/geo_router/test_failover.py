@@ -19,12 +19,12 @@ from typing import Any
 import httpx
 
 from geo_router.app import create_app
+from hybrid_llm.local.servers import REPO, UvicornThread, free_port, wait_ready
 from servekit.engine.protocol import LoadReport
 from servekit.http_protocol import HeadWithBodyProtocol
 from servekit.registry.protocol import InstanceInfo, InstanceState
 from tests.geo_router.conftest import KEY, refused_url, router_settings, serve_fake
 from tests.geo_router.fake_upstream import Behavior
-from tests.support.servers import REPO, UvicornThread, free_port, wait_ready
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 

@@ -16,13 +16,13 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from geo_router.live_load import LiveLoad
+from hybrid_llm.local.servers import UvicornThread
 from servekit.engine.protocol import LoadReport
 from servekit.registry import CatalogView, InstanceInfo
 from servekit.registry.embedded import EmbeddedRegistry
 from servekit.registry.load_probe import LoadProbe
 from tests.geo_router.conftest import refused_url, serve_fake
 from tests.geo_router.fake_upstream import Behavior
-from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 

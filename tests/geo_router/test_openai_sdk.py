@@ -9,10 +9,10 @@ import openai
 import pytest
 
 from geo_router.app import create_app
+from hybrid_llm.local.servers import UvicornThread
 from servekit.http_protocol import HeadWithBodyProtocol
 from tests.geo_router.conftest import KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
-from tests.support.servers import UvicornThread
 
 
 def test_sdk_streams_and_completes_and_retries_429_after_retry_after() -> None:

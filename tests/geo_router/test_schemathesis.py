@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from geo_router.app import create_app
+from hybrid_llm.local.servers import UvicornThread
 from servekit.http_protocol import HeadWithBodyProtocol
 from tests.geo_router.conftest import KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
-from tests.support.servers import UvicornThread
 
 
 @pytest.mark.slow

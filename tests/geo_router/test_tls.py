@@ -19,13 +19,13 @@ import httpx
 import pytest
 
 from geo_router.app import create_app
+from hybrid_llm.local.servers import UvicornThread, wait_ready
 from servekit.engine.protocol import LoadReport
 from servekit.http_protocol import HeadWithBodyProtocol
 from servekit.registry.protocol import InstanceInfo, InstanceState
 from tests.geo_router.conftest import KEY, router_settings, upstream
 from tests.geo_router.fake_upstream import Behavior, build_app
 from tests.support.pki import PrivateCA
-from tests.support.servers import UvicornThread, wait_ready
 from tests.support.tcp_recorder import RecordingRelay
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

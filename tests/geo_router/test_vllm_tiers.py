@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from geo_router.app import create_app
+from hybrid_llm.local.servers import REPO, UvicornThread, free_port, wait_ready
 from tests.geo_router.conftest import KEY, router_settings, upstream
-from tests.support.servers import REPO, UvicornThread, free_port, wait_ready
 from tests.support.vllm import (
     HF_MODEL,
     VLLM,

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from geo_router.app import create_app
+from hybrid_llm.local.servers import REPO, UvicornThread, free_port, service_process
 from servekit.http_protocol import HeadWithBodyProtocol
 from tests.geo_router.conftest import KEY, router_settings, upstream
-from tests.support.servers import REPO, UvicornThread, free_port, service_process
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 

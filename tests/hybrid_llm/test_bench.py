@@ -26,8 +26,8 @@ from hybrid_llm.bench import (
     run_plan,
 )
 from hybrid_llm.cli import main
+from hybrid_llm.local.servers import UvicornThread
 from tests.hybrid_llm.fake_openai import Timing, create_app
-from tests.support.servers import UvicornThread
 
 TTFT, ITL, TOKENS = 0.08, 0.02, 8
 # Scheduling on a loaded 2-core box adds a little; it never removes time.

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
+from hybrid_llm.local.servers import REPO
 from servekit.config import load_settings
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
-from tests.support.servers import REPO
 
 DEPLOY = REPO / "deploy"
 NAME = re.compile(r"\b((?:vllm:|router_|hybrid_)[a-z0-9_:]+)")

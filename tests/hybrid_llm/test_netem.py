@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from hybrid_llm.bench import LoadStep, RunPlan, Variant, Workload, parse_bucket, run_plan
-from hybrid_llm.geography import RttTable
-from hybrid_llm.netem import DelayProxy, ProxyRoute, parse_route
+from hybrid_llm.fleet.geography import RttTable
+from hybrid_llm.local.netem import DelayProxy, ProxyRoute, parse_route
+from hybrid_llm.local.servers import UvicornThread
 from tests.hybrid_llm.fake_openai import Timing, create_app
-from tests.support.servers import UvicornThread
 
 RTT_MS = 60.0
 SLACK_S = 0.025

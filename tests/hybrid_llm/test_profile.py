@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from hybrid_llm.profile import fit_line, measure_profile
+from hybrid_llm.bench.profile import fit_line, measure_profile
+from hybrid_llm.local.servers import UvicornThread
 from tests.hybrid_llm.fake_openai import Timing, create_app
-from tests.support.servers import UvicornThread
 
 
 def test_fit_line() -> None:

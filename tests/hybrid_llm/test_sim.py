@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_llm.sim import (
+from hybrid_llm.fleet.sim import (
     CenterSpec,
     EngineProfile,
     Instance,
@@ -17,9 +17,9 @@ from hybrid_llm.sim import (
     size_edges,
     summarize_result,
 )
-from hybrid_llm.sim.config import LengthDist
-from hybrid_llm.sim.events import EventLoop
-from hybrid_llm.sim.request import Job, SimRequest
+from hybrid_llm.fleet.sim.config import LengthDist
+from hybrid_llm.fleet.sim.events import EventLoop
+from hybrid_llm.fleet.sim.request import Job, SimRequest
 
 PROFILE = EngineProfile(
     prefill_tokens_per_s=1000, decode_base_ms=10, decode_per_seq_ms=5, slots=2, queue_limit=1

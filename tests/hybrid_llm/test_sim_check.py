@@ -1,4 +1,4 @@
-"""The simulator check (``hybrid_llm.simcheck``, ``bench/sim_vs_bench.py``) on a
+"""The simulator check (``hybrid_llm.fleet.simcheck``, ``bench/sim_vs_bench.py``) on a
 synthetic measurement: merging the two profiles, the simulated fleet it builds,
 seeded reproducibility and the report."""
 
@@ -10,8 +10,8 @@ import random
 import pytest
 
 from hybrid_llm.bench.client import RequestRecord
-from hybrid_llm.sim import EngineProfile
-from hybrid_llm.simcheck import compare, mean_profile, sim_config, simulate
+from hybrid_llm.fleet.sim import EngineProfile
+from hybrid_llm.fleet.simcheck import compare, mean_profile, sim_config, simulate
 
 BEFORE = EngineProfile(
     prefill_tokens_per_s=200,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_llm.sim import (
+from hybrid_llm.fleet.sim import (
     CenterSpec,
     EngineProfile,
     Instance,
@@ -18,9 +18,9 @@ from hybrid_llm.sim import (
     Simulation,
     WorkloadSpec,
 )
-from hybrid_llm.sim.config import LengthDist
-from hybrid_llm.sim.events import EventLoop
-from hybrid_llm.sim.request import Job, SimRequest
+from hybrid_llm.fleet.sim.config import LengthDist
+from hybrid_llm.fleet.sim.events import EventLoop
+from hybrid_llm.fleet.sim.request import Job, SimRequest
 
 # The local topology's CPU edge, roughly: ~130 ms to first token, 30 ms steps.
 EDGE = EngineProfile(

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from hybrid_llm.sim import (
+from hybrid_llm.fleet.sim import (
     CenterSpec,
     EngineProfile,
     Instance,
@@ -17,10 +17,10 @@ from hybrid_llm.sim import (
     Simulation,
     WorkloadSpec,
 )
-from hybrid_llm.sim.config import LengthDist
-from hybrid_llm.sim.events import EventLoop
-from hybrid_llm.sim.request import Job, SimRequest
-from hybrid_llm.sim.spread import SpreadSampler, merge_spreads, ratios_to_median, spread_of
+from hybrid_llm.fleet.sim.config import LengthDist
+from hybrid_llm.fleet.sim.events import EventLoop
+from hybrid_llm.fleet.sim.request import Job, SimRequest
+from hybrid_llm.fleet.sim.spread import SpreadSampler, merge_spreads, ratios_to_median, spread_of
 
 PROFILE = EngineProfile(
     prefill_tokens_per_s=1000, decode_base_ms=10, decode_per_seq_ms=5, slots=2, queue_limit=1

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hybrid_llm.supervisor import ProcessSpec, StartupError, Supervisor
-from tests.support.servers import REPO, free_port
+from hybrid_llm.local.servers import REPO, free_port
+from hybrid_llm.local.supervisor import ProcessSpec, StartupError, Supervisor
 
 
 def _tiny(name: str, *extra: str) -> tuple[ProcessSpec, str]:

@@ -16,9 +16,9 @@ import httpx
 import pytest
 import yaml
 
-from hybrid_llm.topology import TopologySettings, build_specs, service_headers
+from hybrid_llm.local.servers import REPO, free_port
+from hybrid_llm.local.topology import TopologySettings, build_specs, service_headers
 from servekit.config import ConfigError, load_settings
-from tests.support.servers import REPO, free_port
 
 
 def _topology(tmp_path: Path, netem: bool) -> tuple[Path, dict[str, int]]:

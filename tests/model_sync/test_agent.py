@@ -8,6 +8,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
+from hybrid_llm.local.servers import UvicornThread
 from model_sync.agent import Reconciler
 from model_sync.artifacts import create_app
 from model_sync.download import Downloader
@@ -18,7 +19,6 @@ from servekit.engine.protocol import LoadReport
 from servekit.modelfetch import sha256_file
 from servekit.registry import Registry
 from tests.model_sync.helpers import SlowBody, make_artifact, record_for
-from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hybrid_llm.local.servers import UvicornThread
 from model_sync.artifacts import create_app
 from model_sync.cli import main
 from model_sync.download import Downloader, SourceUnavailable
@@ -18,7 +19,6 @@ from servekit.peers import PeerSettings
 from servekit.service_auth import ServiceAuthSettings, TokenGate
 from tests.model_sync.helpers import make_artifact, record_for
 from tests.support.pki import PrivateCA
-from tests.support.servers import UvicornThread
 
 TOKEN = "svc-artifact-reader"
 

@@ -18,11 +18,11 @@ import anyio
 import pytest
 from anyio.abc import Process
 
+from hybrid_llm.local.servers import REPO
 from model_sync.store import SyncStore
 from servekit.registry import Registry, RegistrySettings, open_registry
 from tests.model_sync.fleet import Fleet, actions, wait_state
 from tests.model_sync.helpers import make_artifact
-from tests.support.servers import REPO
 
 pytestmark = pytest.mark.anyio
 
@@ -187,7 +187,7 @@ async def test_rollout_from_the_cli_survives_a_killed_controller(tmp_path: Path)
 def test_serve_artifacts_command(tmp_path: Path) -> None:
     import httpx
 
-    from tests.support.servers import free_port, service_process
+    from hybrid_llm.local.servers import free_port, service_process
 
     data, _ = make_artifact(tmp_path / "v2" / "tiny.gguf", 50_000)
     port = free_port()

@@ -9,6 +9,7 @@ import anyio
 import httpx
 import pytest
 
+from hybrid_llm.local.servers import UvicornThread
 from model_sync import ops
 from model_sync.controller import Controller
 from model_sync.gates import PrometheusGate
@@ -18,7 +19,6 @@ from model_sync.store import ConflictError
 from servekit.registry.protocol import Registry
 from tests.model_sync.fleet import Fleet, actions, wait_history, wait_state
 from tests.model_sync.test_agent import wait_actual
-from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hybrid_llm.local.servers import UvicornThread
 from model_sync.artifacts import create_app
 from model_sync.download import (
     ChecksumMismatch,
@@ -17,7 +18,6 @@ from model_sync.keys import InvalidName
 from model_sync.modeldir import ModelDir, UnsafePath
 from model_sync.records import ArtifactRecord
 from tests.model_sync.helpers import CutConnection, make_artifact, record_for
-from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 

@@ -18,6 +18,7 @@ import uvicorn
 
 from edge_agent.app import create_app
 from edge_agent.settings import EdgeSettings
+from hybrid_llm.local.servers import free_port
 from model_sync import ops
 from model_sync.agent import Reconciler, ReconcilerSettings
 from model_sync.controller import Controller
@@ -26,7 +27,6 @@ from model_sync.records import GateSettings
 from model_sync.store import SyncStore
 from servekit.registry import Registry
 from tests.model_sync.fleet import wait_state
-from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.slow]
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from hybrid_llm.local.servers import UvicornThread
 from model_sync import ops
 from model_sync.artifacts import create_app
 from model_sync.download import ChecksumMismatch, Downloader, SourceUnavailable
@@ -20,7 +21,6 @@ from model_sync.records import ArtifactRecord
 from model_sync.store import SyncStore
 from servekit.registry import Registry
 from tests.model_sync.helpers import CutConnection
-from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 

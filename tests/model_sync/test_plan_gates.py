@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from hybrid_llm.local.servers import UvicornThread
 from model_sync import ops
 from model_sync.gates import GateUnavailable, PrometheusGate, evaluate
 from model_sync.plan import PlanError, build_plan, parse_duration
@@ -18,7 +19,6 @@ from model_sync.store import SyncStore, VersionExists
 from servekit.registry import Registry
 from servekit.registry.protocol import InstanceInfo
 from tests.model_sync.helpers import make_artifact
-from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 

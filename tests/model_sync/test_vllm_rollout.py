@@ -28,11 +28,11 @@ import httpx
 import pytest
 
 from geo_router.app import create_app as router_app
+from hybrid_llm.local.servers import REPO, UvicornThread, free_port, service_process
 from model_sync.records import ActualState
 from model_sync.store import SyncStore
 from servekit.registry import RegistrySettings, open_registry
 from tests.geo_router.conftest import KEY, router_settings, upstream
-from tests.support.servers import REPO, UvicornThread, free_port, service_process
 from tests.support.vllm import HF_MODEL, MODEL_NAME, require_vllm, vllm_engine, write_edge_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

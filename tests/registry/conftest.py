@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from hybrid_llm.local.servers import UvicornThread
 from servekit.registry.consul import ConsulRegistry
 from servekit.registry.embedded import EmbeddedRegistry
 from servekit.registry.protocol import Registry
 from servekit.registry.settings import ConsulSettings
 from tests.registry.consul_double import AgentConfig, ConsulAgent, ConsulDouble, ConsulState
-from tests.support.servers import UvicornThread
 
 # Short enough for fast tests, long enough for a loaded 2-core box.
 DEREGISTER_AFTER_S = 1.5

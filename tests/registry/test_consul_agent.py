@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
+from hybrid_llm.local.servers import UvicornThread
 from tests.registry.consul_acl import FILTERED_HEADER, Acl
 from tests.registry.consul_double import AgentConfig, ConsulAgent, ConsulDouble, ConsulState
 from tests.registry.consul_state import federate
-from tests.support.servers import UvicornThread
 
 pytestmark = pytest.mark.anyio
 

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from hybrid_llm.local.servers import UvicornThread, free_port
 from servekit.config import load_settings
 from servekit.engine.protocol import LoadReport
 from servekit.registry.consul import ConsulRegistry, resolve_connection
@@ -30,7 +31,6 @@ from servekit.registry.view import CatalogView
 from tests.registry.conftest import consul_datacenter, consul_settings
 from tests.registry.consul_acl import ALL_RIGHTS, Acl
 from tests.registry.consul_double import AgentConfig, ConsulAgent, ConsulDouble, ConsulState
-from tests.support.servers import UvicornThread, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -9,9 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hybrid_llm.local.servers import REPO
 from servekit.registry.embedded import EmbeddedRegistry
 from servekit.registry.protocol import KVEntry
-from tests.support.servers import REPO
 
 N = 150
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hybrid_llm.local.servers import UvicornThread, free_port
 from servekit.engine.protocol import LoadReport
 from servekit.registry.consul import ConsulRegistry
 from servekit.registry.embedded import EmbeddedRegistry
@@ -17,7 +18,6 @@ from servekit.registry.heartbeat import Heartbeater
 from servekit.registry.protocol import InstanceInfo, InstanceState, Registry
 from tests.registry.conftest import consul_datacenter, consul_settings
 from tests.registry.consul_double import ConsulDouble
-from tests.support.servers import UvicornThread, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -11,11 +11,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from hybrid_llm.local.servers import UvicornThread, free_port
 from servekit.engine.protocol import LoadReport
 from servekit.registry.protocol import InstanceInfo, RegistryError
 from servekit.registry.settings import StaticEntry, StaticSettings
 from servekit.registry.static import StaticRegistry, entry_info
-from tests.support.servers import UvicornThread, free_port
 
 pytestmark = pytest.mark.anyio
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from hybrid_llm.local.servers import UvicornThread
 from servekit.asgi import Receive, Scope, Send
 from servekit.http_protocol import HeadWithBodyProtocol, HeadWithFirstWrite
-from tests.support.servers import UvicornThread
 
 
 class _Recorder(asyncio.Transport):

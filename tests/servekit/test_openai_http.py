@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hybrid_llm.local.servers import free_port, service_process
 from servekit.engine.openai_http import OpenAIHTTPEngine, OpenAIHTTPSettings
 from servekit.engine.protocol import (
     Finish,
@@ -28,7 +29,6 @@ from servekit.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
-from tests.support.servers import free_port, service_process
 
 pytestmark = pytest.mark.anyio
 
@@ -254,7 +254,7 @@ async def test_one_connection_serves_request_after_request() -> None:
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    from tests.support.servers import UvicornThread
+    from hybrid_llm.local.servers import UvicornThread
 
     peers: list[int] = []
 

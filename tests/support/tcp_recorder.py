@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 
-from tests.support.servers import free_port
+from hybrid_llm.local.servers import free_port
 
 TLS_HANDSHAKE = 0x16
 

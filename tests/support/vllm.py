@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.servers import REPO
+from hybrid_llm.local.servers import REPO
 
 VLLM = REPO / ".vllm" / "bin" / "vllm"
 HF_MODEL = REPO / "models" / "SmolLM2-135M-Instruct"

@@ -1,0 +1,159 @@
+"""The simulator's settings tree (YAML via ``servekit.config.load_settings``)."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from hybrid_llm.fleet.geography import RttTable
+from hybrid_llm.fleet.sim.profiles import PRESETS, EngineProfile
+
+__all__ = [
+    "CenterSpec",
+    "LengthDist",
+    "PolicyName",
+    "PolicySpec",
+    "RegionSpec",
+    "SimConfig",
+    "WarmState",
+    "WorkloadSpec",
+    "resolve_profile",
+]
+
+PolicyName = Literal["all-center", "hybrid", "hybrid-hedge"]
+
+
+def resolve_profile(value: str | EngineProfile) -> EngineProfile:
+    if isinstance(value, EngineProfile):
+        return value
+    if value not in PRESETS:
+        raise ValueError(f"unknown engine profile {value!r}; presets: {', '.join(PRESETS)}")
+    return PRESETS[value]
+
+
+class LengthDist(BaseModel):
+    """Token-length distribution: ``fixed``, ``uniform`` or ``lognormal`` (clamped)."""
+
+    kind: Literal["fixed", "uniform", "lognormal"] = "fixed"
+    value: int = Field(128, ge=1)
+    low: int = Field(1, ge=1)
+    high: int = Field(256, ge=1)
+    median: float = Field(128.0, gt=0)
+    sigma: float = Field(0.6, ge=0)
+    max: int = Field(8192, ge=1)
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            return self.value
+        if self.kind == "uniform":
+            return rng.randint(self.low, self.high)
+        return max(1, min(self.max, round(rng.lognormvariate(math.log(self.median), self.sigma))))
+
+    def mean(self) -> float:
+        if self.kind == "fixed":
+            return float(self.value)
+        if self.kind == "uniform":
+            return (self.low + self.high) / 2
+        return min(float(self.max), self.median * math.exp(self.sigma**2 / 2))
+
+
+class RegionSpec(BaseModel):
+    name: str
+    edges: int = Field(1, ge=0, description="edge nodes in this region")
+    rate: float = Field(1.0, ge=0, description="requests per second from users here")
+    arrivals: list[float] | None = Field(
+        None,
+        description="a trace instead of Poisson at `rate`: arrival times in seconds after "
+        "warmup_s (e.g. a bench run's request starts)",
+    )
+
+
+class CenterSpec(BaseModel):
+    region: str
+    replicas: int = Field(1, ge=1)
+    profile: str | EngineProfile = "h100x4-llama70b-fp8"
+
+
+class WorkloadSpec(BaseModel):
+    prompt_tokens: LengthDist = Field(default_factory=lambda: LengthDist(kind="fixed", value=200))
+    output_tokens: LengthDist = Field(default_factory=lambda: LengthDist(kind="fixed", value=128))
+    hard_fraction: float = Field(0.2, ge=0, le=1, description="share the router sends to center")
+    cached_prefix_tokens: int = Field(
+        0,
+        ge=0,
+        description="leading prompt tokens every request shares (a chat template's preamble): "
+        "a batching engine copies them from another slot instead of prefilling them",
+    )
+    template_tokens: int = Field(
+        0,
+        ge=0,
+        description="prompt tokens the client did not send (the chat template's): the router "
+        "estimates a prompt's tokens from the client's text, without them",
+    )
+
+
+class PolicySpec(BaseModel):
+    name: PolicyName = "hybrid"
+    hedge_after_ms: float = Field(150.0, gt=0, description="race a second candidate after this")
+    router_overhead_ms: float = Field(1.0, ge=0, description="router's own cost per request")
+    choices: int = Field(
+        2, ge=1, description="edges sampled per region and request (a router scores all)"
+    )
+    router: dict[str, Any] = Field(
+        default_factory=dict,
+        description="geo_router RoutingSettings overrides (center_bias_ms, p2c_window_ms, ...)",
+    )
+    poll_interval_s: float = Field(
+        1.0, gt=0, description="the router reads each instance's load report this often"
+    )
+    router_region: str | None = Field(
+        None, description="where the router polls from (default: the first region)"
+    )
+
+
+class WarmState(BaseModel):
+    """What an instance's engine reported before the simulated run (its history)."""
+
+    ttft_p50_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    samples: int = Field(0, ge=0, le=512, description="TTFTs in the engine's window")
+    decode_tokens_per_s: float | None = Field(None, gt=0)
+    prefill_tokens_per_s: float | None = Field(None, gt=0)
+    busy_ms_per_seq: float | None = Field(None, ge=0, description="until measured in the run")
+
+
+class SimConfig(BaseModel):
+    """A fleet, its users and a routing policy."""
+
+    rtt: RttTable = Field(default_factory=RttTable)
+    regions: list[RegionSpec] = Field(min_length=1)
+    edge_profile: str | EngineProfile = "l4-llama8b-awq"
+    center: CenterSpec
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    warm: dict[str, WarmState] = Field(
+        default_factory=dict,
+        description="instance name (edge/<region>/<i>, center/<i>) -> its engine's state at t=0",
+    )
+    duration_s: float = Field(60.0, gt=0, description="arrivals are generated for this long")
+    warmup_s: float = Field(5.0, ge=0, description="arrivals before this are not measured")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> SimConfig:
+        resolve_profile(self.edge_profile)
+        resolve_profile(self.center.profile)
+        if self.warmup_s >= self.duration_s:
+            raise ValueError("warmup_s must be shorter than duration_s")
+        return self
+
+    @property
+    def edge(self) -> EngineProfile:
+        return resolve_profile(self.edge_profile)
+
+    @property
+    def center_profile(self) -> EngineProfile:
+        return resolve_profile(self.center.profile)

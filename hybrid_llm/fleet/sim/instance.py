@@ -1,0 +1,350 @@
+"""One simulated engine instance: slots, a FIFO prefill server and a
+continuously batched decode whose step time grows with the batch.
+
+The batching scheduler it follows (``servekit.engine.batching_sched``) builds
+every step from one token of each decoding sequence plus up to ``chunk_tokens``
+prompt tokens of one prefilling sequence, so a prefill slows the decoders
+without starving them: here a prefill takes its measured time (the profile's
+TTFT at that prompt length) plus the per-sequence cost of the decoders riding
+along, and each decoder gains one token per prefill step. A new sequence
+copies the shared prompt prefix (the chat template's preamble) from another
+slot, so only the rest counts as prefilled tokens.
+
+A prefill with decoders riding along costs what the profile measured such
+mixed steps to cost (``EngineProfile.mixed_points``, less the half decode
+step a probe waited for when the prefill starts at a step boundary; without
+them, the per-sequence decode cost of each rider).
+
+Decode is fluid: all running sequences advance one token per step, so the
+instance keeps a virtual token clock ``V`` and a heap of the ``V`` at which
+each sequence finishes; only arrivals, prefill ends and completions are
+events, never single tokens.
+
+Times vary as the real engine's did when the profile carries its measured
+dispersion: each prefill is scaled by a ratio drawn from
+``prefill_spread``, and each decode stretch between events runs at the mean
+of as many step times drawn from ``step_spread`` (at that batch size) as it
+has steps. The draws come from the instance's own seeded RNG, so a run is
+reproducible for a seed; a profile without spreads draws nothing.
+
+What the instance reports (:meth:`Instance.report`) is what an edge's
+``/load`` carries, from the engine's own bookkeeping
+(:class:`servekit.engine.batching_stats.BatchingStats` on the simulated
+clock): slots in use and waiting, TTFT P50/P95 of the last 512 sequences
+(from slot to first token), the busy slowdown per running sequence (from the
+same admissions), decode and prefill rates over the last 10 s of steps.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from hybrid_llm.fleet.sim.events import EventLoop
+from hybrid_llm.fleet.sim.profiles import EngineProfile
+from hybrid_llm.fleet.sim.spread import SpreadSampler
+from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
+from servekit.engine.protocol import LoadReport
+
+if TYPE_CHECKING:
+    from hybrid_llm.fleet.sim.request import Job
+
+__all__ = ["Instance", "InstanceSink"]
+
+
+class InstanceSink(Protocol):
+    """Who hears about a job's first token and completion (the simulation)."""
+
+    def first_token(self, job: Job, now: float) -> None: ...
+
+    def done(self, job: Job, now: float) -> None: ...
+
+
+@dataclass(eq=False)
+class Instance:
+    name: str
+    tier: Literal["edge", "center"]
+    region: str
+    profile: EngineProfile
+    loop: EventLoop
+    sink: InstanceSink
+    used: int = 0
+    waiting: deque[Job] = field(default_factory=deque)
+    prefill_q: deque[Job] = field(default_factory=deque)
+    prefill_job: Job | None = None
+    prefill_end: float = 0.0
+    prefill_start: float = 0.0
+    decode: list[tuple[float, int, Job]] = field(default_factory=list)
+    decode_n: int = 0
+    vclock: float = 0.0
+    last: float = 0.0
+    busy: float = 0.0
+    epoch: int = 0
+    served: int = 0
+    occupied: float = 0.0  # integral of used slots over time
+    _seq: int = 0
+    _carry: float = 0.0  # decoded token fraction not yet recorded as a step
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def __post_init__(self) -> None:
+        # Hot-path copies of the profile (pydantic attribute access is slow).
+        self._base = self.profile.decode_base_ms / 1000.0
+        self._per = self.profile.decode_per_seq_ms / 1000.0
+        self._slots = self.profile.slots
+        self._chunk = self.profile.chunk_tokens
+        # Measured dispersion: prefill times and decode steps drawn around the medians.
+        self._prefill_spread = SpreadSampler(self.profile.prefill_spread, self.rng)
+        self._step_spreads: dict[int, SpreadSampler] = {}
+        self._seg_step = self._step(1)  # step time of the decode segment now running
+        self.stats = BatchingStats(slots=self._slots)
+        self.marks: list[tuple[float, float]] = [(0.0, 0.0), (0.0, 0.0)]
+
+    def mark(self, which: int) -> None:
+        """Record (busy, occupied) so far; 0 and 1 bound the measured window."""
+        self._advance(self.loop.now)
+        self.marks[which] = (self.busy, self.occupied)
+
+    def _step(self, batch: int) -> float:
+        return self._base + self._per * (batch - 1 if batch > 1 else 0)
+
+    @property
+    def backlog(self) -> int:
+        """Requests accepted but not yet producing tokens."""
+        return len(self.waiting) + len(self.prefill_q)
+
+    @property
+    def active(self) -> int:
+        """Requests prefilling or decoding."""
+        return self.decode_n + (1 if self.prefill_job is not None else 0)
+
+    # -- what the router sees -------------------------------------------------
+    def report(self) -> LoadReport:
+        """The instance's ``/load`` now: the engine's figures, the admission queue's counts."""
+        self._advance(self.loop.now)  # steps up to now are done
+        snap = self.stats.snapshot()
+        return LoadReport(
+            ready=True,
+            waiting=len(self.waiting),
+            running=self.used,
+            capacity=self._slots,
+            queue_limit=self.profile.queue_limit,
+            ttft_p50_ms=snap.ttft_p50_ms,
+            ttft_p95_ms=snap.ttft_p95_ms,
+            busy_ms_per_seq=snap.busy_ms_per_seq,
+            decode_tokens_per_s=snap.decode_tokens_per_s,
+            prefill_tokens_per_s=snap.prefill_tokens_per_s,
+        )
+
+    def warm(
+        self,
+        ttft_p50_ms: float | None,
+        ttft_p95_ms: float | None,
+        samples: int,
+        decode_tokens_per_s: float | None,
+        prefill_tokens_per_s: float | None,
+        busy_ms_per_seq: float | None = None,
+    ) -> None:
+        """Start from the figures a real engine reported (its history before the run).
+
+        ``samples`` TTFTs with that P50 and P95: a tenth of them (at least as many
+        as the engine's nearest-rank P95 needs) the P95, spread evenly so the tail
+        leaves the window as slowly as the rest when new ones push old ones out;
+        and one prefill and one decode step, a window ago, with those rates: they
+        count until newer steps push them out of the rate window, as on the
+        engine; its busy slowdown until the instance has measured its own.
+        """
+        self.stats.assume_busy_ms_per_seq(busy_ms_per_seq)
+        if ttft_p50_ms is not None and samples > 0:
+            high = ttft_p95_ms if ttft_p95_ms is not None else ttft_p50_ms
+            needed = samples - round(0.95 * (samples - 1))  # see servekit.engine.rates
+            tail = max(needed, samples // 10)
+            for i in range(samples):
+                top = (i + 1) * tail // samples > i * tail // samples
+                self.stats.record_ttft((high if top else ttft_p50_ms) / 1000.0)
+        then = self.loop.now - RATE_WINDOW_S / 2
+        prefill_s = 0.0
+        if prefill_tokens_per_s:
+            prefill_s = 1000 / prefill_tokens_per_s
+            self.stats.record_step(1, 0, 1000, prefill_s, now=then)
+        if decode_tokens_per_s:
+            # decode / (all busy seconds) is the reported rate, prefill steps included
+            tokens = 1000
+            seconds = max(1e-6, tokens / decode_tokens_per_s - prefill_s)
+            tokens = max(1, round(decode_tokens_per_s * (seconds + prefill_s)))
+            self.stats.record_step(1, tokens, 0, seconds, now=then)
+
+    def full(self) -> bool:
+        return self.used >= self._slots and len(self.waiting) >= self.profile.queue_limit
+
+    # -- requests arriving and leaving ----------------------------------------
+    def submit(self, job: Job) -> bool:
+        """Accept ``job`` now, or ``False`` when the queue is full (a 429)."""
+        if self.full():
+            return False
+        job.instance = self
+        now = self.loop.now
+        self._advance(now)
+        if self.used < self._slots:
+            job.others = self.used
+            self.used += 1
+            job.state = "prefill_q"
+            job.admitted = now
+            self.prefill_q.append(job)
+        else:
+            job.state = "waiting"
+            self.waiting.append(job)
+        self._settle(now)
+        return True
+
+    def cancel(self, job: Job) -> None:
+        """Abort ``job`` wherever it is (a hedge that lost the race)."""
+        if job.cancelled or job.state == "done":
+            return
+        job.cancelled = True
+        now = self.loop.now
+        self._advance(now)
+        if job.state == "waiting":
+            self.waiting.remove(job)
+        elif job.state == "prefill_q":
+            self.prefill_q.remove(job)
+            self._free(now)
+        elif job.state == "prefill":
+            self.prefill_job = None
+            self._free(now)
+        elif job.state == "decode":
+            self.decode_n -= 1  # its heap entry is skipped when it surfaces
+            self._free(now)
+        job.state = "done"
+        self._settle(now)
+
+    # -- internals ------------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        dt = now - self.last
+        if dt > 0:
+            self.occupied += self.used * dt
+            if self.prefill_job is not None:
+                self.busy += dt  # recorded as one step when the prefill ends
+            elif self.decode_n:
+                self.busy += dt
+                steps = dt / self._seg_step
+                self.vclock += steps
+                tokens = steps * self.decode_n + self._carry
+                whole = int(tokens)
+                self._carry = tokens - whole
+                self.stats.record_step(self.decode_n, whole, 0, dt, now=now)
+        self.last = now
+
+    def _free(self, now: float) -> None:
+        self.used -= 1
+        while self.waiting and self.used < self._slots:
+            job = self.waiting.popleft()
+            job.others = self.used
+            self.used += 1
+            job.state = "prefill_q"
+            job.admitted = now
+            self.prefill_q.append(job)
+
+    def _uncached(self, job: Job) -> int:
+        """Prompt tokens the engine computes (the last one always is)."""
+        prompt = job.req.prompt_tokens
+        return max(1, prompt - min(job.req.cached_tokens, prompt - 1))
+
+    def _prefill_steps(self, job: Job) -> int:
+        return 1 if self._chunk is None else math.ceil(self._uncached(job) / self._chunk)
+
+    def _riders_s(self, job: Job, boundary: bool) -> float:
+        """What the decoders riding along add to ``job``'s prefill: what the profile
+        measured mixed steps to add per prefill step (else each decoder's step cost).
+        A measured figure includes the probe's wait for the decode step in flight
+        when it arrived (half a step on average): a prefill that starts at a step
+        boundary (``boundary``: after a completion or another prefill, as a queued
+        request does on a busy engine) does not wait, so that half step comes off;
+        one arriving while the decoders run waits it once."""
+        n = self.decode_n
+        if n == 0:
+            return 0.0
+        extra = self.profile.mixed_extra_s(n)
+        if not self.profile.mixed_points:
+            return extra * self._prefill_steps(job)
+        wait = self._step(n) / 2
+        return max(0.0, extra - wait) * self._prefill_steps(job) + (0.0 if boundary else wait)
+
+    def _settle(self, now: float, boundary: bool = False) -> None:
+        if self.prefill_job is None and self.prefill_q:
+            job = self.prefill_q.popleft()
+            job.state = "prefill"
+            self.prefill_job = job
+            self.prefill_start = now
+            riders = self._riders_s(job, boundary)
+            cost = max(0.0, self.profile.prefill_s(job.req.prompt_tokens) + riders)
+            self.prefill_end = now + cost * self._prefill_spread.draw()
+        self.epoch += 1
+        if self.prefill_job is not None:
+            self.loop.at(self.prefill_end, self._fire, self.epoch)
+            return
+        heap = self.decode
+        while heap and heap[0][2].cancelled:
+            heapq.heappop(heap)
+        if heap:
+            left = max(0.0, heap[0][0] - self.vclock)
+            self._seg_step = self._step(self.decode_n) * self._step_factor(left)
+            self.loop.at(now + left * self._seg_step, self._fire, self.epoch)
+
+    def _step_factor(self, steps: float) -> float:
+        """The mean step-time ratio of the next ``steps`` decode steps, each drawn
+        from the profile's spread at this batch size (1 without one)."""
+        sampler = self._step_spreads.get(self.decode_n)
+        if sampler is None:
+            spread = self.profile.step_spread_for(self.decode_n)
+            sampler = self._step_spreads[self.decode_n] = SpreadSampler(spread, self.rng)
+        return sampler.draw_mean(math.ceil(steps)) if sampler.active else 1.0
+
+    def _fire(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            return  # superseded by a later state change
+        now = self.loop.now
+        self._advance(now)
+        job = self.prefill_job
+        if job is not None:
+            self._prefilled(job, now)
+        heap = self.decode
+        while heap and heap[0][0] <= self.vclock + 1e-9:
+            _, _, done = heapq.heappop(heap)
+            if done.cancelled:
+                continue
+            self.decode_n -= 1
+            self._finish(done, now)
+        self._settle(now, boundary=True)  # the steps in flight ended here
+
+    def _prefilled(self, job: Job, now: float) -> None:
+        self.prefill_job = None
+        steps = self._prefill_steps(job)
+        decoders = self.decode_n
+        if decoders:
+            self.vclock += steps  # one token of every decoder per prefill step
+        self.stats.record_step(
+            decoders + 1, decoders * steps, self._uncached(job), now - self.prefill_start, now=now
+        )
+        self.stats.record_ttft(
+            now - job.admitted, running=job.others, prefilled=self._uncached(job)
+        )
+        job.first_token = now
+        self.sink.first_token(job, now)
+        if job.req.output_tokens <= 1:
+            self._finish(job, now)
+        else:
+            self._seq += 1
+            job.state = "decode"
+            heapq.heappush(self.decode, (self.vclock + job.req.output_tokens - 1, self._seq, job))
+            self.decode_n += 1
+
+    def _finish(self, job: Job, now: float) -> None:
+        job.state = "done"
+        job.done = now
+        self.served += 1
+        self._free(now)
+        self.sink.done(job, now)

@@ -1,0 +1,142 @@
+"""Routing policies: the seam between the simulator and the routing code.
+
+A policy sees the request and the fleet and returns the ordered candidates:
+the first is dispatched, the next one is where a 429 falls back to and what a
+hedge races. The hybrid policies are the router's own scoring
+(:mod:`hybrid_llm.fleet.sim.router_policy`); this module has the fleet, the center
+pool and the all-to-center baseline.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
+
+from hybrid_llm.fleet.geography import RttTable
+from hybrid_llm.fleet.sim.events import EventLoop
+from hybrid_llm.fleet.sim.instance import Instance
+from hybrid_llm.fleet.sim.request import Job, SimRequest
+from servekit.engine.protocol import LoadReport, pooled_figures
+
+__all__ = ["AllToCenter", "CenterPool", "Fleet", "Policy", "Target"]
+
+
+class Target(Protocol):
+    """Something a request can be sent to: an edge instance or the center gateway."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tier(self) -> Literal["edge", "center"]: ...
+
+    @property
+    def region(self) -> str: ...
+
+    def report(self) -> LoadReport: ...
+
+    def submit(self, job: Job) -> bool: ...
+
+
+class CenterPool:
+    """The central gateway: one target in front of replicas, least-loaded first."""
+
+    tier: Literal["edge", "center"] = "center"
+
+    def __init__(self, region: str, replicas: Sequence[Instance]) -> None:
+        self.name = f"center/{region}"
+        self.region = region
+        self.replicas = list(replicas)
+
+    def report(self) -> LoadReport:
+        """The gateway's ``/load``: its replicas' reports pooled as ``central.pool`` pools them."""
+        reports = [r.report() for r in self.replicas]
+        return replace(
+            pooled_figures(reports, len(reports)),
+            ready=True,
+            waiting=sum(x.waiting for x in reports),
+            running=sum(x.running for x in reports),
+            capacity=sum(x.capacity for x in reports),
+            queue_limit=sum(x.queue_limit for x in reports),
+        )
+
+    def submit(self, job: Job) -> bool:
+        replica = min(self.replicas, key=lambda r: r.used + len(r.waiting))
+        return replica.submit(job)
+
+
+@dataclass
+class Fleet:
+    edges: dict[str, list[Instance]]
+    center: CenterPool
+    rtt: RttTable
+
+    def __post_init__(self) -> None:
+        self._others = {
+            region: [e for r, edges in self.edges.items() if r != region for e in edges]
+            for region in self.edges
+        }
+
+    def rtt_s(self, a: str, b: str) -> float:
+        return self.rtt.rtt(a, b) / 1000.0
+
+    def sample_edges(
+        self, region: str, k: int, rng: random.Random, remote: int = 1
+    ) -> list[Instance]:
+        """Up to ``k`` random edges of ``region`` and ``remote`` of the other regions.
+
+        A router scores every healthy edge; sampling keeps the simulator's cost
+        per request constant on a thousand-edge fleet. Remote edges carry their
+        RTT in the score, so they win only when the local ones are busy.
+        """
+        local = self.edges.get(region, [])
+        others = self._others.get(region, [])
+        out = rng.sample(local, k) if len(local) > k else list(local)
+        out += rng.sample(others, remote) if len(others) > remote else others
+        return out
+
+
+class Policy(Protocol):
+    """Chooses where a request goes, and hears what the router would hear."""
+
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
+        """Begin whatever runs in the background until ``until`` (polling load reports)."""
+        ...
+
+    def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]: ...
+
+    def hedge_after(self, target: Target) -> float | None:
+        """Seconds before a hedge races an attempt at ``target``; None: never."""
+        ...
+
+    def sent(self, target: Target) -> None: ...
+
+    def primed(self, target: Target, ttft_s: float) -> None:
+        """The first token from ``target`` reached the router ``ttft_s`` after sending."""
+        ...
+
+    def released(self, target: Target, failed: bool = False) -> None:
+        """A request there ended at the router (``failed``: answered 429)."""
+        ...
+
+
+class AllToCenter:
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
+        return None
+
+    def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]:
+        return [fleet.center]
+
+    def hedge_after(self, target: Target) -> float | None:
+        return None
+
+    def sent(self, target: Target) -> None:
+        return None
+
+    def primed(self, target: Target, ttft_s: float) -> None:
+        return None
+
+    def released(self, target: Target, failed: bool = False) -> None:
+        return None

@@ -1,0 +1,48 @@
+"""A simulated user request and its copies (jobs) on instances."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from hybrid_llm.fleet.sim.instance import Instance
+    from hybrid_llm.fleet.sim.policy import Target
+
+__all__ = ["Job", "SimRequest"]
+
+
+@dataclass(eq=False)
+class SimRequest:
+    id: int
+    region: str
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int
+    hard: bool
+    cached_tokens: int = 0  # leading prompt tokens an engine copies from another slot
+    estimated_tokens: int = 0  # what the router estimates from the client's text
+    jobs: list[Job] = field(default_factory=list)
+    winner: Job | None = None
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+    hedged: bool = False
+    fallbacks: int = 0
+    failed: bool = False
+
+
+@dataclass(eq=False)
+class Job:
+    req: SimRequest
+    rtt: float  # router <-> this instance, seconds
+    target: Target | None = None  # what the router sent it to (an edge, the center)
+    sent: float = 0.0  # when the router sent it
+    instance: Instance | None = None
+    admitted: float = 0.0  # when it got a slot (the engine's TTFT starts there)
+    others: int = 0  # sequences in the instance's other slots at that moment
+    state: Literal["new", "waiting", "prefill_q", "prefill", "decode", "done"] = "new"
+    cancelled: bool = False
+    released: bool = False  # the router no longer counts it in flight
+    first_token: float | None = None
+    done: float | None = None

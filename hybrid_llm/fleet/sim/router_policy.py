@@ -1,0 +1,189 @@
+"""The hybrid policy driven by the router's own code: ``geo_router.scoring``,
+``geo_router.tracker`` and the hedge rule of ``geo_router.dispatch``.
+
+Every ``poll_interval_s`` the router reads each instance's ``/load`` over the
+RTT between them (the static registry's probe: ``/ready``, then ``/load``;
+the report is taken one and a half RTTs after the poll starts and stamped as
+its heartbeat half an RTT later), so it routes on reports up to a period old.
+The simulated instances report what a real edge does (running and waiting
+counts, its recent TTFT P50/P95, decode and prefill rates; see
+:meth:`hybrid_llm.fleet.sim.instance.Instance.report`). The router's
+:class:`~geo_router.tracker.Tracker` counts its own requests in flight and the
+ones that ended since a report (so a stale report is discounted), its own TTFT
+per instance (the hedge delay) and 429s (ranked last for a moment); its
+:class:`~geo_router.scoring.Scorer` predicts each candidate's TTFT (RTT + queue
+wait + prefill + busy slowdown, power-of-two choices among the near-best) and
+orders them. The tier logic follows ``geo_router.planner``: simple requests
+score edges and the center (with the center's cost bias) together, hard
+requests go to the center with edges as the last resort, and a center is kept
+among the first ``max_attempts`` candidates so failover ends there.
+
+The router estimates a prompt's tokens from the text the client sent
+(``estimate_prompt_tokens``); the simulator has token counts, and leaves out
+the workload's ``template_tokens`` (the chat template's, which the client
+never sent). Its prefix index is taken as warm: every instance is charged
+only the tokens beyond the workload's ``cached_prefix_tokens`` (a shared
+system prompt every instance has seen), as the router charges them once it
+has sent that prefix everywhere.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from geo_router.dispatch import hedge_delay_s  # the dispatcher's own hedge rule
+from geo_router.planner import ensure_center  # the planner's own failover rule
+from geo_router.region import RttTable as RouterRtt
+from geo_router.scoring import Scored, Scorer
+from geo_router.settings import RegionSettings, RoutingSettings
+from geo_router.tracker import Tracker
+from hybrid_llm.fleet.geography import RttTable
+from hybrid_llm.fleet.sim.events import EventLoop
+from hybrid_llm.fleet.sim.policy import Fleet, Target
+from hybrid_llm.fleet.sim.request import SimRequest
+from servekit.engine.protocol import LoadReport
+from servekit.registry.protocol import InstanceInfo, InstanceState
+
+__all__ = ["RouterPolicy", "router_routing"]
+
+
+def router_routing(mean_output: float, **overrides: object) -> RoutingSettings:
+    """Router settings for a simulated fleet: defaults, the workload's typical
+    output as ``default_max_tokens`` (the router's service-time estimate), and
+    no slow start (every simulated instance is warm from t=0)."""
+    data: dict[str, object] = {
+        "default_max_tokens": max(1, round(mean_output)),
+        "slow_start_s": 0.0,
+    }
+    data.update(overrides)
+    return RoutingSettings.model_validate(data)
+
+
+def _info(target: Target, capacity: int) -> InstanceInfo:
+    return InstanceInfo(
+        id=target.name,
+        tier=target.tier,
+        region=target.region,
+        address="sim",
+        port=0,
+        model="sim",
+        capacity=capacity,
+    )
+
+
+class RouterPolicy:
+    """Candidates as ``geo_router`` orders them; ``clock`` is the simulation's time."""
+
+    def __init__(
+        self,
+        rtt: RttTable,
+        rng: random.Random,
+        routing: RoutingSettings,
+        clock: Callable[[], float],
+        *,
+        choices: int = 2,
+        hedge: bool = False,
+        poll_interval_s: float = 1.0,
+        router_region: str | None = None,
+    ) -> None:
+        regions = RegionSettings(
+            rtt_ms=rtt.rtt_ms, same_region_rtt_ms=rtt.same_region_ms, unknown_rtt_ms=rtt.default_ms
+        )
+        self.routing = routing
+        self.tracker = Tracker(routing.breaker)
+        self.scorer = Scorer(routing, RouterRtt(regions), self.tracker, rng)
+        self.rtt = rtt
+        self.rng = rng
+        self.clock = clock
+        self.choices = choices
+        self.hedge = hedge
+        self.poll_interval_s = poll_interval_s
+        self.router_region = router_region
+        self.states: dict[str, InstanceState] = {}
+        self._infos: dict[str, InstanceInfo] = {}
+        self._scored: dict[str, Scored] = {}
+
+    # -- the router's view of the fleet: polled load reports ------------------
+    def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
+        targets: list[Target] = [e for edges in fleet.edges.values() for e in edges]
+        targets.append(fleet.center)
+        home = self.router_region or next(iter(fleet.edges), fleet.center.region)
+        for target in targets:
+            report = target.report()  # the registry's first probe, before serving
+            self._infos[target.name] = _info(target, report.capacity)
+            self._publish(loop, target.name, report)
+        loop.after(self.poll_interval_s, self._poll, loop, targets, home, until)
+
+    def _poll(self, loop: EventLoop, targets: list[Target], home: str, until: float) -> None:
+        for target in targets:
+            rtt = self.rtt.rtt(home, target.region) / 1000.0
+            loop.after(1.5 * rtt, self._probe, loop, target, rtt)
+        if loop.now + self.poll_interval_s < until:  # no routing after the last arrival
+            loop.after(self.poll_interval_s, self._poll, loop, targets, home, until)
+
+    def _probe(self, loop: EventLoop, target: Target, rtt: float) -> None:
+        loop.after(0.5 * rtt, self._publish, loop, target.name, target.report())
+
+    def _publish(self, loop: EventLoop, name: str, report: LoadReport) -> None:
+        self.states[name] = InstanceState(
+            info=self._infos[name], load=report, healthy=True, last_heartbeat=loop.now
+        )
+
+    # -- routing ----------------------------------------------------------------
+    def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]:
+        now = self.clock()
+        available = self.tracker.available
+        edges = [
+            e
+            for e in fleet.sample_edges(req.region, self.choices, self.rng)
+            if available(e.name, now)
+        ]
+        center: Target = fleet.center
+        by_id: dict[str, Target] = {t.name: t for t in edges}
+        by_id[center.name] = center
+        tokens = req.estimated_tokens or req.prompt_tokens
+        # The router's prefix index, warm: it knows the shared prefix every instance
+        # holds (the workload's cached prefix less the template, which no client sends).
+        cached = max(0, req.cached_tokens - (req.prompt_tokens - tokens))
+
+        def score(target: Target, bias_ms: float = 0.0) -> Scored:
+            state = self.states[target.name]
+            return self.scorer.score(
+                state, req.region, tokens, bias_ms, now=now, cached_tokens=cached
+            )
+
+        centers = [score(center)] if available(center.name, now) else []
+        if req.hard:
+            ordered = self.scorer.order(centers)
+            if self.routing.hard_may_use_edge:
+                ordered += sorted((score(e) for e in edges), key=lambda s: s.predicted_ms)
+        else:
+            scored = [score(e) for e in edges]
+            if centers:
+                scored.append(score(center, self.routing.center_bias_ms))
+            ordered = ensure_center(self.scorer.order(scored), self.routing.max_attempts)
+        ordered = ordered[: self.routing.max_attempts]
+        self._scored = {s.id: s for s in ordered}
+        return [by_id[s.id] for s in ordered]
+
+    # -- what the router hears --------------------------------------------------
+    def hedge_after(self, target: Target) -> float | None:
+        if not self.hedge:
+            return None
+        scored = self._scored.get(target.name)
+        if scored is None:
+            return self.routing.hedge.default_delay_ms / 1000.0
+        return hedge_delay_s(self.routing.hedge, self.tracker, scored)
+
+    def sent(self, target: Target) -> None:
+        self.tracker.acquire(target.name)
+
+    def primed(self, target: Target, ttft_s: float) -> None:
+        self.tracker.success(target.name, ttft_s * 1000.0)
+
+    def released(self, target: Target, failed: bool = False) -> None:
+        now = self.clock()
+        self.tracker.release(target.name, now)
+        if failed:  # a 429: busy, not broken (the router's dispatcher books it so)
+            self.tracker.refused(target.name, self.routing.shed_backoff_s, now)

@@ -1,0 +1,242 @@
+"""The fleet simulation: users in regions send requests through the routing
+policy to edge instances or the center, over the region RTT table.
+
+Timing of one request (the router sits in the user's city, as a regional
+front door would): the client reaches the router after half the same-city
+RTT; the router adds its overhead and sends to the chosen instance (half the
+router→instance RTT); the first token travels back the same way. A 429 from a
+full instance costs that round trip and falls back to the next candidate; a
+hedge races the runner-up when no first token came within ``hedge_after``,
+and the loser is cancelled when the winner's first token reaches the router.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hybrid_llm.fleet.sim.config import SimConfig, WarmState
+from hybrid_llm.fleet.sim.events import EventLoop
+from hybrid_llm.fleet.sim.instance import Instance
+from hybrid_llm.fleet.sim.policy import AllToCenter, CenterPool, Fleet, Policy, Target
+from hybrid_llm.fleet.sim.profiles import EngineProfile
+from hybrid_llm.fleet.sim.request import Job, SimRequest
+
+__all__ = ["SimResult", "Simulation", "build_policy"]
+
+
+def build_policy(config: SimConfig, rng: random.Random, clock: Callable[[], float]) -> Policy:
+    """The configured policy; the hybrid ones route with the router's own scoring."""
+    spec = config.policy
+    if spec.name == "all-center":
+        return AllToCenter()
+    from hybrid_llm.fleet.sim.router_policy import RouterPolicy, router_routing
+
+    router = dict(spec.router)
+    hedge = dict(router.get("hedge") or {})
+    hedge.setdefault("default_delay_ms", spec.hedge_after_ms)
+    router["hedge"] = hedge
+    return RouterPolicy(
+        config.rtt,
+        rng,
+        router_routing(config.workload.output_tokens.mean(), **router),
+        clock,
+        choices=spec.choices,
+        hedge=spec.name == "hybrid-hedge",
+        poll_interval_s=spec.poll_interval_s,
+        router_region=spec.router_region,
+    )
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    requests: list[SimRequest]
+    instances: list[Instance]
+    sim_time: float
+    events: int
+    measured_from: float
+    measured_to: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Simulation:
+    """Build the fleet from ``config`` and run it; :meth:`run` returns the result."""
+
+    def __init__(self, config: SimConfig, policy: Policy | None = None) -> None:
+        self.config = config
+        self.loop = EventLoop()
+        self.rng = random.Random(config.seed)
+        self.policy = policy or build_policy(
+            config, random.Random(config.seed + 1), lambda: self.loop.now
+        )
+        edges: dict[str, list[Instance]] = {}
+        self.instances: list[Instance] = []
+        for region in config.regions:
+            edges[region.name] = [
+                self._instance(f"edge/{region.name}/{i}", "edge", region.name, config.edge)
+                for i in range(region.edges)
+            ]
+        replicas = [
+            self._instance(f"center/{i}", "center", config.center.region, config.center_profile)
+            for i in range(config.center.replicas)
+        ]
+        self.fleet = Fleet(edges, CenterPool(config.center.region, replicas), config.rtt)
+        self.requests: list[SimRequest] = []
+        self._client_s = config.rtt.same_region_ms / 1000.0
+        self._overhead_s = config.policy.router_overhead_ms / 1000.0
+        for inst in self.instances:
+            # Warm from t=0: what the engine reported before, else its profile's rates.
+            warm = config.warm.get(inst.name) or WarmState(
+                decode_tokens_per_s=1000.0 / inst.profile.decode_base_ms,
+                prefill_tokens_per_s=inst.profile.prefill_tokens_per_s,
+            )
+            inst.warm(**warm.model_dump())
+
+    def _instance(
+        self, name: str, tier: Literal["edge", "center"], region: str, profile: EngineProfile
+    ) -> Instance:
+        # Each instance draws its service times from its own seeded RNG.
+        rng = random.Random(f"{self.config.seed}/{name}")
+        inst = Instance(name, tier, region, profile, self.loop, self, rng=rng)
+        self.instances.append(inst)
+        return inst
+
+    # -- arrivals and dispatch ------------------------------------------------
+    def run(self) -> SimResult:
+        self.policy.start(self.loop, self.fleet, self.config.duration_s)
+        for region in self.config.regions:
+            if region.arrivals is not None:
+                for at in region.arrivals:
+                    self.loop.at(self.config.warmup_s + at, self._arrive, region.name, 0.0)
+            elif region.rate > 0:
+                self.loop.at(
+                    self.rng.expovariate(region.rate), self._arrive, region.name, region.rate
+                )
+        self.loop.at(self.config.warmup_s, self._snapshot, 0)
+        self.loop.at(self.config.duration_s, self._snapshot, 1)
+        # Drain: requests in flight at the end still finish (bounded by a generous cap).
+        self.loop.run(until=self.config.duration_s * 4 + 600)
+        return SimResult(
+            self.config,
+            self.requests,
+            self.instances,
+            self.loop.now,
+            self.loop.processed,
+            self.config.warmup_s,
+            self.config.duration_s,
+        )
+
+    def _snapshot(self, which: int) -> None:
+        """Utilisation counters at the edges of the measured window."""
+        for inst in self.instances:
+            inst.mark(which)
+
+    def _arrive(self, region: str, rate: float) -> None:
+        now = self.loop.now
+        wl = self.config.workload
+        req = SimRequest(
+            id=len(self.requests),
+            region=region,
+            arrival=now,
+            prompt_tokens=wl.prompt_tokens.sample(self.rng),
+            output_tokens=wl.output_tokens.sample(self.rng),
+            hard=self.rng.random() < wl.hard_fraction,
+        )
+        req.cached_tokens = min(wl.cached_prefix_tokens, req.prompt_tokens - 1)
+        req.estimated_tokens = max(1, req.prompt_tokens - wl.template_tokens)
+        self.requests.append(req)
+        self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
+        nxt = now + self.rng.expovariate(rate) if rate > 0 else float("inf")
+        if nxt < self.config.duration_s:
+            self.loop.at(nxt, self._arrive, region, rate)
+
+    def _route(self, req: SimRequest) -> None:
+        candidates = self.policy.candidates(req, self.fleet)
+        if not candidates:
+            req.failed = True
+            return
+        self._dispatch(req, candidates, 0)
+        hedge = self.policy.hedge_after(candidates[0])
+        if hedge is not None and len(candidates) > 1:
+            self.loop.after(hedge, self._hedge, req, candidates)
+
+    def _dispatch(self, req: SimRequest, candidates: list[Target], index: int) -> None:
+        target = candidates[index]
+        rtt = self.fleet.rtt_s(req.region, target.region)
+        job = Job(req, rtt, target=target, sent=self.loop.now)
+        req.jobs.append(job)
+        self.policy.sent(target)
+        self.loop.after(rtt / 2, self._deliver, job, target, candidates, index)
+
+    def _deliver(self, job: Job, target: Target, candidates: list[Target], index: int) -> None:
+        if job.req.winner is not None:
+            return  # the other copy already answered (the router released it then)
+        if target.submit(job):
+            return
+        # 429: the router hears it one way later and tries the next candidate.
+        job.state = "done"
+        self.loop.after(job.rtt / 2, self._rejected, job, candidates, index)
+
+    def _release(self, job: Job, failed: bool = False) -> None:
+        if not job.released and job.target is not None:
+            job.released = True
+            self.policy.released(job.target, failed)
+
+    def _rejected(self, job: Job, candidates: list[Target], index: int) -> None:
+        req = job.req
+        self._release(job, failed=True)
+        if req.winner is not None:
+            return
+        if index + 1 < len(candidates):
+            req.fallbacks += 1
+            self._dispatch(req, candidates, index + 1)
+        elif all(j.state == "done" and j.first_token is None for j in req.jobs):
+            req.failed = True
+
+    def _hedge(self, req: SimRequest, candidates: list[Target]) -> None:
+        if req.winner is not None or req.hedged or req.failed:
+            return
+        used = {j.instance for j in req.jobs}
+        for index, target in enumerate(candidates):
+            if target not in used and not (target.tier == "center" and self._on_center(req)):
+                req.hedged = True
+                self._dispatch(req, candidates, index)
+                return
+
+    def _on_center(self, req: SimRequest) -> bool:
+        return any(j.instance is not None and j.instance.tier == "center" for j in req.jobs)
+
+    # -- what instances report (InstanceSink) ---------------------------------
+    def first_token(self, job: Job, now: float) -> None:
+        self.loop.after(job.rtt / 2, self._first_at_router, job)
+
+    def _first_at_router(self, job: Job) -> None:
+        req = job.req
+        if req.winner is not None:
+            if job is not req.winner and job.instance is not None:
+                job.instance.cancel(job)
+            return
+        req.winner = job
+        req.ttft = self.loop.now + self._client_s / 2 - req.arrival
+        if job.target is not None:
+            self.policy.primed(job.target, self.loop.now - job.sent)
+        for other in req.jobs:
+            if other is not job:
+                self._release(other)  # the router drops the losing attempt now
+                if other.instance is not None:
+                    # The abort reaches the loser one way later.
+                    self.loop.after(other.rtt / 2, other.instance.cancel, other)
+
+    def done(self, job: Job, now: float) -> None:
+        req = job.req
+        if job.first_token is None or job.cancelled:
+            return
+        if req.winner is not None and req.winner is not job:
+            return
+        if req.output_tokens > 1:
+            req.tpot = (now - job.first_token) / (req.output_tokens - 1)
+        req.e2e = now + job.rtt / 2 + self._client_s / 2 - req.arrival
+        self.loop.after(job.rtt / 2, self._release, job)  # the last byte at the router

@@ -1,0 +1,59 @@
+"""The report of the simulator check: bench and simulated percentiles side by
+side, and the share of requests each route served."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from hybrid_llm.bench.stats import percentile
+from hybrid_llm.fleet.sim.request import SimRequest
+
+__all__ = ["compare", "route"]
+
+
+def route(tier: str, region: str) -> str:
+    """Where a request was served: ``center`` or ``edge@<region>``."""
+    if tier == "-":  # no router headers: straight to the engine (--edge-only)
+        return "direct"
+    return "center" if tier == "center" else f"{tier}@{region}"
+
+
+def _pct(values: list[float], q: int) -> float:
+    return percentile(values, q) or float("nan")
+
+
+def compare(records: list[dict[str, Any]], sims: dict[str, list[SimRequest]]) -> None:
+    """Percentiles of both side by side, and where the requests were served."""
+    keys = (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e"))
+    bench = {n: [r[k] * 1000 for r in records if r[k] is not None] for n, k in keys}
+    header = f"{'ms':<10}{'bench':>9}"
+    for name in sims:
+        header += f"{name:>24}{'diff':>8}"
+    print(header)
+    for name, key in keys:
+        for q in (50, 95, 99):
+            measured_q = _pct(bench[name], q)
+            line = f"{name + ' p' + str(q):<10}{measured_q:>9.1f}"
+            for reqs in sims.values():
+                values = [getattr(r, key) * 1000 for r in reqs if getattr(r, key) is not None]
+                sim_q = _pct(values, q)
+                line += f"{sim_q:>24.1f}{(sim_q - measured_q) / measured_q * 100:>7.1f}%"
+            print(line)
+    routes_b = Counter(route(r["tier"], r["region"]) for r in records)
+    direct = all(r["tier"] == "-" for r in records)
+    routes_s = {
+        name: Counter(
+            "direct" if direct else route(r.winner.instance.tier, r.winner.instance.region)
+            for r in reqs
+            if r.winner is not None and r.winner.instance is not None
+        )
+        for name, reqs in sims.items()
+    }
+    print(f"{'route':<18}{'bench':>14}" + "".join(f"{name:>24}" for name in sims))
+    for where in sorted(set(routes_b).union(*routes_s.values())):
+        line = f"{where:<18}{routes_b[where]:>7} {routes_b[where] / len(records) * 100:>5.1f}%"
+        for name, reqs in sims.items():
+            n = routes_s[name][where]
+            line += f"{n:>17} {n / max(1, len(reqs)) * 100:>5.1f}%"
+        print(line)

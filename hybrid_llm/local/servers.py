@@ -1,0 +1,111 @@
+"""Real-socket servers on one machine: an ASGI app under uvicorn in a thread,
+or a service started as a subprocess and waited on until ``/ready``.
+
+Tests and the studies under ``studies/`` start their servers through these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from servekit.engine.process import free_port
+
+__all__ = ["REPO", "UvicornThread", "free_port", "service_process", "wait_ready"]
+
+# The checkout (the package is installed editable): services run from here.
+REPO = Path(__file__).resolve().parents[2]
+
+
+class UvicornThread:
+    """Serve an ASGI app on 127.0.0.1 in a background thread (lifespan included)."""
+
+    def __init__(self, app: Any, port: int | None = None, **config: Any) -> None:
+        self.port = port or free_port()
+        cfg = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", **config
+        )
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.server.config.ssl_certfile else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> UvicornThread:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("uvicorn exited during startup")
+            if time.monotonic() > deadline:
+                raise TimeoutError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def wait_ready(url: str, timeout: float = 180.0, path: str = "/ready", verify: Any = True) -> None:
+    """Until ``url + path`` answers 200; ``verify`` is httpx's (a CA file or SSLContext)."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(url + path, timeout=2.0, verify=verify)
+            if r.status_code == 200:
+                return
+            last = r.status_code
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise TimeoutError(f"{url}{path} not ready after {timeout}s (last: {last!r})")
+
+
+@contextlib.contextmanager
+def service_process(
+    args: Sequence[str],
+    url: str,
+    *,
+    ready_timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+    verify: Any = True,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``python -m <args>`` from the repo root and wait for ``url/ready``."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    if env:
+        full_env.update(env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args], cwd=REPO, env=full_env, start_new_session=True
+    )
+    try:
+        try:
+            wait_ready(url, ready_timeout, verify=verify)
+        except TimeoutError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{args} exited with {proc.returncode}") from None
+            raise
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

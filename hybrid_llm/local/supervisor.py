@@ -1,0 +1,240 @@
+"""Supervised subprocesses: start in order, wait until each is ready, restart
+crashed ones with backoff, stop all cleanly.
+
+Each child runs in its own session (process group), so stopping it reaches
+the whole group (a service's own workers included): SIGTERM, then SIGKILL
+after ``stop_timeout``; descendants it started in sessions of their own and
+left running are killed after it (:mod:`hybrid_llm.local.proctree`). Children are
+stopped in reverse start order, so the
+front door goes first and the registry-backed services after it. Output goes
+to one log file per child under the state directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from hybrid_llm.local.proctree import descendants, kill_leftovers
+
+__all__ = ["ChildState", "ProcessSpec", "StartupError", "Supervisor"]
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One supervised process: its command line and how to tell it is ready."""
+
+    name: str
+    argv: Sequence[str]
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    ready_url: str | None = None  # GET returning 200 means ready; None: ready once started
+    ready_ports: tuple[int, ...] = ()  # or: these 127.0.0.1 ports accept connections
+    ready_timeout: float = 180.0
+    labels: dict[str, str] = field(default_factory=dict)  # shown in the status table
+
+
+class StartupError(Exception):
+    """A child exited or never became ready during start; names it and shows its log."""
+
+
+@dataclass
+class ChildState:
+    spec: ProcessSpec
+    log_path: Path
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    ready: bool = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+async def _listening(ports: Sequence[int]) -> bool:
+    for port in ports:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    return True
+
+
+class Supervisor:
+    """Runs :class:`ProcessSpec` children; :meth:`start`, then :meth:`watch`, then :meth:`stop`."""
+
+    def __init__(
+        self,
+        specs: Sequence[ProcessSpec],
+        log_dir: Path,
+        *,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        stable_after: float = 30.0,
+        stop_timeout: float = 15.0,
+        on_event: Callable[[str], None] = lambda _msg: None,
+    ) -> None:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"process names must be unique: {names}")
+        self.children = [ChildState(s, log_dir / f"{s.name}.log") for s in specs]
+        self.log_dir = log_dir
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.stable_after = stable_after
+        self.stop_timeout = stop_timeout
+        self.on_event = on_event
+        self.started = False  # every child came up once
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        """Start every child in order, each ready before the next; on failure stop all."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                for child in self.children:
+                    await self._spawn(child)
+                    await self._wait_ready(child, client)
+                    self.on_event(f"{child.spec.name} ready (pid {child.pid})")
+            self.started = True
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def watch(self) -> None:
+        """Restart children that exit, until :meth:`stop`; returns when stopped."""
+        await asyncio.gather(*(self._watch(c) for c in self.children))
+
+    async def stop(self) -> None:
+        """SIGTERM every child (reverse order), SIGKILL whatever outlives the timeout."""
+        self._stopping = True
+        self._stopped.set()
+        live = [c for c in reversed(self.children) if c.process and c.process.returncode is None]
+        # Workers in sessions of their own are not in the child's group: note
+        # them now, while they are still the child's, and kill what it leaves.
+        spawned = {id(c): descendants(c.process.pid) for c in live if c.process}
+        for child in live:
+            self._signal(child, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        for child in live:
+            assert child.process is not None
+            try:
+                await asyncio.wait_for(child.process.wait(), max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                self.on_event(f"{child.spec.name} ignored SIGTERM; killing")
+                self._signal(child, signal.SIGKILL)
+                await child.process.wait()
+            # Workers of its process group that outlived the leader go too.
+            self._signal(child, signal.SIGKILL)
+            left = kill_leftovers(spawned[id(child)])
+            if left:
+                self.on_event(f"{child.spec.name} left {len(left)} process(es) behind; killed")
+            self.on_event(f"{child.spec.name} stopped")
+
+    # -- internals ------------------------------------------------------------
+    async def _spawn(self, child: ChildState) -> None:
+        env = dict(os.environ)
+        env.update(child.spec.env)
+        with child.log_path.open("ab") as log:
+            stamp = time.strftime("%H:%M:%S")
+            log.write(f"--- {stamp} start: {' '.join(child.spec.argv)}\n".encode())
+            log.flush()
+            child.process = await asyncio.create_subprocess_exec(
+                *child.spec.argv,
+                cwd=child.spec.cwd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        child.started_at = time.monotonic()
+        child.ready = False
+
+    async def _wait_ready(self, child: ChildState, client: httpx.AsyncClient) -> None:
+        assert child.process is not None
+        url = child.spec.ready_url
+        deadline = time.monotonic() + child.spec.ready_timeout
+        last = "no answer yet"
+        while True:
+            if child.process.returncode is not None:
+                raise StartupError(
+                    f"{child.spec.name} exited with {child.process.returncode} while starting; "
+                    f"last lines of {child.log_path}:\n{_log_tail(child.log_path)}"
+                )
+            if url is None and not child.spec.ready_ports:
+                break
+            try:
+                if url is not None:
+                    response = await client.get(url)
+                    if response.status_code == 200:
+                        break
+                    last = f"HTTP {response.status_code}"
+                elif await _listening(child.spec.ready_ports):
+                    break
+                else:
+                    last = f"ports {child.spec.ready_ports} not all listening"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            if time.monotonic() > deadline:
+                where = url or f"ports {child.spec.ready_ports}"
+                raise StartupError(
+                    f"{child.spec.name} not ready at {where} after "
+                    f"{child.spec.ready_timeout:.0f}s ({last}); last lines of "
+                    f"{child.log_path}:\n{_log_tail(child.log_path)}"
+                )
+            await asyncio.sleep(0.1)
+        child.ready = True
+
+    async def _watch(self, child: ChildState) -> None:
+        backoff = self.backoff_initial
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while not self._stopping:
+                assert child.process is not None
+                code = await child.process.wait()
+                if self._stopping:
+                    return
+                if time.monotonic() - child.started_at > self.stable_after:
+                    backoff = self.backoff_initial
+                self.on_event(
+                    f"{child.spec.name} exited with {code}; restarting in {backoff:.1f}s "
+                    f"(see {child.log_path})"
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopped.wait(), backoff)
+                if self._stopping:
+                    return
+                backoff = min(self.backoff_max, backoff * 2)
+                child.restarts += 1
+                await self._spawn(child)
+                with contextlib.suppress(StartupError):
+                    await self._wait_ready(child, client)
+                    self.on_event(f"{child.spec.name} back (pid {child.pid})")
+
+    @staticmethod
+    def _signal(child: ChildState, sig: signal.Signals) -> None:
+        if child.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.process.pid, sig)

@@ -1,0 +1,288 @@
+"""The local topology: which services run, with what settings, behind which
+emulated network delays; turned into supervisor process specs.
+
+Each service names a base settings file and overrides merged over it; the
+result is written under the state directory and passed as ``--config``, so a
+topology never needs a service to grow flags. Strings in ``args``,
+``settings`` and ``env`` may use placeholders:
+
+``{name}`` ``{port}`` ``{region}`` ``{host}`` ``{registry}`` ``{state_dir}``
+``{config}`` (this service's rendered settings file), ``{url}`` (its own
+address), ``{advertise}`` (where the fleet should reach it: through its delay
+proxy when netem is on), ``{advertise_of[other-name]}`` / ``{url_of[..]}``,
+and ``{service_token_file}``: the file holding the service token that edges
+and the center accept and the router and the gateway send. Every build
+writes a fresh random token there (mode 0600), so each ``up`` has its own;
+:func:`service_headers` gives operator tools (profile, benches) that token.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hybrid_llm.fleet.geography import RttTable
+from hybrid_llm.local.supervisor import ProcessSpec
+
+__all__ = [
+    "SERVICE_TOKEN_ENV",
+    "NetemSettings",
+    "ServiceSpec",
+    "TopologyError",
+    "TopologySettings",
+    "build_specs",
+    "service_headers",
+    "service_token",
+    "service_token_path",
+    "write_service_token",
+]
+
+SERVICE_TOKEN_ENV = "HYBRID_LLM_SERVICE_TOKEN"
+
+
+class TopologyError(Exception):
+    """The topology cannot be built (a base settings file is missing or unreadable)."""
+
+
+Kind = Literal["router", "edge", "center", "controller", "other"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServiceSpec(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    kind: Kind
+    module: str = Field(description="run as `python -m <module> <args>`")
+    args: list[str] = Field(default_factory=list)
+    config: Path | None = Field(None, description="base settings YAML of the service")
+    variants: dict[str, Path] = Field(
+        default_factory=dict,
+        description="other base settings by engine name; a center's is picked with "
+        "`hybrid-llm up --center NAME` (e.g. vllm: configs/central-vllm-cpu.yaml)",
+    )
+    settings: dict[str, Any] = Field(default_factory=dict, description="merged over `config`")
+    region: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    ready_path: str | None = Field("/ready", description="GET 200 means ready; null: started")
+    ready_timeout_s: float = Field(180.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    enabled: bool = True
+
+
+class NetemSettings(_Strict):
+    enabled: bool = Field(False, description="delay router->edge/center hops by the RTT table")
+    port_offset: int = Field(1000, ge=1, description="proxy listens on the service port + this")
+
+
+class TopologySettings(_Strict):
+    """``configs/local.yaml``: the whole system on one machine."""
+
+    host: str = "127.0.0.1"
+    state_dir: Path = Path("var")
+    registry: Path = Path("var/registry.db")
+    models_dir: Path = Path("models")
+    models: list[str] = Field(default_factory=lambda: ["smollm2-135m-instruct-q4_1"])
+    router_region: str = Field("local", description="where the router (and its users) sit")
+    example_api_key: str = Field("local", description="the key the printed examples send")
+    rtt: RttTable = Field(default_factory=RttTable)
+    netem: NetemSettings = Field(default_factory=NetemSettings)
+    center: str = Field(
+        "default", description="which engine the center runs: `default` or one of its variants"
+    )
+    services: list[ServiceSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> TopologySettings:
+        from servekit.modelfetch import BUNDLED_MODELS
+
+        unknown = [m for m in self.models if m not in BUNDLED_MODELS]
+        if unknown:
+            raise ValueError(f"unknown models {unknown}; bundled: {sorted(BUNDLED_MODELS)}")
+        names = [s.name for s in self.services]
+        if len(set(names)) != len(names):
+            raise ValueError(f"service names must be unique: {names}")
+        ports = [s.port for s in self.services if s.port and s.enabled]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"two services share a port: {ports}")
+        if self.center != "default":
+            centers = [s for s in self.enabled() if s.kind == "center"]
+            lacking = [s.name for s in centers if self.center not in s.variants]
+            if not centers or lacking:
+                raise ValueError(f"center {self.center!r}: no such variant for {lacking or 'any'}")
+        return self
+
+    def base_config(self, service: ServiceSpec) -> Path | None:
+        """The service's base settings file (a center's variant when one is chosen)."""
+        if service.kind == "center" and self.center != "default":
+            return service.variants[self.center]
+        return service.config
+
+    def enabled(self) -> list[ServiceSpec]:
+        return [s for s in self.services if s.enabled]
+
+    def proxied(self, service: ServiceSpec) -> bool:
+        return (
+            self.netem.enabled and service.kind in ("edge", "center") and service.port is not None
+        )
+
+    def url(self, service: ServiceSpec) -> str | None:
+        return f"http://{self.host}:{service.port}" if service.port else None
+
+    def advertise(self, service: ServiceSpec) -> str | None:
+        if service.port is None:
+            return None
+        if self.proxied(service):
+            return f"http://{self.host}:{service.port + self.netem.port_offset}"
+        return self.url(service)
+
+    def rtt_ms(self, service: ServiceSpec) -> float:
+        """Round trip the router sees to ``service`` (0 when netem is off)."""
+        if not self.proxied(service):
+            return 0.0
+        return self.rtt.rtt(self.router_region, service.region or self.router_region)
+
+    def router(self) -> ServiceSpec | None:
+        return next((s for s in self.enabled() if s.kind == "router"), None)
+
+
+def service_token_path(state_dir: Path) -> Path:
+    return state_dir / "secrets" / "service-token"
+
+
+def write_service_token(state_dir: Path) -> Path:
+    """A new random service token in ``<state_dir>/secrets/service-token`` (0600)."""
+    path = service_token_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(f"svc-{secrets.token_urlsafe(32)}\n")
+    os.replace(tmp, path)
+    return path
+
+
+def service_token(state_dir: Path = Path("var")) -> str | None:
+    """The token the local topology's edges and center accept, for calling them directly.
+
+    ``$HYBRID_LLM_SERVICE_TOKEN`` if set, else the one ``hybrid-llm up`` wrote.
+    """
+    token = os.environ.get(SERVICE_TOKEN_ENV)
+    if not token:
+        try:
+            token = service_token_path(state_dir).read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    return token or None
+
+
+def service_headers(state_dir: Path = Path("var")) -> dict[str, str]:
+    """``Authorization`` with :func:`service_token` (empty when there is none)."""
+    token = service_token(state_dir)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _render(value: Any, variables: dict[str, Any]) -> Any:
+    if isinstance(value, str):
+        whole = (
+            variables.get(value[1:-1]) if value.startswith("{") and value.endswith("}") else None
+        )
+        if isinstance(whole, int):
+            return whole  # "{port}" stays a number in the rendered YAML
+        return value.format_map(variables)
+    if isinstance(value, list):
+        return [_render(v, variables) for v in value]
+    if isinstance(value, dict):
+        return {k: _render(v, variables) for k, v in value.items()}
+    return value
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
+    """Process specs in start order: delay proxies, then services as listed."""
+    state = root / topo.state_dir
+    rendered_dir = state / "topology"
+    rendered_dir.mkdir(parents=True, exist_ok=True)
+    write_service_token(state)
+    token_file = service_token_path(topo.state_dir)  # as the services see it (cwd=root)
+    services = topo.enabled()
+    url_of = {s.name: topo.url(s) or "" for s in services}
+    advertise_of = {s.name: topo.advertise(s) or "" for s in services}
+    pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    env_base = {"PYTHONPATH": pythonpath, "HYBRID_LLM_REGISTRY": str(root / topo.registry)}
+    specs: list[ProcessSpec] = []
+    routes = [
+        f"{s.port + topo.netem.port_offset}={topo.host}:{s.port}@{topo.rtt_ms(s):g}"
+        for s in services
+        if topo.proxied(s) and s.port is not None
+    ]
+    if routes:
+        argv = [sys.executable, "-m", "hybrid_llm", "netem"]
+        for route in routes:
+            argv += ["--route", route]
+        specs.append(
+            ProcessSpec("netem", argv, env=env_base, cwd=root, labels={"kind": "netem", "url": "-"})
+        )
+    for s in services:
+        config_path = rendered_dir / f"{s.name}.yaml"
+        variables: dict[str, Any] = {
+            "name": s.name,
+            "port": s.port or "",
+            "region": s.region or "",
+            "host": topo.host,
+            "registry": str(topo.registry),
+            "state_dir": str(topo.state_dir),
+            "config": str(config_path),
+            "url": url_of[s.name],
+            "advertise": advertise_of[s.name],
+            "url_of": url_of,
+            "advertise_of": advertise_of,
+            "service_token_file": str(token_file),
+        }
+        base: dict[str, Any] = {}
+        base_config = topo.base_config(s)
+        if base_config is not None:
+            try:
+                loaded = yaml.safe_load((root / base_config).read_text(encoding="utf-8"))
+            except (OSError, yaml.YAMLError) as exc:
+                raise TopologyError(
+                    f"service {s.name}: base settings {base_config}: {exc}"
+                ) from None
+            base = loaded if isinstance(loaded, dict) else {}
+        if base_config is not None or s.settings:
+            merged = _merge(base, _render(s.settings, variables))
+            config_path.write_text(yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
+        url = url_of[s.name]
+        specs.append(
+            ProcessSpec(
+                name=s.name,
+                argv=[sys.executable, "-m", s.module, *map(str, _render(s.args, variables))],
+                env={**env_base, **{k: str(v) for k, v in _render(s.env, variables).items()}},
+                cwd=root,
+                ready_url=url + s.ready_path if url and s.ready_path else None,
+                ready_timeout=s.ready_timeout_s,
+                labels={
+                    "kind": s.kind,
+                    "region": s.region or "-",
+                    "url": url or "-",
+                    "rtt_ms": f"{topo.rtt_ms(s):g}" if topo.proxied(s) else "-",
+                },
+            )
+        )
+    return specs
