@@ -32,7 +32,7 @@ from geo_router.openapi import install_openapi
 from geo_router.peers import PeerBook
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
-from geo_router.region import RegionResolver, RttTable, open_geoip
+from geo_router.region import RegionResolver, open_geoip
 from geo_router.routes import router as api_routes
 from geo_router.scoring import Scorer
 from geo_router.settings import RouterSettings
@@ -99,7 +99,7 @@ def create_app(
             )
             traffic_source = _traffic(settings, traffic, found.traffic)
             tracker = Tracker(settings.routing.breaker)
-            scorer = Scorer(settings.routing, RttTable(settings.region), tracker, rng)
+            scorer = Scorer(settings.routing, settings.region.rtt_table(), tracker, rng)
             classifier = DifficultyClassifier.load(
                 settings.classifier.weights,
                 settings.classifier.threshold,

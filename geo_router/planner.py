@@ -26,7 +26,7 @@ prefix from then on.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -47,7 +47,15 @@ from geo_router.trimming import Trim, trim_messages
 from servekit.errors import ModelNotFound, NotReady
 from servekit.registry.protocol import InstanceState, Tier
 
-__all__ = ["Decision", "Planner", "RequestShape", "canary_version", "ensure_center"]
+__all__ = [
+    "Decision",
+    "Planner",
+    "RequestShape",
+    "canary_version",
+    "ensure_center",
+    "rank_classified",
+    "tier_bias_ms",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,19 +296,41 @@ class Planner:
             return within_budget_first(
                 order([self._score(s, region, n, t, shape) for s, n, t in tiered])
             )
-        if decision.tier == "edge":
-            bias = self._routing.center_bias_ms
-            scored = [
-                self._score(s, region, n, t, shape, bias if s.info.tier == "center" else 0.0)
-                for s, n, t in fitted
-            ]
-            ordered = _warm_local(within_budget_first(order(scored)), region)
-            return ensure_center(ordered, self._routing.max_attempts)
-        scored = [self._score(s, region, n, t, shape) for s, n, t in fitted]
-        ordered = order([c for c in scored if c.tier == "center"])
-        if self._routing.hard_may_use_edge:
-            ordered += sorted((c for c in scored if c.tier == "edge"), key=lambda c: c.predicted_ms)
-        return within_budget_first(ordered)
+        preferred: Tier = "edge" if decision.tier == "edge" else "center"
+        scored = [
+            self._score(s, region, n, t, shape, tier_bias_ms(self._routing, preferred, s.info.tier))
+            for s, n, t in fitted
+        ]
+        return rank_classified(scored, preferred, region, self._routing, order)
+
+
+def tier_bias_ms(routing: RoutingSettings, preferred: Tier, tier: Tier) -> float:
+    """The bias added to a candidate's predicted TTFT: the center's cost bias
+    when a simple request (preferred tier ``edge``) considers the center."""
+    return routing.center_bias_ms if preferred == "edge" and tier == "center" else 0.0
+
+
+def rank_classified(
+    scored: list[Scored],
+    preferred: Tier,
+    region: str,
+    routing: RoutingSettings,
+    order: Callable[[list[Scored]], list[Scored]],
+) -> list[Scored]:
+    """Try order for a classified request from its scored candidates (scored with
+    :func:`tier_bias_ms`): simple ones (``preferred="edge"``) rank edges and the
+    center together, a same-city edge warming a prefix cached elsewhere first, a
+    center among the first ``max_attempts``; hard ones (``"center"``) rank the
+    centers, then edges by predicted TTFT when ``hard_may_use_edge``. Pure: the
+    router's planner and the fleet simulator both rank with it; ``order`` is the
+    scorer's (power-of-two choices)."""
+    if preferred == "edge":
+        ordered = _warm_local(within_budget_first(order(scored)), region)
+        return ensure_center(ordered, routing.max_attempts)
+    ordered = order([c for c in scored if c.tier == "center"])
+    if routing.hard_may_use_edge:
+        ordered += sorted((c for c in scored if c.tier == "edge"), key=lambda c: c.predicted_ms)
+    return within_budget_first(ordered)
 
 
 def _warm_local(ordered: list[Scored], region: str) -> list[Scored]:

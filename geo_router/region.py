@@ -1,4 +1,5 @@
-"""Where a user is, and how far every region is from every other.
+"""Where a user is (how far every region is from every other is
+:class:`servekit.rtt.RttTable`, built by ``RegionSettings.rtt_table``).
 
 Resolution order: the load balancer's region header (only when the peer is a
 configured trusted proxy), the client IP through the CIDR table (longest
@@ -16,7 +17,7 @@ from typing import Any, Literal, Protocol
 
 from geo_router.settings import RegionSettings
 
-__all__ = ["GeoLookup", "RegionResolver", "ResolvedRegion", "RttTable", "open_geoip"]
+__all__ = ["GeoLookup", "RegionResolver", "ResolvedRegion", "open_geoip"]
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -106,24 +107,6 @@ def _parse_ip(text: str | None) -> IPAddress | None:
         return ipaddress.ip_address(text)
     except ValueError:
         return None
-
-
-class RttTable:
-    """Round-trip time in ms between regions; symmetric, with defaults."""
-
-    def __init__(self, settings: RegionSettings) -> None:
-        self._same = settings.same_region_rtt_ms
-        self._unknown = settings.unknown_rtt_ms
-        self._rtt: dict[tuple[str, str], float] = {}
-        for a, row in settings.rtt_ms.items():
-            for b, ms in row.items():
-                self._rtt[(a, b)] = ms
-                self._rtt.setdefault((b, a), ms)
-
-    def rtt_ms(self, src: str, dst: str) -> float:
-        if src == dst:
-            return self._rtt.get((src, dst), self._same)
-        return self._rtt.get((src, dst), self._unknown)
 
 
 class _GeoIP2:

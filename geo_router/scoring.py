@@ -47,11 +47,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from geo_router.prefix_index import Prefix
-from geo_router.region import RttTable
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
 from geo_router.trimming import Trim
 from servekit.registry.protocol import InstanceState
+from servekit.rtt import RttTable
 
 __all__ = ["Scored", "Scorer", "instance_url", "within_budget_first"]
 
@@ -175,7 +175,7 @@ class Scorer:
         busy_ms = min(busy, capacity) * per_seq * self._routing.busy_slowdown_weight
         budget = load.ttft_budget_ms
         over = stats.refused_until > now or (budget is not None and queue_ms + busy_ms > budget)
-        rtt = self._rtt.rtt_ms(user_region, info.region)
+        rtt = self._rtt.rtt(user_region, info.region)
         ramp = self._routing.slow_start_s
         weight = 1.0 if ramp <= 0 else min(1.0, max(0.05, (now - stats.first_seen) / ramp))
         return Scored(

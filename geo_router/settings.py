@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from servekit import rtt
 from servekit.peers import PeerSettings
 from servekit.registry.protocol import Tier
 from servekit.registry.settings import RegistrySettings, StaticEntry
@@ -75,11 +76,19 @@ class RegionSettings(_Section):
     )
     cidrs: dict[str, str] = Field(default_factory=dict, description="Client CIDR to region.")
     geoip: GeoIPSettings | None = None
+    # The RTT table's fields under the router's own names (servekit.rtt.RttTable).
     rtt_ms: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="RTT between regions; symmetric if one side is given."
     )
-    same_region_rtt_ms: float = 1.0
-    unknown_rtt_ms: float = 150.0
+    same_region_rtt_ms: float = Field(rtt.SAME_REGION_MS, ge=0)
+    unknown_rtt_ms: float = Field(rtt.DEFAULT_MS, ge=0)
+
+    def rtt_table(self) -> rtt.RttTable:
+        return rtt.RttTable(
+            rtt_ms=self.rtt_ms,
+            same_region_ms=self.same_region_rtt_ms,
+            default_ms=self.unknown_rtt_ms,
+        )
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -27,8 +27,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hybrid_llm.fleet.geography import RttTable
 from hybrid_llm.local.supervisor import ProcessSpec
+from servekit.rtt import RttTable
 
 __all__ = [
     "SERVICE_TOKEN_ENV",

@@ -259,8 +259,8 @@ def test_killed_replica_is_removed_restarted_and_no_request_is_lost(gateway: str
 def test_in_process_replica_beside_a_url_replica(model_path: Path, tmp_path: Path) -> None:
     from central.app import create_app
     from central.settings import CentralSettings
-    from hybrid_llm.local.servers import UvicornThread, wait_ready
     from hybrid_llm.local.engine_double import create_double
+    from hybrid_llm.local.servers import UvicornThread, wait_ready
 
     with UvicornThread(create_double(MODEL)) as double:
         local_spec = {

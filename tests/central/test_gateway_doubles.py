@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from central.app import create_app
 from central.balancer import Balancer, Candidate, prefix_key
 from central.settings import CentralSettings
+from hybrid_llm.local.engine_double import create_double
 from hybrid_llm.local.servers import UvicornThread, free_port, wait_ready
 from servekit.engine.protocol import GenerationRequest, Message, SamplingParams
-from hybrid_llm.local.engine_double import create_double
 
 MODEL = "big"
 

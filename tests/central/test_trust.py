@@ -16,8 +16,8 @@ from central.app import create_app
 from central.commands import STANDIN_TOKEN_ENV, VLLM_TOKEN_ENV, build_plan
 from central.settings import CentralSettings
 from central.specs import LlamaCppReplica, VllmReplica
-from hybrid_llm.local.servers import UvicornThread, wait_ready
 from hybrid_llm.local.engine_double import create_double
+from hybrid_llm.local.servers import UvicornThread, wait_ready
 from tests.support.pki import PrivateCA
 
 MODEL = "big"

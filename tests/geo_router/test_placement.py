@@ -9,7 +9,7 @@ from typing import Any
 from geo_router.classifier import DifficultyClassifier
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
-from geo_router.region import ResolvedRegion, RttTable
+from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scorer
 from geo_router.settings import RegionSettings, RoutingSettings
 from geo_router.tracker import Tracker
@@ -37,7 +37,7 @@ def inst(iid: str, tier: str = "edge", region: str = "east", **load: Any) -> Ins
 def planner(states: list[InstanceState], **routing: Any) -> tuple[Planner, PrefixIndex, Tracker]:
     settings = RoutingSettings.model_validate({"slow_start_s": 0, **routing})
     tracker = Tracker(settings.breaker)
-    scorer = Scorer(settings, RttTable(REGIONS), tracker, random.Random(3))
+    scorer = Scorer(settings, REGIONS.rtt_table(), tracker, random.Random(3))
     index = PrefixIndex()
     p = Planner(
         settings, DifficultyClassifier.load(), scorer, tracker, lambda: states, {}.get, index

@@ -11,7 +11,7 @@ import pytest
 
 from geo_router.classifier import DifficultyClassifier
 from geo_router.planner import Planner, canary_version
-from geo_router.region import ResolvedRegion, RttTable
+from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scorer
 from geo_router.settings import BreakerSettings, RegionSettings, RoutingSettings
 from geo_router.tracker import Circuit, Tracker
@@ -41,7 +41,7 @@ def planner(
 ) -> tuple[Planner, Tracker]:
     settings = RoutingSettings.model_validate({"slow_start_s": 0, **routing})
     tracker = Tracker(settings.breaker)
-    scorer = Scorer(settings, RttTable(REGIONS), tracker, random.Random(7))
+    scorer = Scorer(settings, REGIONS.rtt_table(), tracker, random.Random(7))
     clf = DifficultyClassifier.load()
     p = Planner(settings, clf, scorer, tracker, lambda: states, (traffic or {}).get)
     return p, tracker

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from geo_router.region import RegionResolver, RttTable
+from geo_router.region import RegionResolver
 from geo_router.settings import RegionSettings
 
 SETTINGS = RegionSettings(
@@ -40,10 +40,10 @@ def test_longest_prefix_and_ipv6() -> None:
 
 
 def test_rtt_table_is_symmetric_with_defaults() -> None:
-    rtt = RttTable(SETTINGS)
-    assert rtt.rtt_ms("east", "west") == rtt.rtt_ms("west", "east") == 70.0
-    assert rtt.rtt_ms("east", "east") == SETTINGS.same_region_rtt_ms
-    assert rtt.rtt_ms("east", "mars") == SETTINGS.unknown_rtt_ms
+    rtt = SETTINGS.rtt_table()
+    assert rtt.rtt("east", "west") == rtt.rtt("west", "east") == 70.0
+    assert rtt.rtt("east", "east") == SETTINGS.same_region_rtt_ms
+    assert rtt.rtt("east", "mars") == SETTINGS.unknown_rtt_ms
 
 
 def test_repeated_peers_answer_alike_and_proxies_follow_their_headers() -> None:

@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from hybrid_llm.bench import LoadStep, RunPlan, Variant, Workload, parse_bucket, run_plan
-from hybrid_llm.fleet.geography import RttTable
 from hybrid_llm.local.netem import DelayProxy, ProxyRoute, parse_route
 from hybrid_llm.local.servers import UvicornThread
+from servekit.rtt import RttTable
 from tests.hybrid_llm.fake_openai import Timing, create_app
 
 RTT_MS = 60.0

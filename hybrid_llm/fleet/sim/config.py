@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from hybrid_llm.fleet.geography import RttTable
 from hybrid_llm.fleet.sim.profiles import PRESETS, EngineProfile
+from servekit.rtt import RttTable
 
 __all__ = [
     "CenterSpec",

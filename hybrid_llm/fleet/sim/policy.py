@@ -14,11 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
-from hybrid_llm.fleet.geography import RttTable
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.instance import Instance
 from hybrid_llm.fleet.sim.request import Job, SimRequest
 from servekit.engine.protocol import LoadReport, pooled_figures
+from servekit.rtt import RttTable
 
 __all__ = ["AllToCenter", "CenterPool", "Fleet", "Policy", "Target"]
 

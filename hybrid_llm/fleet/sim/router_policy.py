@@ -13,10 +13,12 @@ ones that ended since a report (so a stale report is discounted), its own TTFT
 per instance (the hedge delay) and 429s (ranked last for a moment); its
 :class:`~geo_router.scoring.Scorer` predicts each candidate's TTFT (RTT + queue
 wait + prefill + busy slowdown, power-of-two choices among the near-best) and
-orders them. The tier logic follows ``geo_router.planner``: simple requests
-score edges and the center (with the center's cost bias) together, hard
-requests go to the center with edges as the last resort, and a center is kept
-among the first ``max_attempts`` candidates so failover ends there.
+orders them. The tier logic is ``geo_router.planner``'s own
+(:func:`~geo_router.planner.rank_classified`): simple requests score edges and
+the center (with the center's cost bias) together, hard requests go to the
+center with edges as the last resort, candidates over their TTFT budget go
+last, and a center is kept among the first ``max_attempts`` candidates so
+failover ends there.
 
 The router estimates a prompt's tokens from the text the client sent
 (``estimate_prompt_tokens``); the simulator has token counts, and leaves out
@@ -33,17 +35,16 @@ import random
 from collections.abc import Callable
 
 from geo_router.dispatch import hedge_delay_s  # the dispatcher's own hedge rule
-from geo_router.planner import ensure_center  # the planner's own failover rule
-from geo_router.region import RttTable as RouterRtt
+from geo_router.planner import rank_classified, tier_bias_ms  # the planner's own ranking
 from geo_router.scoring import Scored, Scorer
-from geo_router.settings import RegionSettings, RoutingSettings
+from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
-from hybrid_llm.fleet.geography import RttTable
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.policy import Fleet, Target
 from hybrid_llm.fleet.sim.request import SimRequest
 from servekit.engine.protocol import LoadReport
-from servekit.registry.protocol import InstanceInfo, InstanceState
+from servekit.registry.protocol import InstanceInfo, InstanceState, Tier
+from servekit.rtt import RttTable
 
 __all__ = ["RouterPolicy", "router_routing"]
 
@@ -87,12 +88,9 @@ class RouterPolicy:
         poll_interval_s: float = 1.0,
         router_region: str | None = None,
     ) -> None:
-        regions = RegionSettings(
-            rtt_ms=rtt.rtt_ms, same_region_rtt_ms=rtt.same_region_ms, unknown_rtt_ms=rtt.default_ms
-        )
         self.routing = routing
         self.tracker = Tracker(routing.breaker)
-        self.scorer = Scorer(routing, RouterRtt(regions), self.tracker, rng)
+        self.scorer = Scorer(routing, rtt, self.tracker, rng)
         self.rtt = rtt
         self.rng = rng
         self.clock = clock
@@ -153,16 +151,10 @@ class RouterPolicy:
                 state, req.region, tokens, bias_ms, now=now, cached_tokens=cached
             )
 
-        centers = [score(center)] if available(center.name, now) else []
-        if req.hard:
-            ordered = self.scorer.order(centers)
-            if self.routing.hard_may_use_edge:
-                ordered += sorted((score(e) for e in edges), key=lambda s: s.predicted_ms)
-        else:
-            scored = [score(e) for e in edges]
-            if centers:
-                scored.append(score(center, self.routing.center_bias_ms))
-            ordered = ensure_center(self.scorer.order(scored), self.routing.max_attempts)
+        preferred: Tier = "center" if req.hard else "edge"
+        pool = edges + ([center] if available(center.name, now) else [])
+        scored = [score(t, tier_bias_ms(self.routing, preferred, t.tier)) for t in pool]
+        ordered = rank_classified(scored, preferred, req.region, self.routing, self.scorer.order)
         ordered = ordered[: self.routing.max_attempts]
         self._scored = {s.id: s for s in ordered}
         return [by_id[s.id] for s in ordered]
