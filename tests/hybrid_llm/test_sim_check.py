@@ -1,4 +1,4 @@
-"""The simulator check (``hybrid_llm.fleet.simcheck``, ``bench/sim_vs_bench.py``) on a
+"""The simulator check (``hybrid_llm.fleet.simcheck``, ``hybrid-llm simcheck``) on a
 synthetic measurement: merging the two profiles, the simulated fleet it builds,
 seeded reproducibility and the report."""
 
