@@ -1,2 +1,3 @@
-"""Operator tooling: the ``hybrid-llm`` umbrella command (model fetch, local
-topology, load benchmark, fleet simulator)."""
+"""Operator tooling behind the ``hybrid-llm`` command, by concern: running the
+system on one machine (:mod:`hybrid_llm.local`), measuring it
+(:mod:`hybrid_llm.bench`) and modelling the fleet (:mod:`hybrid_llm.fleet`)."""

@@ -5,11 +5,14 @@ seeded reproducibility and the report."""
 from __future__ import annotations
 
 import argparse
+import json
 import random
+from pathlib import Path
 
 import pytest
 
 from hybrid_llm.bench.client import RequestRecord
+from hybrid_llm.cli import main
 from hybrid_llm.fleet.sim import EngineProfile
 from hybrid_llm.fleet.simcheck import compare, mean_profile, sim_config, simulate
 
@@ -96,3 +99,16 @@ def test_simulations_are_seeded_and_the_report_compares_them(
     out = capsys.readouterr().out
     assert "TTFT p99" in out
     assert "direct" in out  # no router headers: every request straight to the engine
+
+
+def test_the_subcommand_replays_a_saved_measurement(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    measured = {**_measured(), "load_start": 0.5, "args": vars(_args())}
+    saved = tmp_path / "svb.json"
+    saved.write_text(json.dumps(measured), encoding="utf-8")
+    assert main(["simcheck", "--replay", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert f"replaying {saved} (measured at load 0.5)" in out
+    assert "sim (bench arrivals)" in out
+    assert "TTFT p99" in out
