@@ -7,6 +7,7 @@ import json
 import operator
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,8 +22,21 @@ from hybrid_llm.local.topology import TopologySettings, build_specs, service_hea
 from servekit.config import ConfigError, load_settings
 
 
+def _proxied_port() -> int:
+    """A free port whose delay proxy's port (+1, ``port_offset`` below) is free too:
+    a proxy that cannot bind leaves its port to whatever else listens there."""
+    while True:
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 def _topology(tmp_path: Path, netem: bool) -> tuple[Path, dict[str, int]]:
-    ports = {"edge-a": free_port(), "edge-b": free_port(), "router": free_port()}
+    ports = {"edge-a": _proxied_port(), "edge-b": _proxied_port(), "router": free_port()}
     base = tmp_path / "base.yaml"
     base.write_text("greeting: hello\nnested: {keep: 1, change: 1}\n")
 
