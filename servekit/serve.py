@@ -28,8 +28,9 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from servekit.config import Section
 from servekit.http_protocol import HeadWithBodyProtocol
 from servekit.secrets import RedactingFilter
 from servekit.service_auth import ServiceAuthSettings
@@ -42,10 +43,9 @@ log = logging.getLogger(__name__)
 ReloadFn = Callable[[], ServerTLSSettings | None]
 
 
-class ServerSecurity(BaseModel):
+class ServerSecurity(Section):
     """Who may call a service and how it is reached: part of its ``server:`` block."""
 
-    model_config = ConfigDict(extra="forbid")
     auth: ServiceAuthSettings = Field(
         default_factory=ServiceAuthSettings,
         description="Service tokens callers must send (tokens_file, tokens_env, sha256); "
