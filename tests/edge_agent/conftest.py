@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
@@ -111,6 +112,33 @@ async def in_process(
             if ready:
                 await wait_ready(client, within_s)
             yield client
+
+
+def sdk_chat_whole_and_streamed(url: str) -> str:
+    """Ask one question twice through the openai SDK, whole and streamed with usage;
+    assert the stream carries the same answer, finish reason and usage; the answer."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
+    ask: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": 16,
+                           "temperature": 0}  # fmt: skip
+    whole = client.chat.completions.create(**ask)
+    chunks = list(
+        client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == (
+        whole.choices[0].finish_reason
+    )
+    final = chunks[-1]
+    assert final.choices == []
+    assert final.usage is not None
+    assert whole.usage is not None
+    assert final.usage.completion_tokens == whole.usage.completion_tokens
+    assert final.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert final.usage.total_tokens == final.usage.prompt_tokens + final.usage.completion_tokens
+    return streamed
 
 
 def scripted_app(settings: EdgeSettings, engines: ScriptedEngines | None = None) -> FastAPI:

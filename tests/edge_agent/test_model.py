@@ -13,8 +13,12 @@ import openai
 import pytest
 
 from edge_agent.app import create_app
-from edge_agent.settings import EdgeSettings
-from tests.edge_agent.conftest import MODEL, in_process, settings_from
+from tests.edge_agent.conftest import (
+    MODEL,
+    in_process,
+    sdk_chat_whole_and_streamed,
+    settings_from,
+)
 from tests.support.servers import UvicornThread, wait_ready
 
 pytestmark = pytest.mark.model
@@ -22,17 +26,8 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def agent(model_path: Any) -> Iterator[UvicornThread]:
-    settings = EdgeSettings.model_validate(
-        {
-            "instance": {"id": "edge-model", "region": "test", "version": "v1"},
-            "engine": {
-                "model_path": str(model_path),
-                "model_name": MODEL,
-                "n_ctx": 512,
-                "n_threads": 2,
-                "warmup_tokens": 1,
-            },
-        }
+    settings = settings_from(
+        model_path, instance__id="edge-model", engine__n_ctx=512, engine__warmup_tokens=1
     )
     with UvicornThread(create_app(settings)) as server:
         wait_ready(server.url, timeout=120)
@@ -40,29 +35,8 @@ def agent(model_path: Any) -> Iterator[UvicornThread]:
 
 
 def test_the_model_streams_what_it_answers_whole_with_usage(agent: UvicornThread) -> None:
+    assert sdk_chat_whole_and_streamed(agent.url)  # greedy: the same answer both ways
     client = openai.OpenAI(base_url=agent.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
-    whole = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=16, temperature=0
-    )
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=messages,
-            max_tokens=16,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-    )
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == whole.choices[0].message.content
-    assert streamed
-    final = chunks[-1]
-    assert final.usage is not None
-    assert whole.usage is not None
-    assert final.usage.completion_tokens == whole.usage.completion_tokens
-    assert final.usage.prompt_tokens == whole.usage.prompt_tokens
     completion = client.completions.create(
         model="edge", prompt="The sky is", max_tokens=4, temperature=0
     )

@@ -13,7 +13,13 @@ import httpx
 import openai
 import pytest
 
-from tests.edge_agent.conftest import MODEL, ScriptedEngines, scripted_app, settings_from
+from tests.edge_agent.conftest import (
+    MODEL,
+    ScriptedEngines,
+    scripted_app,
+    sdk_chat_whole_and_streamed,
+    settings_from,
+)
 from tests.support.servers import UvicornThread, wait_ready
 
 LONG = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
@@ -56,34 +62,8 @@ def wait_idle(agent: UvicornThread, timeout: float = 10) -> dict[str, Any]:
 
 
 def test_openai_sdk_stream_carries_the_whole_answer_and_usage(agent: UvicornThread) -> None:
-    client = openai.OpenAI(base_url=agent.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
-    whole = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=16, temperature=0
-    )
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=messages,
-            max_tokens=16,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-    )
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == whole.choices[0].message.content == "Hello from the double"
-    assert chunks[0].choices[0].delta.role == "assistant"
-    final = chunks[-1]
-    assert final.choices == []
-    assert final.usage is not None
-    assert whole.usage is not None
-    assert final.usage.completion_tokens == whole.usage.completion_tokens
-    assert final.usage.prompt_tokens == whole.usage.prompt_tokens
-    assert final.usage.total_tokens == final.usage.prompt_tokens + final.usage.completion_tokens
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[
-        0
-    ].finish_reason
+    assert sdk_chat_whole_and_streamed(agent.url) == "Hello from the double"
+    client = openai.OpenAI(base_url=agent.url + "/v1", api_key="unused", max_retries=0)
     completion = client.completions.create(
         model="edge", prompt="The sky is", max_tokens=4, temperature=0
     )
