@@ -103,8 +103,7 @@ def _rewrite(state: StreamState, primed: Primed, complete: bytes, sent_before: i
     events, done = parse_events(primed.decoder, complete)
     frames = []
     for event in events:
-        state.observe(event)
-        frame = state.rewrite(event, sent_before)
+        frame = state.splice(event, sent_before)
         if frame:
             frames.append(frame)
     out = b"".join(frames)

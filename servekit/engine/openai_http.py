@@ -23,6 +23,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from servekit.continuation import TokenCount
 from servekit.engine.protocol import (
     Finish,
     GenerationEvent,
@@ -272,7 +273,7 @@ async def _events(
     decoder = SSEDecoder()
     reason: str | None = None
     usage: dict[str, Any] = {}
-    produced = 0
+    produced = TokenCount()  # from the upstream's usage and token ids, not its chunks
     finished = False
     async for chunk in resp.aiter_bytes():
         if finished:
@@ -294,11 +295,14 @@ async def _events(
                 raise error_from_body(502, obj)
             if isinstance(obj.get("usage"), dict):
                 usage = obj["usage"]
-            for choice in obj.get("choices") or []:
+            choices = obj.get("choices") or []
+            before = produced.tokens
+            produced.observe(obj, _choice_text(choices[0], kind) if choices else None)
+            for choice in choices:
                 text = _choice_text(choice, kind)
                 if text:
-                    produced += 1
-                    yield TextDelta(text, 1)
+                    yield TextDelta(text, max(0, produced.tokens - before))
+                    before = produced.tokens
                 if choice.get("finish_reason"):
                     reason = choice["finish_reason"]
     if not finished and reason is None:
@@ -309,7 +313,7 @@ async def _events(
     yield Finish(
         "length" if reason == "length" else "stop",
         int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or produced),
+        int(usage.get("completion_tokens") or produced.tokens),
         int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
     )
 

@@ -36,6 +36,9 @@ class Behavior:
     stall_after: int | None = None  # words sent before it goes quiet (connection open)
     max_prompt_chars: int | None = None  # longer prompts: 400 context_length_exceeded
     ready: bool = True
+    # Usage in every chunk, as vLLM sends with ``continuous_usage_stats``, at this many
+    # tokens a word (so chunks and tokens differ); 0: usage only at the end, if asked.
+    usage_tokens_per_word: int = 0
     load: dict[str, Any] = field(default_factory=dict)
     seen: list[dict[str, Any]] = field(default_factory=list)  # bodies + headers received
     aborted: int = 0  # streams whose reader went away before the end
@@ -102,7 +105,13 @@ def build_app(b: Behavior) -> Starlette:
                     raise ConnectionResetError("fake upstream dies mid-stream")
                 if b.stall_after is not None and i - start >= b.stall_after:
                     await asyncio.sleep(3600)
-                yield frame(f" w{i}" if i else "w0")
+                chunk = frame(f" w{i}" if i else "w0")
+                if b.usage_tokens_per_word:
+                    event = json.loads(chunk[6:])
+                    done = (i + 1 - start) * b.usage_tokens_per_word
+                    event["usage"] = {"prompt_tokens": 3, "completion_tokens": done}
+                    chunk = b"data: " + json.dumps(event).encode() + b"\n\n"
+                yield chunk
                 if b.token_delay_s:
                     await asyncio.sleep(b.token_delay_s)
             yield frame(None, finish=reason)
