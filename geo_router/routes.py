@@ -6,22 +6,16 @@ The completion endpoints themselves are plain ASGI (``geo_router.completions``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from geo_router.bodycheck import validated_body
-from geo_router.completions import request_id
 from geo_router.continuation import Kind
 from geo_router.openapi import ERROR_RESPONSES, request_body
+from geo_router.state import RouterState, intake
 from geo_router.tracker import Circuit
-from servekit.asgi import read_body
 from servekit.errors import NotReady
-
-if TYPE_CHECKING:
-    from geo_router.app import RouterState
 
 __all__ = ["router"]
 
@@ -40,19 +34,28 @@ def _state(request: Request) -> RouterState:
     tags=["router"],
 )
 async def explain(request: Request) -> Response:
-    """The routing decision for a request body, without calling any engine."""
+    """The routing decision for a chat completion body, without calling any engine."""
+    return await _explain(request, "chat", "/v1/chat/completions")
+
+
+@router.post(
+    "/v1/route/explain/completions",
+    openapi_extra=request_body("CompletionRequest"),
+    responses=ERROR_RESPONSES,
+    tags=["router"],
+)
+async def explain_completion(request: Request) -> Response:
+    """The routing decision for a text completion body, without calling any engine."""
+    return await _explain(request, "completion", "/v1/completions")
+
+
+async def _explain(request: Request, kind: Kind, path: str) -> Response:
+    """The completion path's own intake (no rate limit counted), then the plan."""
     state = _state(request)
-    state.auth.authenticate(request.headers.get("authorization"))
-    limit = state.settings.max_body_bytes
-    raw = await read_body(request.receive, limit, request.headers.get("content-length"))
-    kind: Kind = "completion" if b'"prompt"' in raw and b'"messages"' not in raw else "chat"
-    peek = validated_body(kind, raw)
+    raw = await request.body()  # bounded by the front door (413)
     peer = request.client.host if request.client else None
-    region = state.resolver.resolve(peer, request.headers)
-    user = peek.get("user")
-    sticky = user if isinstance(user, str) and user else request_id()
-    decision = state.planner.plan(peek, region, sticky)
-    return JSONResponse(decision.to_dict())
+    taken = intake(state, kind, path, raw, request.headers, peer, limit=False)
+    return JSONResponse(taken.decision.to_dict())
 
 
 @router.get("/v1/models", responses=ERROR_RESPONSES, tags=["openai"])

@@ -36,9 +36,9 @@ from servekit.errors import (
     ServeError,
     UpstreamError,
     UpstreamRejected,
-    UpstreamTimeout,
-    UpstreamUnavailable,
     error_from_body,
+    parse_retry_after,
+    upstream_failure,
 )
 from servekit.peers import PeerCredentials, async_client
 from servekit.sse import DONE, SSEDecoder
@@ -79,11 +79,11 @@ class OpenAIHTTPSettings(BaseModel):
 def translate_httpx_error(exc: httpx.HTTPError, where: str) -> ServeError:
     """The single mapping from httpx failures to the project's errors."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return UpstreamUnavailable(f"cannot connect to {where}: {exc}")
+        return upstream_failure("connect", where, str(exc))
     if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(f"{where} timed out: {type(exc).__name__}")
+        return upstream_failure("timeout", where, type(exc).__name__)
     if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return UpstreamError(f"connection to {where} broke: {exc}", code="upstream_disconnected")
+        return upstream_failure("broken", where, str(exc))
     return UpstreamError(f"{where} failed: {type(exc).__name__}: {exc}")
 
 
@@ -92,16 +92,6 @@ async def probe_load_json(client: httpx.AsyncClient, base_url: str) -> LoadRepor
     resp = await client.get(f"{base_url}/load", timeout=2.0)
     resp.raise_for_status()
     return LoadReport.from_dict(resp.json())
-
-
-def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
 
 
 class OpenAIHTTPEngine:
@@ -245,7 +235,9 @@ class OpenAIHTTPEngine:
             ) as resp:
                 if resp.status_code != 200:
                     raw = await resp.aread()
-                    error = _error_from_response(resp.status_code, raw, _retry_after(resp))
+                    error = _error_from_response(
+                        resp.status_code, raw, parse_retry_after(resp.headers.get("retry-after"))
+                    )
                     if resp.status_code == 400 and self.settings.engine_errors_as_400:
                         raise UpstreamRejected(error)
                     raise error
