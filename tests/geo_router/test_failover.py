@@ -25,6 +25,7 @@ from servekit.registry.protocol import InstanceInfo, InstanceState
 from tests.geo_router.conftest import KEY, refused_url, router_settings, serve_fake
 from tests.geo_router.fake_upstream import Behavior
 from tests.support.servers import REPO, UvicornThread, free_port, wait_ready
+from tests.support.tcp_recorder import RecordingRelay
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -327,3 +328,18 @@ def test_a_stream_that_goes_quiet_is_continued_after_the_idle_timeout() -> None:
         assert events[-1] == "[DONE]"
         assert time.monotonic() - start < 5
     assert rescue.seen[0]["body"]["messages"][-1]["content"] == "w0 w1"
+
+
+def test_streams_that_end_with_done_keep_the_upstream_connection_alive() -> None:
+    with ExitStack() as stack:
+        up = stack.enter_context(serve_fake(Behavior(words=3)))
+        relay = stack.enter_context(RecordingRelay(int(up.rsplit(":", 1)[1])))
+        url = stack.enter_context(routed([state(f"http://127.0.0.1:{relay.port}", "e")]))
+        for stream in (True, True, False, True, False):
+            if stream:
+                _, events = read_stream(url, chat())
+                assert text_of(events) == "w0 w1 w2"
+            else:
+                r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+                assert r.json()["choices"][0]["message"]["content"] == "w0 w1 w2"
+    assert len(relay.first_bytes) == 1  # one connection, read to its end and reused
