@@ -6,6 +6,7 @@ The completion endpoints themselves are plain ASGI (``geo_router.completions``).
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -27,35 +28,35 @@ def _state(request: Request) -> RouterState:
     return state
 
 
-@router.post(
-    "/v1/route/explain",
-    openapi_extra=request_body("ChatCompletionRequest"),
-    responses=ERROR_RESPONSES,
-    tags=["router"],
+def _explainer(kind: Kind, path: str) -> Callable[[Request], Awaitable[Response]]:
+    async def explain(request: Request) -> Response:
+        """The routing decision for a body sent to ``path``: the completion path's own
+        intake (no rate limit counted), no engine called."""
+        state = _state(request)
+        raw = await request.body()  # bounded by the front door (413)
+        peer = request.client.host if request.client else None
+        taken = intake(state, kind, path, raw, request.headers, peer, limit=False)
+        return JSONResponse(taken.decision.to_dict())
+
+    return explain
+
+
+# (explain path, kind, the completion path it explains, its body's schema)
+_EXPLAINED: tuple[tuple[str, Kind, str, str], ...] = (
+    ("/v1/route/explain", "chat", "/v1/chat/completions", "ChatCompletionRequest"),
+    ("/v1/route/explain/completions", "completion", "/v1/completions", "CompletionRequest"),
 )
-async def explain(request: Request) -> Response:
-    """The routing decision for a chat completion body, without calling any engine."""
-    return await _explain(request, "chat", "/v1/chat/completions")
-
-
-@router.post(
-    "/v1/route/explain/completions",
-    openapi_extra=request_body("CompletionRequest"),
-    responses=ERROR_RESPONSES,
-    tags=["router"],
-)
-async def explain_completion(request: Request) -> Response:
-    """The routing decision for a text completion body, without calling any engine."""
-    return await _explain(request, "completion", "/v1/completions")
-
-
-async def _explain(request: Request, kind: Kind, path: str) -> Response:
-    """The completion path's own intake (no rate limit counted), then the plan."""
-    state = _state(request)
-    raw = await request.body()  # bounded by the front door (413)
-    peer = request.client.host if request.client else None
-    taken = intake(state, kind, path, raw, request.headers, peer, limit=False)
-    return JSONResponse(taken.decision.to_dict())
+for _at, _kind, _path, _schema in _EXPLAINED:
+    router.add_api_route(
+        _at,
+        _explainer(_kind, _path),
+        methods=["POST"],
+        name=f"explain_{_kind}",
+        summary=f"The routing decision for a {_path} body, without calling any engine",
+        openapi_extra=request_body(_schema),
+        responses=ERROR_RESPONSES,
+        tags=["router"],
+    )
 
 
 @router.get("/v1/models", responses=ERROR_RESPONSES, tags=["openai"])
