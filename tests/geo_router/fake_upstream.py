@@ -58,7 +58,9 @@ def _already(body: dict[str, Any]) -> int:
 def build_app(b: Behavior) -> Starlette:
     async def generate(request: Request) -> Response:
         body = await request.json()
-        b.seen.append({"body": body, "headers": dict(request.headers), "at": time.monotonic()})
+        port = request.client.port if request.client else None  # one per connection
+        seen = {"body": body, "headers": dict(request.headers), "at": time.monotonic()}
+        b.seen.append({**seen, "client_port": port})
         if b.status != 200:
             headers = {"Retry-After": b.retry_after} if b.retry_after else {}
             err = {"error": {"message": f"fake {b.status}", "type": "x", "code": None}}

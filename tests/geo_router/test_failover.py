@@ -25,7 +25,6 @@ from servekit.registry.protocol import InstanceInfo, InstanceState
 from tests.geo_router.conftest import KEY, refused_url, router_settings, serve_fake
 from tests.geo_router.fake_upstream import Behavior
 from tests.support.servers import REPO, UvicornThread, free_port, wait_ready
-from tests.support.tcp_recorder import RecordingRelay
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -331,10 +330,8 @@ def test_a_stream_that_goes_quiet_is_continued_after_the_idle_timeout() -> None:
 
 
 def test_streams_that_end_with_done_keep_the_upstream_connection_alive() -> None:
-    with ExitStack() as stack:
-        up = stack.enter_context(serve_fake(Behavior(words=3)))
-        relay = stack.enter_context(RecordingRelay(int(up.rsplit(":", 1)[1])))
-        url = stack.enter_context(routed([state(f"http://127.0.0.1:{relay.port}", "e")]))
+    up = Behavior(words=3)
+    with serve_fake(up) as a, routed([state(a, "e")]) as url:
         for stream in (True, True, False, True, False):
             if stream:
                 _, events = read_stream(url, chat())
@@ -342,4 +339,5 @@ def test_streams_that_end_with_done_keep_the_upstream_connection_alive() -> None
             else:
                 r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
                 assert r.json()["choices"][0]["message"]["content"] == "w0 w1 w2"
-    assert len(relay.first_bytes) == 1  # one connection, read to its end and reused
+    assert len(up.seen) == 5
+    assert len({s["client_port"] for s in up.seen}) == 1  # one connection, read out and reused
