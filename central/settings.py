@@ -6,10 +6,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from central.specs import ReplicaSpec
-from servekit.config import load_settings
+from servekit.config import Section, load_settings
 from servekit.engine.process import ProcessSettings
 from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
@@ -26,16 +26,12 @@ __all__ = [
 ]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ServerSettings(ServerSecurity, _Section):
+class ServerSettings(ServerSecurity, Section):
     host: str = "127.0.0.1"
     port: int = Field(8100, ge=0, le=65535)
 
 
-class BalancingSettings(_Section):
+class BalancingSettings(Section):
     """Least-loaded choice with prefix affinity by bounded-load consistent hashing."""
 
     prefix_affinity: bool = Field(
@@ -70,7 +66,7 @@ class SupervisionSettings(ProcessSettings):
     log_dir: Path = Field(Path("logs/central"), description="Replica logs and generated files.")
 
 
-class AdmissionSettings(_Section):
+class AdmissionSettings(Section):
     """The gateway's own queue in front of all replicas (interactive before batch)."""
 
     max_waiting: int = Field(512, ge=0, description="Requests that may wait; more get 429.")
@@ -85,7 +81,7 @@ class AdmissionSettings(_Section):
     )
 
 
-class InstanceSettings(_Section):
+class InstanceSettings(Section):
     """Who this gateway is in the fleet registry."""
 
     id: str = Field(
@@ -98,7 +94,7 @@ class InstanceSettings(_Section):
     )
 
 
-class CentralSettings(_Section):
+class CentralSettings(Section):
     model: str = Field(description="The model name clients address the center by.")
     version: str = ""
     server: ServerSettings = Field(default_factory=ServerSettings)

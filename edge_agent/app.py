@@ -1,7 +1,9 @@
 """The edge agent: one quantized model served near users.
 
 ``create_app(settings)`` builds everything; the lifespan owns the engine,
-the admission queue and the metrics registry. The model loads and warms in
+the admission queue and the metrics registry. Engines come from an
+:data:`~edge_agent.engines.EngineFactory` (the real ones by default), so the
+HTTP layer can be tested over a scripted engine. The model loads and warms in
 the background after the socket is open, so `/ready` can say 503 meanwhile.
 """
 
@@ -18,7 +20,7 @@ from typing import Any, cast
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 
-from edge_agent.engines import build_engine, engine_collectors
+from edge_agent.engines import EngineFactory, build_engine, engine_collectors
 from edge_agent.settings import EdgeSettings
 from edge_agent.slot import ModelSlot
 from model_sync.agent import Reconciler
@@ -43,10 +45,11 @@ log = logging.getLogger("edge_agent")
 class EdgeAgent:
     """The running parts of one edge agent, as the lifespan assembles them."""
 
-    def __init__(self, settings: EdgeSettings) -> None:
+    def __init__(self, settings: EdgeSettings, build: EngineFactory = build_engine) -> None:
         self.settings = settings
+        self._build = build
         version = settings.instance.version
-        engine = build_engine(settings.engine, version)
+        engine = build(settings.engine, version)
         self.slot = ModelSlot(engine, version)
         self.admission = AdmissionQueue(
             engine.capacity,
@@ -146,7 +149,7 @@ class EdgeAgent:
         Raises if the new model fails to load; the old one keeps serving.
         """
         engine_settings = self.settings.engine.with_model(model_path)
-        engine = build_engine(engine_settings, version)
+        engine = self._build(engine_settings, version)
         if engine_settings.fits_beside(model_path):
             await self.slot.swap(engine, version)
         else:
@@ -155,7 +158,7 @@ class EdgeAgent:
             old_settings, old_version = self.settings.engine, self.slot.version
             try:
                 await self.slot.replace_when_idle(
-                    engine, version, rebuild_old=lambda: build_engine(old_settings, old_version)
+                    engine, version, rebuild_old=lambda: self._build(old_settings, old_version)
                 )
             finally:
                 self.core.draining = False
@@ -195,13 +198,16 @@ class EdgeAgent:
             await self.registry.aclose()
 
 
-def create_app(settings: EdgeSettings) -> FastAPI:
-    """The edge agent's app; ``app.state.token_gate`` holds the accepted service tokens."""
+def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_engine) -> FastAPI:
+    """The edge agent's app; ``engine_factory`` builds each engine it serves.
+
+    ``app.state.token_gate`` holds the accepted service tokens.
+    """
     gate = TokenGate(settings.server.auth)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        agent = EdgeAgent(settings)
+        agent = EdgeAgent(settings, engine_factory)
         app.state.agent = agent
         app.state.core = agent.core
         warn_if_open(gate, "edge agent", settings.server.host, settings.server.port)

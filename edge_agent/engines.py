@@ -1,4 +1,9 @@
-"""Building the edge agent's engine, and its extra metrics, from its settings."""
+"""Building the edge agent's engine, and its extra metrics, from its settings.
+
+:data:`EngineFactory` is the agent's engine seam: the app builds every engine
+it serves (the first one and each hot-swapped version) through one, by
+default :func:`build_engine`; tests pass one that builds a scripted engine.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,14 @@ from servekit.engine.llama import LlamaCppEngine, LlamaSettings
 from servekit.engine.protocol import Engine
 from servekit.engine.vllm import VllmEngine, VllmEngineSettings
 
-__all__ = ["build_engine", "engine_collectors"]
+__all__ = ["EngineFactory", "build_engine", "engine_collectors"]
+
+EngineFactory = Callable[[EdgeEngineSettings, str], Engine]
+"""Builds the engine for these engine settings, labelled with a model version."""
 
 
 def build_engine(settings: EdgeEngineSettings, version: str) -> Engine:
+    """The real engine the settings name: llama.cpp in process, batching, or vLLM."""
     plain = settings.model_dump(exclude={"kind", "swap"})
     if isinstance(settings, VllmEdgeEngineSettings):
         return VllmEngine(VllmEngineSettings.model_validate(plain), version=version)

@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -17,6 +15,7 @@ from pydantic import (
 )
 
 from model_sync.agent import ReconcilerSettings
+from servekit.config import Section
 from servekit.engine.batching import BatchingSettings
 from servekit.engine.llama import LlamaSettings
 from servekit.engine.vllm import VllmEngineSettings
@@ -36,11 +35,7 @@ __all__ = [
 ]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ServerSettings(ServerSecurity, _Section):
+class ServerSettings(ServerSecurity, Section):
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8001, ge=0, le=65535, description="Port to listen on.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger bodies get 413.")
@@ -48,7 +43,7 @@ class ServerSettings(ServerSecurity, _Section):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-class InstanceSettings(_Section):
+class InstanceSettings(Section):
     id: str = Field(default_factory=socket.gethostname, description="Unique instance id.")
     region: str = Field("local", min_length=1, description="Region this node serves.")
     version: str = Field("v1", description="Version label of the loaded model.")
@@ -57,7 +52,7 @@ class InstanceSettings(_Section):
     )
 
 
-class AdmissionSettings(_Section):
+class AdmissionSettings(Section):
     max_waiting: int = Field(16, ge=0, description="Requests that may wait; more get 429.")
     batch_every: int = Field(4, ge=1, description="One grant in N goes to waiting batch work.")
     ttft_budget_ms: float | None = Field(
@@ -168,7 +163,7 @@ AnyEngineSettings = Annotated[
 EdgeEngineSettings = EngineSettings | BatchingEngineSettings | VllmEdgeEngineSettings
 
 
-class EdgeSettings(_Section):
+class EdgeSettings(Section):
     """Everything an edge agent needs; see ``configs/edge-*.yaml``."""
 
     server: ServerSettings = ServerSettings()

@@ -6,8 +6,9 @@ import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from servekit.config import Section
 from servekit.peers import PeerSettings
 from servekit.registry.protocol import Tier
 from servekit.registry.settings import RegistrySettings, StaticEntry
@@ -33,11 +34,7 @@ __all__ = [
 ]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ApiKeySettings(_Section):
+class ApiKeySettings(Section):
     sha256: str = Field(description="Hex sha256 of the key; the key itself is never stored.")
     tenant: str = Field(min_length=1)
     priority: Literal["interactive", "batch"] = "interactive"
@@ -53,13 +50,13 @@ class ApiKeySettings(_Section):
         return check_sha256_hex(value)
 
 
-class AuthSettings(_Section):
+class AuthSettings(Section):
     required: bool = Field(True, description="Reject requests without a configured key.")
     keys: list[ApiKeySettings] = Field(default_factory=list)
     anonymous_priority: Literal["interactive", "batch"] = "interactive"
 
 
-class GeoIPSettings(_Section):
+class GeoIPSettings(Section):
     database: Path = Field(description="GeoLite2/GeoIP2 City .mmdb file.")
     regions: dict[str, str] = Field(
         default_factory=dict,
@@ -67,7 +64,7 @@ class GeoIPSettings(_Section):
     )
 
 
-class RegionSettings(_Section):
+class RegionSettings(Section):
     default: str = "local"
     trusted_header: str = Field("X-Client-Region", description="Set by the load balancer.")
     trusted_proxies: list[str] = Field(
@@ -96,25 +93,25 @@ class RegionSettings(_Section):
         return value
 
 
-class ClassifierSettings(_Section):
+class ClassifierSettings(Section):
     threshold: float = Field(0.5, ge=0.0, le=1.0, description="score >= threshold means hard.")
     weights: Path | None = Field(None, description="Weights JSON; the bundled one if unset.")
     max_chars: int = Field(4000, ge=100, description="Only the last N chars of text are read.")
 
 
-class BreakerSettings(_Section):
+class BreakerSettings(Section):
     failures: int = Field(3, ge=1, description="Consecutive failures that open the circuit.")
     open_s: float = Field(5.0, gt=0, description="How long an open circuit rejects traffic.")
     max_open_s: float = Field(60.0, gt=0, description="Cap of the doubling open time.")
 
 
-class HedgeSettings(_Section):
+class HedgeSettings(Section):
     enabled: bool = False
     min_delay_ms: float = Field(50.0, ge=0)
     default_delay_ms: float = Field(500.0, ge=0, description="Used until a P95 is known.")
 
 
-class PrefixCacheSettings(_Section):
+class PrefixCacheSettings(Section):
     """The router's estimate of each instance's prefix cache (``geo_router.prefix_index``)."""
 
     enabled: bool = Field(True, description="Charge only the prompt an instance lacks cached.")
@@ -125,7 +122,7 @@ class PrefixCacheSettings(_Section):
     ttl_s: float = Field(600.0, gt=0, description="Blocks unused this long count as evicted.")
 
 
-class TrimSettings(_Section):
+class TrimSettings(Section):
     """Opt-in trimming of long conversations for one tier (``geo_router.trimming``)."""
 
     enabled: bool = Field(False, description="Drop the oldest turns when a request does not fit.")
@@ -134,7 +131,7 @@ class TrimSettings(_Section):
     )
 
 
-class RoutingSettings(_Section):
+class RoutingSettings(Section):
     aliases: dict[str, Tier | None] = Field(
         default_factory=lambda: {"auto": None, "edge": "edge", "center": "center"},
         description="Model names that route by tier (None: classify).",
@@ -190,7 +187,7 @@ class UpstreamSettings(StaticEntry):
     )
 
 
-class PeersSettings(_Section):
+class PeersSettings(Section):
     """How the router calls edges and centers: service token, CA bundle, client cert."""
 
     default: PeerSettings = Field(default_factory=PeerSettings)
@@ -201,9 +198,7 @@ class PeersSettings(_Section):
         return (self.edge if tier == "edge" else self.center) or self.default
 
 
-class RouterSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RouterSettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     max_body_bytes: int = Field(1_000_000, ge=1024)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from servekit.config import load_settings
+from servekit.config import Section, load_settings
 from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
 from servekit.serve import ServerSecurity
@@ -39,11 +39,7 @@ TTFT_P95_QUERY = (
 )
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class PrometheusSettings(_Section):
+class PrometheusSettings(Section):
     url: str = Field(description="Prometheus base URL, e.g. http://127.0.0.1:9090.")
     error_rate_query: str = Field(
         ERROR_RATE_QUERY, description="PromQL; $model, $version, $window are substituted."
@@ -55,7 +51,7 @@ class PrometheusSettings(_Section):
     )
 
 
-class ControllerSettings(_Section):
+class ControllerSettings(Section):
     tick_s: float = Field(1.0, gt=0, description="How often the controller looks at rollouts.")
     lock_ttl_s: float = Field(15.0, gt=0, description="Lease of the single-controller lock.")
     prometheus: PrometheusSettings | None = None

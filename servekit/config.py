@@ -2,6 +2,8 @@
 
 An invalid file stops the service at start with the file's path and the
 dotted field in the message, never a traceback from deep inside pydantic.
+Every block of a settings tree is a :class:`Section`, so a misspelt key is
+one of those errors rather than a setting silently left at its default.
 """
 
 from __future__ import annotations
@@ -11,11 +13,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["ConfigError", "apply_overrides", "load_settings"]
+__all__ = ["ConfigError", "Section", "apply_overrides", "load_settings"]
 
 _S = TypeVar("_S", bound=BaseModel)
+
+
+class Section(BaseModel):
+    """A block of a settings file: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ConfigError(Exception):

@@ -2,7 +2,12 @@
 
 On the first SIGINT/SIGTERM the service is marked draining *before* uvicorn
 stops accepting connections, so `/ready` turns 503 and the registry hears
-about it while in-flight requests finish within the grace period.
+about it while in-flight requests finish within the grace period. After
+that clean shutdown uvicorn raises the signal again, as its default action
+would: SIGTERM ends the process by that signal; Ctrl-C (SIGINT) returns from
+:func:`run_service`, so the command exits 0 like the project's other
+long-running commands (and uvicorn's own CLI), without a ``KeyboardInterrupt``
+traceback.
 
 With ``tls`` the service listens with :func:`servekit.tls.server_context`.
 SIGHUP calls ``on_reload`` (which re-reads the settings file and applies
@@ -20,6 +25,7 @@ credentials and bearer tokens never reach a log line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import ssl
@@ -28,8 +34,9 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from servekit.config import Section
 from servekit.http_protocol import HeadWithBodyProtocol
 from servekit.secrets import RedactingFilter
 from servekit.service_auth import ServiceAuthSettings
@@ -42,10 +49,9 @@ log = logging.getLogger(__name__)
 ReloadFn = Callable[[], ServerTLSSettings | None]
 
 
-class ServerSecurity(BaseModel):
+class ServerSecurity(Section):
     """Who may call a service and how it is reached: part of its ``server:`` block."""
 
-    model_config = ConfigDict(extra="forbid")
     auth: ServiceAuthSettings = Field(
         default_factory=ServiceAuthSettings,
         description="Service tokens callers must send (tokens_file, tokens_env, sha256); "
@@ -116,9 +122,10 @@ def run_service(
     tls: ServerTLSSettings | None = None,
     on_reload: ReloadFn | None = None,
 ) -> None:
-    """Serve ``app``; ``http`` is uvicorn's HTTP protocol (a name or a protocol class).
+    """Serve ``app`` until a signal stops it.
 
-    The default is uvicorn's httptools protocol with each response's head sent
+    ``http`` is uvicorn's HTTP protocol (a name or a protocol class). The
+    default is uvicorn's httptools protocol with each response's head sent
     together with its first body bytes (:mod:`servekit.http_protocol`).
     """
     logging.basicConfig(
@@ -143,4 +150,7 @@ def run_service(
     if tls is not None:
         config.load()
         config.ssl = server_context(tls)  # ours, so SIGHUP can reload it in place
-    _Server(config, on_drain, tls, on_reload).run()
+    # SIGINT comes back as KeyboardInterrupt once the graceful shutdown is done
+    # (or while starting up): everything is closed; a traceback would only alarm.
+    with contextlib.suppress(KeyboardInterrupt):
+        _Server(config, on_drain, tls, on_reload).run()

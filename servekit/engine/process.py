@@ -171,13 +171,6 @@ class EngineProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             await asyncio.to_thread(proc.wait, 10.0)
 
-    def kill_now(self) -> None:
-        """Last-resort synchronous kill (interpreter shutdown paths)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._signal(self._proc, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(5.0)
-
     @staticmethod
     def _signal(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         try:

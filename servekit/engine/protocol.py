@@ -208,10 +208,6 @@ class LoadReport:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    @property
-    def saturated(self) -> bool:
-        return self.running >= self.capacity and self.waiting > 0
-
 
 def pooled_figures(reports: Sequence[LoadReport], replicas: int) -> LoadReport:
     """A gateway's measured figures from its ``replicas``' reports (the counts,
@@ -271,7 +267,3 @@ class Engine(Protocol):
     async def ready(self) -> bool: ...
 
     async def aclose(self) -> None: ...
-
-
-def join_text(events: Sequence[GenerationEvent]) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta))

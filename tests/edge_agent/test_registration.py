@@ -1,4 +1,7 @@
-"""The edge agent joins the embedded registry, beats its load, drains and leaves."""
+"""The edge agent joins the embedded registry, beats its load, drains and leaves,
+and follows the desired model version (over scripted engines: the registry
+and model_sync are under test here, hot swap on the real model is in
+``test_swap.py``)."""
 
 from __future__ import annotations
 
@@ -8,20 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
-from edge_agent.app import create_app
 from servekit.registry import RegistrySettings, open_registry
+from tests.edge_agent.conftest import ScriptedEngines, scripted_app
 from tests.support.servers import UvicornThread, free_port
 
-pytestmark = [pytest.mark.model]
 
-
-def test_registers_heartbeats_and_deregisters(edge_settings: Any, tmp_path: Path) -> None:
+def test_registers_heartbeats_and_deregisters(scripted_settings: Any, tmp_path: Path) -> None:
     reg = {"backend": "embedded", "ttl_s": 3, "heartbeat_interval_s": 0.3,
            "embedded": {"path": str(tmp_path / "registry.db")}}  # fmt: skip
     port = free_port()
-    settings = edge_settings(
+    settings = scripted_settings(
         registry=reg, instance__id="edge-reg", instance__region="eu", server__port=port
     )
 
@@ -32,7 +32,7 @@ def test_registers_heartbeats_and_deregisters(edge_settings: Any, tmp_path: Path
         finally:
             await r.aclose()
 
-    app = create_app(settings)
+    app = scripted_app(settings)
     with UvicornThread(app, port=port) as server:
         deadline = time.monotonic() + 60
         found: list[Any] = []
@@ -63,7 +63,7 @@ def test_registers_heartbeats_and_deregisters(edge_settings: Any, tmp_path: Path
 
 
 def test_model_sync_block_follows_desired_version(
-    edge_settings: Any, tmp_path: Path, model_path: Path
+    scripted_settings: Any, tmp_path: Path, stand_in_model: Path
 ) -> None:
     from model_sync import ops
     from model_sync.store import SyncStore
@@ -71,7 +71,7 @@ def test_model_sync_block_follows_desired_version(
     reg = {"backend": "embedded", "ttl_s": 3, "heartbeat_interval_s": 0.3,
            "embedded": {"path": str(tmp_path / "registry.db")}}  # fmt: skip
     port = free_port()
-    settings = edge_settings(
+    settings = scripted_settings(
         registry=reg, instance__id="edge-sync", server__port=port,
         model_sync={"model_dir": str(tmp_path / "models"), "watch_timeout_s": 0.3,
                     "report_interval_s": 0.3},
@@ -82,13 +82,15 @@ def test_model_sync_block_follows_desired_version(
         r = await open_registry(RegistrySettings.model_validate(reg))
         try:
             store = SyncStore(r, actor="test")
-            await ops.push(store, str(model_path), model=model, version="v1")
-            await ops.push(store, str(model_path), model=model, version="v2", filename="v2.gguf")
+            await ops.push(store, str(stand_in_model), model=model, version="v1")
+            await ops.push(store, str(stand_in_model), model=model, version="v2",
+                           filename="v2.gguf")  # fmt: skip
             await store.set_desired("edge-sync", model, "v2")
         finally:
             await r.aclose()
 
-    app = create_app(settings)
+    engines = ScriptedEngines()
+    app = scripted_app(settings, engines)
     with UvicornThread(app, port=port) as server:
         deadline = time.monotonic() + 60
         while httpx.get(server.url + "/ready").status_code != 200:
@@ -103,3 +105,5 @@ def test_model_sync_block_follows_desired_version(
         r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
         assert r.headers["x-model-version"] == "v2"
         assert (tmp_path / "models" / model / "v2" / "v2.gguf").is_file()
+        assert [e.version for e in engines.built] == ["v1", "v2"]
+        assert engines.current.requests  # the answer came from the new version's engine

@@ -1,4 +1,5 @@
-"""The edge agent on a real socket (uvicorn): SSE, the openai SDK, disconnects, backpressure."""
+"""The edge agent on a real socket (uvicorn) over a scripted engine: SSE on the
+wire, the openai SDK, disconnects, backpressure."""
 
 from __future__ import annotations
 
@@ -12,49 +13,36 @@ import httpx
 import openai
 import pytest
 
-from edge_agent.app import create_app
-from tests.support.servers import UvicornThread
+from tests.edge_agent.conftest import (
+    MODEL,
+    ScriptedEngines,
+    scripted_app,
+    sdk_chat_whole_and_streamed,
+    settings_from,
+)
+from tests.support.servers import UvicornThread, wait_ready
 
-pytestmark = pytest.mark.model
-
-MODEL = "smollm2-135m-instruct"
 LONG = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
-# Greedy decoding keeps counting until max_tokens: a request that runs as long as we like.
-COUNTING = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "temperature": 0, "stream": True}
+# The scripted engine counts until max_tokens, 10 ms a token: a request that runs as long as
+# we like.
+COUNTING = {"model": MODEL, "prompt": "COUNT", "temperature": 0, "stream": True}
 
 
 @pytest.fixture(scope="module")
-def agent(model_path: Any) -> Iterator[UvicornThread]:
-    from edge_agent.settings import EdgeSettings
+def engines() -> ScriptedEngines:
+    return ScriptedEngines()
 
-    settings = EdgeSettings.model_validate(
-        {
-            "instance": {"id": "edge-sock", "region": "test", "version": "v1"},
-            "engine": {
-                "model_path": str(model_path),
-                "model_name": MODEL,
-                "n_ctx": 1024,
-                "n_threads": 2,
-                "warmup_tokens": 1,
-            },
-            "admission": {"max_waiting": 1},
-        }
-    )
-    with UvicornThread(create_app(settings)) as server:
-        wait_ready(server.url)
+
+@pytest.fixture(scope="module")
+def agent(
+    engines: ScriptedEngines, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[UvicornThread]:
+    stand_in = tmp_path_factory.mktemp("edge-sock") / "stand-in.gguf"
+    stand_in.write_bytes(b"GGUF scripted")
+    settings = settings_from(stand_in, instance__id="edge-sock", admission__max_waiting=1)
+    with UvicornThread(scripted_app(settings, engines)) as server:
+        wait_ready(server.url, timeout=30)
         yield server
-
-
-def wait_ready(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/ready").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(url)
 
 
 def load(agent: UvicornThread) -> dict[str, Any]:
@@ -73,39 +61,13 @@ def wait_idle(agent: UvicornThread, timeout: float = 10) -> dict[str, Any]:
         time.sleep(0.02)
 
 
-def test_openai_sdk_stream_equals_non_stream_with_usage(agent: UvicornThread) -> None:
-    client = openai.OpenAI(base_url=agent.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
-    whole = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=16, temperature=0
-    )
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=messages,
-            max_tokens=16,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-    )
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == whole.choices[0].message.content
-    assert streamed
-    final = chunks[-1]
-    assert final.choices == []
-    assert final.usage is not None
-    assert whole.usage is not None
-    assert final.usage.completion_tokens == whole.usage.completion_tokens
-    assert final.usage.prompt_tokens == whole.usage.prompt_tokens
-    assert final.usage.total_tokens == final.usage.prompt_tokens + final.usage.completion_tokens
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[
-        0
-    ].finish_reason
+def test_openai_sdk_stream_carries_the_whole_answer_and_usage(agent: UvicornThread) -> None:
+    assert sdk_chat_whole_and_streamed(agent.url) == "Hello from the double"
+    client = openai.OpenAI(base_url=agent.url + "/v1", api_key="unused", max_retries=0)
     completion = client.completions.create(
         model="edge", prompt="The sky is", max_tokens=4, temperature=0
     )
-    assert completion.choices[0].text
+    assert completion.choices[0].text == "Hello from the double"
 
 
 def test_sse_framing_on_the_wire(agent: UvicornThread) -> None:
@@ -128,7 +90,9 @@ def test_sse_framing_on_the_wire(agent: UvicornThread) -> None:
     assert len({p["id"] for p in payloads}) == 1
 
 
-def test_client_disconnect_mid_stream_frees_the_engine(agent: UvicornThread) -> None:
+def test_client_disconnect_mid_stream_frees_the_engine(
+    agent: UvicornThread, engines: ScriptedEngines
+) -> None:
     body = {**COUNTING, "max_tokens": 600}
     with (
         httpx.Client(timeout=60) as client,
@@ -138,8 +102,9 @@ def test_client_disconnect_mid_stream_frees_the_engine(agent: UvicornThread) -> 
         for _ in range(6):
             next(lines)
         assert load(agent)["running"] == 1
-    # The connection is closed; the engine must stop long before 800 tokens.
-    wait_idle(agent, timeout=5)
+    # The connection is closed; the engine must stop long before 600 tokens (6 s).
+    wait_idle(agent, timeout=3)
+    assert engines.current.running == 0  # its stream was closed, not just the slot freed
     metrics = httpx.get(agent.url + "/metrics").text
     assert 'outcome="cancelled"' in metrics
 
@@ -204,31 +169,3 @@ def test_queue_full_gets_429_with_retry_after_at_once(agent: UvicornThread) -> N
             with pytest.raises(openai.RateLimitError):
                 sdk.chat.completions.create(model=MODEL, messages=LONG, max_tokens=2)  # type: ignore[arg-type]
     wait_idle(agent)
-
-
-def test_ready_is_503_while_warming_up(model_path: Any) -> None:
-    from edge_agent.settings import EdgeSettings
-
-    settings = EdgeSettings.model_validate(
-        {
-            "engine": {
-                "model_path": str(model_path),
-                "model_name": MODEL,
-                "n_ctx": 512,
-                "n_threads": 2,
-                "warmup_tokens": 120,
-            },
-        }
-    )
-    seen: list[int] = []
-    with UvicornThread(create_app(settings)) as server:
-        first = httpx.get(server.url + "/ready")
-        seen.append(first.status_code)
-        early = httpx.post(server.url + "/v1/chat/completions", timeout=60,
-                           json={"model": MODEL, "messages": LONG, "max_tokens": 1})  # fmt: skip
-        wait_ready(server.url)
-        seen.append(httpx.get(server.url + "/ready").status_code)
-    assert seen == [503, 200]
-    assert first.json()["error"]["code"] == "not_ready"
-    assert "retry-after" in first.headers
-    assert early.status_code == 503

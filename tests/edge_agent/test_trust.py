@@ -1,14 +1,14 @@
-"""Service tokens and TLS on a real edge agent (the bundled model).
+"""Service tokens and TLS on an edge agent.
 
-In process: 401 in the OpenAI shape without the token, served with it, open
-probes, rotation. As a subprocess (the real CLI): HTTPS with a certificate
-from a private CA made in the test, reached through the router, and SIGHUP
-swapping tokens and certificate while a stream is in flight.
+In process, over a scripted engine: 401 in the OpenAI shape without the
+token, served with it, open probes, rotation. As a subprocess (the real CLI
+on the bundled model): HTTPS with a certificate from a private CA made in the
+test, reached through the router, and SIGHUP swapping tokens and certificate
+while a stream is in flight.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import socket
@@ -19,19 +19,16 @@ from typing import Any
 
 import httpx
 import pytest
-from asgi_lifespan import LifespanManager
 from cryptography import x509
 
-from edge_agent.app import create_app
+from edge_agent.settings import EdgeSettings
 from geo_router.app import create_app as create_router
 from servekit.service_auth import ServiceAuthSettings
+from tests.edge_agent.conftest import MODEL, in_process, scripted_app
 from tests.geo_router.conftest import KEY, router_settings, upstream
 from tests.support.pki import PrivateCA
 from tests.support.servers import UvicornThread, free_port, service_process, wait_ready
 
-pytestmark = [pytest.mark.model]
-
-MODEL = "smollm2-135m-instruct"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
 
@@ -39,32 +36,14 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-@pytest.fixture(scope="module")
-async def edge(model_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
-    from edge_agent.settings import EdgeSettings
-
-    settings = EdgeSettings.model_validate(
-        {
-            "instance": {"id": "edge-auth", "region": "test"},
-            "engine": {
-                "model_path": str(model_path),
-                "model_name": MODEL,
-                "n_ctx": 256,
-                "n_threads": 2,
-                "warmup_tokens": 1,
-            },
-            "server": {"auth": {"tokens": ["svc-current"]}},
-        }
-    )
-    app = create_app(settings)
-    async with LifespanManager(app) as manager:
-        transport = httpx.ASGITransport(app=manager.app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://edge") as c:
-            for _ in range(600):
-                if (await c.get("/ready")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-            yield c, app
+@pytest.fixture
+async def edge(
+    scripted_settings: Callable[..., EdgeSettings],
+) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
+    settings = scripted_settings(instance__id="edge-auth", server__auth={"tokens": ["svc-current"]})
+    app = scripted_app(settings)
+    async with in_process(app) as c:
+        yield c, app
 
 
 @pytest.mark.anyio
@@ -119,6 +98,7 @@ def _served_serial(port: int, ca: PrivateCA) -> int:
     return x509.load_der_x509_certificate(der).serial_number
 
 
+@pytest.mark.model
 @pytest.mark.slow
 def test_a_tls_edge_behind_a_private_ca_through_the_router_and_sighup_rotation(
     model_path: Path, tmp_path: Path
