@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from geo_router.scoring import Scored
-from geo_router.settings import HedgeSettings
+from geo_router.settings import HedgeSettings, RoutingSettings
 from geo_router.tracker import Tracker
 from geo_router.upstream import Primed
 from servekit.errors import (
@@ -31,7 +31,22 @@ from servekit.errors import (
     UpstreamUnavailable,
 )
 
-__all__ = ["Attempt", "after_overflow", "hedge_delay_s", "larger_window", "payload"]
+__all__ = [
+    "Attempt",
+    "after_overflow",
+    "first_token_deadline_s",
+    "hedge_delay_s",
+    "larger_window",
+    "payload",
+]
+
+
+def first_token_deadline_s(routing: RoutingSettings, cand: Scored) -> float:
+    """How long an attempt at ``cand`` may wait for its first token: the fixed
+    deadline, or a multiple of what the planner predicted there when that is
+    longer (a long prompt's prefill), never past the whole request's timeout."""
+    predicted = routing.ttft_deadline_factor * cand.predicted_ms / 1000.0
+    return min(max(routing.ttft_deadline_s, predicted), routing.request_timeout_s)
 
 
 def hedge_delay_s(hedge: HedgeSettings, tracker: Tracker, cand: Scored) -> float:

@@ -25,6 +25,7 @@ from geo_router.dispatch import (
     Attempt,
     after_overflow,
     cause,
+    first_token_deadline_s,
     hedge_delay_s,
     larger_window,
     payload,
@@ -205,7 +206,7 @@ class RoutedStream:
             url,
             payload(body, cand),
             self._req.headers,
-            r.settings.ttft_deadline_s,
+            first_token_deadline_s(r.settings, cand),
             r.peers(cand.state.info),
         )
         return attempt, prime

@@ -6,6 +6,7 @@ that insists every upstream is healthy, so the data path has to find out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -171,6 +172,23 @@ def test_stall_past_the_ttft_deadline_moves_on() -> None:
             r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH, timeout=10)
             assert r.status_code == 504
             assert r.json()["error"]["type"] == "timeout"
+
+
+def test_the_first_token_deadline_grows_with_the_predicted_prefill() -> None:
+    """A long prompt the planner prices at seconds of prefill is not cut at the fixed deadline."""
+    late = Behavior(words=2, first_token_delay_s=1.0)
+    long_chat = chat(False)
+    long_chat["messages"] = [{"role": "user", "content": "Summarize this. " + "word " * 300}]
+    with serve_fake(late) as a:
+        for prefill_rate, expected in ((50.0, 200), (1_000_000.0, 504)):
+            plain = state(a, "a")
+            load = dataclasses.replace(plain.load, prefill_tokens_per_s=prefill_rate)
+            slow = dataclasses.replace(plain, load=load)
+            with routed([slow], ttft_deadline_s=0.3) as url:
+                r = httpx.post(
+                    url + "/v1/chat/completions", json=long_chat, headers=AUTH, timeout=20
+                )
+                assert r.status_code == expected, (prefill_rate, r.text)
 
 
 def test_mid_stream_death_continues_on_another_instance() -> None:
