@@ -2,60 +2,53 @@
 
 The lifespan builds the upstream connection pool, the candidate sources (static
 upstreams polled by URL, the registry when configured) and their refresh
-loops, the GeoIP reader, and the routing parts; handlers reach them through
+loops, the catalog's follower (``geo_router.membership``), the GeoIP reader,
+and the routing parts; handlers reach them through
 :class:`RouterState` on ``app.state``. Tests may pass ``candidates`` /
 ``traffic`` (the discovery seam).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from geo_router.auth import Authenticator, RateLimiter
-from geo_router.catalog import CandidateSource, TrafficPoller, TrafficSource, open_discovery
+from geo_router.catalog import (
+    CandidateSource,
+    TrafficPoller,
+    TrafficSource,
+    cancel_all,
+    open_discovery,
+)
 from geo_router.classifier import DifficultyClassifier
-from geo_router.completions import CompletionEndpoints
-from geo_router.dispatch import Dispatcher
+from geo_router.completions import route_completion
+from geo_router.continuation import Kind
 from geo_router.http_client import UpstreamPool
+from geo_router.membership import Membership
 from geo_router.metrics import RouterMetrics
 from geo_router.openapi import install_openapi
 from geo_router.peers import PeerBook
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
 from geo_router.region import RegionResolver, open_geoip
+from geo_router.routed import Routing
 from geo_router.routes import router as api_routes
 from geo_router.scoring import Scorer
 from geo_router.settings import RouterSettings
+from geo_router.state import RouterState
 from geo_router.tracker import Tracker
-from servekit.errors import InvalidRequest, ServeError, error_body
+from servekit.api.endpoints import CompletionEndpoints
+from servekit.api.errors import install_error_handlers
+from servekit.asgi import DisconnectWatch, Scope, Send
+from servekit.errors import NotReady, ServeError
 
 __all__ = ["RouterState", "create_app"]
-
-
-@dataclass(slots=True)
-class RouterState:
-    """Everything a handler needs, built by the lifespan."""
-
-    settings: RouterSettings
-    auth: Authenticator
-    limiter: RateLimiter
-    resolver: RegionResolver
-    classifier: DifficultyClassifier
-    planner: Planner
-    tracker: Tracker
-    dispatcher: Dispatcher
-    metrics: RouterMetrics
-    stale: Callable[[], bool]  # discovery runs on a last-known catalog
 
 
 def create_app(
@@ -99,6 +92,10 @@ def create_app(
             )
             traffic_source = _traffic(settings, traffic, found.traffic)
             tracker = Tracker(settings.routing.breaker)
+            membership = Membership(found.candidates, tracker)
+            membership.refresh()
+            following = asyncio.create_task(membership.run(settings.poll_interval_s))
+            stack.push_async_callback(cancel_all, [following])
             scorer = Scorer(settings.routing, settings.region.rtt_table(), tracker, rng)
             classifier = DifficultyClassifier.load(
                 settings.classifier.weights,
@@ -121,6 +118,7 @@ def create_app(
                 found.candidates,
                 traffic_source,
                 prefixes,
+                membership.known,
             )
             app.state.router = RouterState(
                 settings=settings,
@@ -130,7 +128,7 @@ def create_app(
                 classifier=classifier,
                 planner=planner,
                 tracker=tracker,
-                dispatcher=Dispatcher(
+                routing=Routing(
                     client,
                     planner,
                     tracker,
@@ -152,11 +150,25 @@ def create_app(
 
     app = FastAPI(title="hybrid-llm geo router", version="0.1.0", lifespan=lifespan)
     app.include_router(api_routes)
-    app.add_exception_handler(ServeError, _serve_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
+
+    def state() -> RouterState:
+        found = getattr(app.state, "router", None)
+        if not isinstance(found, RouterState):
+            raise NotReady("router is starting", retry_after=1)
+        return found
+
+    def refused(exc: ServeError) -> None:
+        with contextlib.suppress(NotReady):
+            state().refused(exc)
+
+    async def complete(
+        scope: Scope, kind: Kind, raw: bytes, _arrival: float, send: Send, watch: DisconnectWatch
+    ) -> None:
+        await route_completion(state(), scope, kind, raw, send, watch)
+
+    install_error_handlers(app, on_error=refused)
     install_openapi(app)
-    return CompletionEndpoints(app)
+    return CompletionEndpoints(app, settings.max_body_bytes, complete, on_error=refused)
 
 
 def _traffic(
@@ -173,26 +185,3 @@ def _traffic(
         return static.get(model)
 
     return lookup
-
-
-async def _serve_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ServeError)
-    state = getattr(request.app.state, "router", None)
-    if isinstance(state, RouterState) and exc.status < 500:
-        state.metrics.rejected.labels(str(exc.status)).inc()
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return JSONResponse(
-        error_body(str(exc.detail), kind, None, None),
-        status_code=exc.status_code,
-        headers=dict(exc.headers or {}),
-    )
-
-
-async def _validation_error(request: Request, exc: Exception) -> Response:
-    err = InvalidRequest(f"invalid request: {exc}")
-    return JSONResponse(err.body(), status_code=400)

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from geo_router import eval_classifier
 from geo_router.classifier import DifficultyClassifier
@@ -29,13 +29,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = load_settings(RouterSettings, args.config, host=args.host, port=args.port)
     app = create_app(settings)
+    front: Any = app.app  # the FastAPI app behind the completion endpoints
 
     def reload() -> ServerTLSSettings | None:
         """SIGHUP: the certificate files of the file as it is now (API keys need a restart)."""
         return load_settings(RouterSettings, args.config, host=args.host, port=args.port).tls
 
     def drain() -> None:
-        app.app.state.draining = True  # /ready turns 503 while in-flight streams finish
+        front.state.draining = True  # /ready turns 503 while in-flight streams finish
 
     run_service(
         app,

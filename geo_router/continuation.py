@@ -1,11 +1,11 @@
 """What a relayed stream has said so far, and how to continue it elsewhere.
 
 When an upstream dies mid-stream, the answer goes on from the partial text
-on another instance: chat requests get the partial text as a final assistant
-message with ``continue_final_message`` (vLLM's parameter, honoured by the
-project's engines), completions get it appended to the prompt, and
-``max_tokens`` shrinks by what was already sent. The continuation's chunks
-are rewritten to the original stream's id, model and created time so the
+on another instance, by ``servekit.continuation``'s rule (the one the central
+gateway follows too): the partial text ends the prompt, and ``max_tokens``
+shrinks by the tokens already sent, counted from the upstream's usage and
+token ids. The continuation's chunks are rewritten to the original stream's
+id, model and created time (and its usage to the whole answer's) so the
 client sees one well-formed stream.
 """
 
@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from servekit.continuation import TokenCount, continued_messages, continued_prompt, tokens_left
 from servekit.errors import ServeError
 from servekit.sse import DONE, SSEDecoder, encode_data
 
@@ -31,7 +32,7 @@ class StreamState:
     model: str | None = None
     created: int | None = None
     parts: list[str] = field(default_factory=list)
-    tokens: int = 0
+    count: TokenCount = field(default_factory=TokenCount)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     continued: int = 0  # how many continuations are spliced in
@@ -62,6 +63,11 @@ class StreamState:
     def text(self) -> str:
         return "".join(self.parts)
 
+    @property
+    def tokens(self) -> int:
+        """Completion tokens so far (:class:`~servekit.continuation.TokenCount`)."""
+        return self.count.tokens
+
     def observe(self, event: dict[str, Any]) -> None:
         if self.id is None:
             self.id = event.get("id") if isinstance(event.get("id"), str) else None
@@ -73,6 +79,7 @@ class StreamState:
             self.usage = usage
         choices = event.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            self.count.observe(event, None)
             return
         choice = choices[0]
         if self.kind == "chat":
@@ -80,14 +87,25 @@ class StreamState:
             text = delta.get("content") if isinstance(delta, dict) else None
         else:
             text = choice.get("text")
-        if isinstance(text, str) and text:
+        if not isinstance(text, str):
+            text = None
+        if text:
             self.parts.append(text)
-            self.tokens += 1
+        self.count.observe(event, text)
         reason = choice.get("finish_reason")
         if isinstance(reason, str):
             self.finish_reason = reason
 
-    def rewrite(self, event: dict[str, Any], sent_before: int) -> bytes | None:
+    def splice(self, event: dict[str, Any], sent_before: int) -> bytes | None:
+        """A continuation's event as a frame of the original stream, observed as
+        such (its usage counts the whole answer); ``None``: drop it."""
+        rewritten = self.rewrite(event, sent_before)
+        if rewritten is None:
+            return None
+        self.observe(rewritten)
+        return encode_data(rewritten)
+
+    def rewrite(self, event: dict[str, Any], sent_before: int) -> dict[str, Any] | None:
         """A continuation's event as part of the original stream (``None``: drop it)."""
         event = dict(event)
         if self.id is not None:
@@ -113,7 +131,7 @@ class StreamState:
                 if not delta.get("content") and not choice.get("finish_reason"):
                     return None  # the continuation's opening role chunk
             event["choices"] = [choice, *choices[1:]]
-        return encode_data(event)
+        return event
 
     def final_chunk(self, reason: str) -> bytes:
         """A closing chunk with ``finish_reason`` (when nothing is left to generate)."""
@@ -142,20 +160,20 @@ def continuation_body(body: dict[str, Any], state: StreamState) -> dict[str, Any
     for key in ("max_completion_tokens", "max_tokens"):
         limit = out.get(key)
         if isinstance(limit, int) and not isinstance(limit, bool):
-            remaining = limit - state.tokens
-            if remaining <= 0:
+            left = tokens_left(limit, state.tokens)
+            if left == 0:
                 return None
-            out[key] = remaining
+            out[key] = left
     partial = state.text
     if not partial:
         return out  # nothing reached the client yet: a plain retry
     if state.kind == "chat":
-        out["messages"] = [*out["messages"], {"role": "assistant", "content": partial}]
+        continuing = out.get("continue_final_message") is True
+        out["messages"] = continued_messages(out["messages"], partial, continuing=continuing)
         out["continue_final_message"] = True
         out["add_generation_prompt"] = False
     else:
-        prompt = out["prompt"]
-        out["prompt"] = (prompt if isinstance(prompt, str) else prompt[0]) + partial
+        out["prompt"] = continued_prompt(out["prompt"], partial)
     return out
 
 

@@ -142,7 +142,9 @@ class Planner:
         candidates: CandidateSource,
         traffic: TrafficSource,
         prefixes: PrefixIndex | None = None,
+        known_model: Callable[[str], bool] = lambda _model: False,
     ) -> None:
+        self._known_model = known_model  # listed lately, though not now
         self._routing = routing
         self._classifier = classifier
         self._scorer = scorer
@@ -193,6 +195,8 @@ class Planner:
                 decision.tier = tier
         else:
             if not any(s.info.model == name for s in listed):
+                if self._known_model(name):  # its instances are draining or restarting
+                    raise NotReady(f"no instance of {name!r} is serving now", retry_after=1)
                 raise ModelNotFound(f"model {name!r} does not exist", param="model")
             decision = Decision(region, None, None, name)
             pool = [s for s in pool if s.info.model == name]

@@ -6,22 +6,17 @@ The completion endpoints themselves are plain ASGI (``geo_router.completions``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from geo_router.bodycheck import validated_body
-from geo_router.completions import request_id
 from geo_router.continuation import Kind
 from geo_router.openapi import ERROR_RESPONSES, request_body
+from geo_router.state import RouterState, intake
 from geo_router.tracker import Circuit
-from servekit.asgi import read_body
 from servekit.errors import NotReady
-
-if TYPE_CHECKING:
-    from geo_router.app import RouterState
 
 __all__ = ["router"]
 
@@ -33,26 +28,35 @@ def _state(request: Request) -> RouterState:
     return state
 
 
-@router.post(
-    "/v1/route/explain",
-    openapi_extra=request_body("ChatCompletionRequest"),
-    responses=ERROR_RESPONSES,
-    tags=["router"],
+def _explainer(kind: Kind, path: str) -> Callable[[Request], Awaitable[Response]]:
+    async def explain(request: Request) -> Response:
+        """The routing decision for a body sent to ``path``: the completion path's own
+        intake (no rate limit counted), no engine called."""
+        state = _state(request)
+        raw = await request.body()  # bounded by the front door (413)
+        peer = request.client.host if request.client else None
+        taken = intake(state, kind, path, raw, request.headers, peer, limit=False)
+        return JSONResponse(taken.decision.to_dict())
+
+    return explain
+
+
+# (explain path, kind, the completion path it explains, its body's schema)
+_EXPLAINED: tuple[tuple[str, Kind, str, str], ...] = (
+    ("/v1/route/explain", "chat", "/v1/chat/completions", "ChatCompletionRequest"),
+    ("/v1/route/explain/completions", "completion", "/v1/completions", "CompletionRequest"),
 )
-async def explain(request: Request) -> Response:
-    """The routing decision for a request body, without calling any engine."""
-    state = _state(request)
-    state.auth.authenticate(request.headers.get("authorization"))
-    limit = state.settings.max_body_bytes
-    raw = await read_body(request.receive, limit, request.headers.get("content-length"))
-    kind: Kind = "completion" if b'"prompt"' in raw and b'"messages"' not in raw else "chat"
-    peek = validated_body(kind, raw)
-    peer = request.client.host if request.client else None
-    region = state.resolver.resolve(peer, request.headers)
-    user = peek.get("user")
-    sticky = user if isinstance(user, str) and user else request_id()
-    decision = state.planner.plan(peek, region, sticky)
-    return JSONResponse(decision.to_dict())
+for _at, _kind, _path, _schema in _EXPLAINED:
+    router.add_api_route(
+        _at,
+        _explainer(_kind, _path),
+        methods=["POST"],
+        name=f"explain_{_kind}",
+        summary=f"The routing decision for a {_path} body, without calling any engine",
+        openapi_extra=request_body(_schema),
+        responses=ERROR_RESPONSES,
+        tags=["router"],
+    )
 
 
 @router.get("/v1/models", responses=ERROR_RESPONSES, tags=["openai"])

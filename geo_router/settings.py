@@ -146,6 +146,12 @@ class RoutingSettings(Section):
         description="Model names that route by tier (None: classify).",
     )
     ttft_deadline_s: float = Field(10.0, gt=0, description="First token or fail over.")
+    ttft_deadline_factor: float = Field(
+        3.0,
+        ge=1,
+        description="The deadline of an attempt is at least this times its predicted TTFT: a "
+        "long prompt priced at 15 s of prefill is not cut at ttft_deadline_s.",
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="Whole non-streamed request.")
     idle_timeout_s: float = Field(30.0, gt=0, description="Gap between streamed chunks.")
     max_attempts: int = Field(3, ge=1, description="Upstreams tried before the first byte.")

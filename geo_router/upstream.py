@@ -26,8 +26,9 @@ from servekit.errors import (
     ServeError,
     UpstreamError,
     UpstreamTimeout,
-    UpstreamUnavailable,
     error_from_body,
+    parse_retry_after,
+    upstream_failure,
 )
 from servekit.peers import PeerCredentials
 from servekit.sse import DONE, SSEDecoder
@@ -43,11 +44,11 @@ def translate_error(exc: BaseException, url: str) -> ServeError:
     if isinstance(exc, ServeError):
         return exc
     if isinstance(exc, ConnectError):
-        return UpstreamUnavailable(f"cannot connect to upstream {url}: {exc.reason}")
+        return upstream_failure("connect", url, exc.reason)
     if isinstance(exc, TimeoutError):
-        return UpstreamTimeout(f"upstream {url} timed out")
+        return upstream_failure("timeout", url, "no byte within the read timeout")
     if isinstance(exc, HTTPClientError | OSError):
-        return UpstreamUnavailable(f"upstream {url} broke the connection: {exc!r}")
+        return upstream_failure("broken", url, repr(exc))
     return UpstreamError(f"upstream {url} failed: {type(exc).__name__}: {exc}")
 
 
@@ -65,13 +66,7 @@ async def _error_from_response(resp: Response, url: str) -> ServeError:
         body: Any = json.loads(raw) if raw else None
     except ValueError:
         body = None
-    retry: float | None = None
-    header = resp.headers.get("retry-after")
-    if header:
-        try:
-            retry = float(header)
-        except ValueError:
-            retry = None
+    retry = parse_retry_after(resp.headers.get("retry-after"))
     return error_from_body(resp.status, body, retry_after=retry)
 
 
@@ -177,7 +172,7 @@ async def open_stream(
                 if done or any(_has_token(e) for e in new):
                     ttft = time.perf_counter() - start
                     return Primed(url, response, chunks, head, events, ttft, done, pending, decoder)
-            raise UpstreamUnavailable(f"upstream {url} ended the stream before the first token")
+            raise upstream_failure("broken", url, "the stream ended before the first token")
     except BaseException as exc:
         if response is not None:
             response.close()

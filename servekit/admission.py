@@ -20,7 +20,13 @@ prediction for a newcomer:
   ``r[k mod S] + (k // S) * h``;
 - busy slowdown: the sequences running beside it once it has a slot, times
   the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
-  refreshed by :meth:`AdmissionQueue.observe`).
+  refreshed by :meth:`AdmissionQueue.observe`);
+- prefill backlog: the prompt tokens the engine has admitted but not yet
+  prefilled, at its measured prefill rate (``prefill_backlog_ms``): prefill
+  is first-come first-served, so a newcomer's prefill starts after theirs.
+  Without it a burst of cold prompts (every slot prefilling a long system
+  prompt at once) is admitted at a predicted wait of zero and each later
+  arrival waits seconds behind them.
 
 The request's own prefill is not in it: the queue does not know the new
 prompt's length or how much of it the engine holds cached, and a guess from
@@ -78,6 +84,7 @@ class AdmissionQueue:
         self.batch_every = max(1, batch_every)
         self.ttft_budget_ms = ttft_budget_ms
         self.busy_ms_per_seq: float | None = None
+        self.prefill_backlog_ms: float | None = None
         self.shed = 0  # requests refused on the budget
         self._held: dict[Ticket, float] = {}  # running tickets -> admitted at
         self._running = 0
@@ -105,9 +112,12 @@ class AdmissionQueue:
         backlog = self.waiting + 1
         return max(1.0, self._service_s * backlog / self.slots)
 
-    def observe(self, busy_ms_per_seq: float | None) -> None:
-        """The engine's latest measured slowdown per running sequence."""
+    def observe(
+        self, busy_ms_per_seq: float | None, prefill_backlog_ms: float | None = None
+    ) -> None:
+        """The engine's latest slowdown per running sequence and prefill backlog."""
         self.busy_ms_per_seq = busy_ms_per_seq
+        self.prefill_backlog_ms = prefill_backlog_ms
 
     def over_budget(self, wait_ms: float) -> bool:
         return self.ttft_budget_ms is not None and wait_ms > self.ttft_budget_ms
@@ -124,7 +134,8 @@ class AdmissionQueue:
             left = [0.0] * max(0, self.slots - len(left)) + left
             slot_wait = left[ahead % len(left)] + (ahead // len(left)) * hold
             beside = self.slots - 1
-        return slot_wait * 1000.0 + beside * (self.busy_ms_per_seq or 0.0)
+        busy = beside * (self.busy_ms_per_seq or 0.0)
+        return slot_wait * 1000.0 + busy + (self.prefill_backlog_ms or 0.0)
 
     def _check_budget(self) -> None:
         if self.ttft_budget_ms is None:

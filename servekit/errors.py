@@ -14,8 +14,8 @@ at exactly one boundary per foreign library.
     ├── RateLimited                 429 (Retry-After)
     │   └── QueueFull               429 (Retry-After)
     ├── NotReady                    503 (Retry-After)
-    ├── UpstreamError               502 (the upstream failed: 5xx, bad body)
-    │   ├── UpstreamUnavailable     503 (connect refused, reset before a byte)
+    ├── UpstreamError               502 (the upstream failed: 5xx, bad body, broke off)
+    │   ├── UpstreamUnavailable     503 (could not connect: nothing was sent)
     │   ├── UpstreamTimeout         504
     │   └── UpstreamRejected        502 (a 400 that may be the engine's own failure)
     └── EngineFailure               500 (the local engine crashed)
@@ -23,7 +23,9 @@ at exactly one boundary per foreign library.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import email.utils
+import time
+from typing import Any, ClassVar, Literal
 
 __all__ = [
     "AuthenticationFailed",
@@ -42,6 +44,8 @@ __all__ = [
     "UpstreamUnavailable",
     "error_body",
     "error_from_body",
+    "parse_retry_after",
+    "upstream_failure",
 ]
 
 
@@ -214,3 +218,40 @@ def error_from_body(status: int, body: Any, *, retry_after: float | None = None)
     if cls is None:
         cls = InvalidRequest if 400 <= status < 500 else UpstreamError
     return cls(message, param=param, code=code, retry_after=retry_after)
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` header: delta-seconds or an HTTP-date (RFC 9110)."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if seconds == seconds else None  # NaN: no hint
+
+
+UpstreamFailure = Literal["connect", "timeout", "broken"]
+
+
+def upstream_failure(how: UpstreamFailure, where: str, detail: str) -> UpstreamError:
+    """The one mapping of a failed upstream exchange onto the tree, for every client.
+
+    ``connect``: no connection (refused, unreachable, TLS refused), so nothing
+    was sent: 503, safe to send anywhere. ``timeout``: 504. ``broken``: the
+    connection closed or turned malformed after the request went out, so the
+    upstream took it and failed: 502 ``upstream_disconnected``. All three are
+    retryable, so the router and the central pool fail over alike.
+    """
+    if how == "connect":
+        return UpstreamUnavailable(f"cannot connect to upstream {where}: {detail}")
+    if how == "timeout":
+        return UpstreamTimeout(f"upstream {where} timed out: {detail}")
+    return UpstreamError(
+        f"connection to upstream {where} broke: {detail}", code="upstream_disconnected"
+    )

@@ -62,6 +62,7 @@ class ScriptedEngine:
         self.fail_next = 0
         self.release = asyncio.Event()
         self.running = 0
+        self.prefill_backlog_ms: float | None = None  # what load() reports
         self.started = False
         self.closed = False
 
@@ -84,6 +85,7 @@ class ScriptedEngine:
             capacity=self.capacity,
             running=self.running,
             max_context_tokens=self.context_window,
+            prefill_backlog_ms=self.prefill_backlog_ms,
         )
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:

@@ -65,11 +65,15 @@ class ServingCore:
     async def ready(self) -> bool:
         return not self.draining and await self.engines.current().ready()
 
+    def observe_engine(self) -> LoadReport:
+        """The engine's load report, its slowdown and backlog handed to admission."""
+        report = self.engines.current().load()
+        self.admission.observe(report.busy_ms_per_seq, report.prefill_backlog_ms)
+        return report
+
     def load(self) -> LoadReport:
-        engine = self.engines.current()
-        report = engine.load()
+        report = self.observe_engine()
         admission = self.admission
-        admission.observe(report.busy_ms_per_seq)
         budget = admission.ttft_budget_ms
         return replace(
             report,

@@ -1,12 +1,19 @@
-"""The completion endpoints as plain ASGI, ahead of the FastAPI app.
+"""The front door of every service: the completion endpoints as plain ASGI.
 
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` are answered here
-(parse, validate, admit, prime, stream) without FastAPI's routing,
-dependency injection, validation layer or ``StreamingResponse`` task group:
-about a millisecond less time to first token per request on a small CPU.
-Every other request goes on to the FastAPI app, with its body bounded the
-same way (413) and replayed. The FastAPI app still documents these two paths
-(:func:`servekit.api.routes.build_serving_app`).
+without FastAPI's routing, dependency injection, validation layer or
+``StreamingResponse`` task group: about a millisecond less time to first
+token per request on a small CPU. Every other request goes on to the FastAPI
+app, with its body bounded the same way (413, with ``Connection: close``: the
+rest of the upload is not read) and replayed. The FastAPI app still documents
+these two paths (:func:`servekit.api.routes.build_serving_app`).
+
+What a completion request *does* is a :data:`CompletionHandler`: a serving
+instance runs its engine (the default, :func:`serve_completion`), the geo
+router routes it. The door around it is the same for all: a disconnect
+cancels the handler, a :class:`~servekit.errors.ServeError` raised before the
+response started is rendered in the OpenAI shape, anything else is a 500 in
+that shape, and ``on_error`` (metrics) sees every error it renders.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from servekit.api.core import ServingCore, core_of
@@ -34,7 +42,7 @@ from servekit.engine.protocol import GenerationRequest, Priority
 from servekit.errors import ServeError, error_body
 from servekit.wire import ChatCompletionRequest, CompletionRequest, new_id, parse_request
 
-__all__ = ["CompletionEndpoints"]
+__all__ = ["PATHS", "CompletionEndpoints", "CompletionHandler", "Kind", "serve_completion"]
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +50,33 @@ Kind = Literal["chat", "completion"]
 PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
+# (scope, kind, raw body, arrival perf_counter, send, disconnect watch)
+CompletionHandler = Callable[[Scope, Kind, bytes, float, Send, DisconnectWatch], Awaitable[None]]
+
+
+async def serve_completion(
+    scope: Scope, kind: Kind, raw: bytes, arrival: float, send: Send, watch: DisconnectWatch
+) -> None:
+    """A serving instance's completion: validate, admit, generate on its engine."""
+    core = core_of(scope.get("app"))
+    gen, stream, usage = _generation(core, kind, raw, scope)
+    await serve_generation(core, gen, send, stream=stream, include_usage=usage, arrival=arrival)
+
 
 class CompletionEndpoints:
-    """ASGI middleware: the two completion paths here, the rest to ``app``."""
+    """ASGI middleware: the two completion paths here (``complete``), the rest to ``app``."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_body_bytes: int,
+        complete: CompletionHandler = serve_completion,
+        on_error: Callable[[ServeError], None] | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.complete = complete
+        self.on_error = on_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,6 +96,8 @@ class CompletionEndpoints:
         except ClientGone:
             return
         except ServeError as exc:
+            if self.on_error is not None:
+                self.on_error(exc)
             await send_json(send, exc.status, exc.body(), {**exc.headers(), "Connection": "close"})
             return
         if kind is None:
@@ -87,15 +117,14 @@ class CompletionEndpoints:
             await send(message)
 
         try:
-            core = core_of(scope.get("app"))
-            gen, stream, usage = _generation(core, kind, raw, scope)
-            await serve_generation(
-                core, gen, tracked, stream=stream, include_usage=usage, arrival=arrival
-            )
+            await self.complete(scope, kind, raw, arrival, tracked, watch)
         except ServeError as exc:
             if exc.status >= 500:
                 log.warning("request failed: %r", exc)
+            if self.on_error is not None:
+                self.on_error(exc)
             if not started:
+                watch.finish()
                 await send_json(send, exc.status, exc.body(), exc.headers())
         except asyncio.CancelledError:
             if not watch.gone():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,11 +33,18 @@ def error_response(exc: ServeError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(
+    app: FastAPI, on_error: Callable[[ServeError], None] | None = None
+) -> None:
+    """Render every failure of ``app``'s routes in the OpenAI shape; ``on_error``
+    (metrics) sees each :class:`ServeError` first."""
+
     async def on_serve_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServeError)
         if exc.status >= 500:
             log.warning("request failed: %r", exc)
+        if on_error is not None:
+            on_error(exc)
         return error_response(exc)
 
     async def on_validation(_: Request, exc: Exception) -> JSONResponse:
@@ -46,6 +54,8 @@ def install_error_handlers(app: FastAPI) -> None:
             err = InvalidRequest("request body is not valid JSON", code="invalid_json")
         else:
             err = _from_fastapi_errors(errors)
+        if on_error is not None:
+            on_error(err)
         return error_response(err)
 
     async def on_http(_: Request, exc: Exception) -> JSONResponse:

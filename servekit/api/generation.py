@@ -96,6 +96,8 @@ async def serve_generation(
     whatever it was waiting on (the queue, the first token, the socket), the
     ticket is released and the engine stream closed.
     """
+    if core.admission.ttft_budget_ms is not None:
+        core.observe_engine()  # the prediction needs the engine's backlog of this moment
     try:
         ticket = core.admission.try_acquire(gen.priority) or await core.admission.acquire(
             gen.priority

@@ -205,6 +205,7 @@ class BatchingLlamaEngine:
             ttft_p50_ms=snap.ttft_p50_ms,
             ttft_p95_ms=snap.ttft_p95_ms,
             busy_ms_per_seq=snap.busy_ms_per_seq,
+            prefill_backlog_ms=_backlog_ms(snap),
             max_context_tokens=self._settings.ctx_per_slot,
             decode_tokens_per_s=snap.decode_tokens_per_s,
             prefill_tokens_per_s=snap.prefill_tokens_per_s,
@@ -225,3 +226,11 @@ class BatchingLlamaEngine:
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is not None:  # the worker frees the model on its way out
             await asyncio.to_thread(scheduler.stop)
+
+
+def _backlog_ms(snap: BatchingSnapshot) -> float | None:
+    """The running sequences' prompt tokens still to prefill, at the measured rate."""
+    if not snap.prefill_backlog_tokens:
+        return 0.0
+    rate = snap.prefill_tokens_per_s
+    return snap.prefill_backlog_tokens / rate * 1000.0 if rate else None

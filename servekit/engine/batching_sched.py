@@ -171,12 +171,19 @@ class Scheduler:
                 self._admit()
                 if self._running:
                     self._step()
+                self._note_backlog()
         except BaseException as exc:  # the worker must never die silently
             self._fail_all(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
             raise
         finally:
             self._fail_all(EngineFailure("engine stopped"))
             model.close()
+
+    def _note_backlog(self) -> None:
+        # What a newcomer's prefill waits behind: prefill is first-come first-served.
+        self.stats.prefill_backlog_tokens = sum(
+            len(seq.prompt) - seq.n_past for seq in self._running if seq.prefilling
+        )
 
     def _intake(self, *, block: bool) -> None:
         try:

@@ -34,6 +34,7 @@ class BatchingSnapshot:
     slots: int
     running: int
     waiting: int
+    prefill_backlog_tokens: int  # prompt tokens of running sequences not yet prefilled
     steps: int
     busy_seconds: float  # inside llama_decode
     decode_tokens: int
@@ -65,6 +66,7 @@ class BatchingStats:
     slots: int
     running: int = 0
     waiting: int = 0
+    prefill_backlog_tokens: int = 0
     steps: int = 0
     busy_seconds: float = 0.0
     decode_tokens: int = 0
@@ -156,6 +158,7 @@ class BatchingStats:
                 slots=self.slots,
                 running=self.running,
                 waiting=self.waiting,
+                prefill_backlog_tokens=self.prefill_backlog_tokens,
                 steps=self.steps,
                 busy_seconds=self.busy_seconds,
                 decode_tokens=self.decode_tokens,

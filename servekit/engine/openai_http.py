@@ -23,6 +23,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from servekit.continuation import TokenCount
 from servekit.engine.protocol import (
     Finish,
     GenerationEvent,
@@ -35,9 +36,9 @@ from servekit.errors import (
     ServeError,
     UpstreamError,
     UpstreamRejected,
-    UpstreamTimeout,
-    UpstreamUnavailable,
     error_from_body,
+    parse_retry_after,
+    upstream_failure,
 )
 from servekit.peers import PeerCredentials, async_client
 from servekit.sse import DONE, SSEDecoder
@@ -78,11 +79,11 @@ class OpenAIHTTPSettings(BaseModel):
 def translate_httpx_error(exc: httpx.HTTPError, where: str) -> ServeError:
     """The single mapping from httpx failures to the project's errors."""
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return UpstreamUnavailable(f"cannot connect to {where}: {exc}")
+        return upstream_failure("connect", where, str(exc))
     if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(f"{where} timed out: {type(exc).__name__}")
+        return upstream_failure("timeout", where, type(exc).__name__)
     if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return UpstreamError(f"connection to {where} broke: {exc}", code="upstream_disconnected")
+        return upstream_failure("broken", where, str(exc))
     return UpstreamError(f"{where} failed: {type(exc).__name__}: {exc}")
 
 
@@ -91,16 +92,6 @@ async def probe_load_json(client: httpx.AsyncClient, base_url: str) -> LoadRepor
     resp = await client.get(f"{base_url}/load", timeout=2.0)
     resp.raise_for_status()
     return LoadReport.from_dict(resp.json())
-
-
-def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
 
 
 class OpenAIHTTPEngine:
@@ -244,7 +235,9 @@ class OpenAIHTTPEngine:
             ) as resp:
                 if resp.status_code != 200:
                     raw = await resp.aread()
-                    error = _error_from_response(resp.status_code, raw, _retry_after(resp))
+                    error = _error_from_response(
+                        resp.status_code, raw, parse_retry_after(resp.headers.get("retry-after"))
+                    )
                     if resp.status_code == 400 and self.settings.engine_errors_as_400:
                         raise UpstreamRejected(error)
                     raise error
@@ -272,7 +265,7 @@ async def _events(
     decoder = SSEDecoder()
     reason: str | None = None
     usage: dict[str, Any] = {}
-    produced = 0
+    produced = TokenCount()  # from the upstream's usage and token ids, not its chunks
     finished = False
     async for chunk in resp.aiter_bytes():
         if finished:
@@ -294,11 +287,14 @@ async def _events(
                 raise error_from_body(502, obj)
             if isinstance(obj.get("usage"), dict):
                 usage = obj["usage"]
-            for choice in obj.get("choices") or []:
+            choices = obj.get("choices") or []
+            before = produced.tokens
+            produced.observe(obj, _choice_text(choices[0], kind) if choices else None)
+            for choice in choices:
                 text = _choice_text(choice, kind)
                 if text:
-                    produced += 1
-                    yield TextDelta(text, 1)
+                    yield TextDelta(text, max(0, produced.tokens - before))
+                    before = produced.tokens
                 if choice.get("finish_reason"):
                     reason = choice["finish_reason"]
     if not finished and reason is None:
@@ -309,7 +305,7 @@ async def _events(
     yield Finish(
         "length" if reason == "length" else "stop",
         int(usage.get("prompt_tokens") or 0),
-        int(usage.get("completion_tokens") or produced),
+        int(usage.get("completion_tokens") or produced.tokens),
         int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
     )
 

@@ -172,7 +172,10 @@ class LoadReport:
     ``None`` when unknown. ``ttft_budget_ms`` is the TTFT the instance admits
     against (it refuses a request whose predicted wait would exceed it) and
     ``predicted_wait_ms`` its current prediction of a new request's wait;
-    both ``None`` when it does not shed on a budget.
+    both ``None`` when it does not shed on a budget. ``prefill_backlog_ms`` is
+    how long the prompts already admitted but not yet prefilled take at the
+    measured prefill rate (a new request's prefill queues behind them); ``None``
+    when the engine does not know.
     """
 
     ready: bool = False
@@ -186,6 +189,7 @@ class LoadReport:
     decode_tokens_per_s: float | None = None
     prefill_tokens_per_s: float | None = None
     busy_ms_per_seq: float | None = None
+    prefill_backlog_ms: float | None = None
     max_context_tokens: int | None = None
     ttft_budget_ms: float | None = None
     predicted_wait_ms: float | None = None

@@ -193,6 +193,22 @@ async def test_a_full_queue_gets_429_with_retry_after_at_once(
         assert 'outcome="rejected"' in (await c.get("/metrics")).text
 
 
+async def test_the_engines_prefill_backlog_of_the_moment_counts_against_the_budget(
+    scripted_settings: Callable[..., EdgeSettings],
+) -> None:
+    """Free slots but seconds of prompts still to prefill: refused, with no /load poll between."""
+    settings = scripted_settings(admission__ttft_budget_ms=500)
+    engines = ScriptedEngines()
+    async with in_process(scripted_app(settings, engines)) as c:
+        assert (await c.post("/v1/chat/completions", json=body())).status_code == 200
+        engines.current.prefill_backlog_ms = 2000.0
+        shed = await c.post("/v1/chat/completions", json=body())
+        assert_openai_error(shed, 429)
+        assert "predicted wait 2000 ms" in shed.json()["error"]["message"]
+        engines.current.prefill_backlog_ms = 100.0
+        assert (await c.post("/v1/chat/completions", json=body())).status_code == 200
+
+
 async def test_a_ttft_budget_sheds_at_once_and_shows_in_load_and_metrics(
     scripted_settings: Callable[..., EdgeSettings],
 ) -> None:

@@ -168,6 +168,30 @@ async def test_long_prefill_does_not_stall_running_streams(engine: BatchingLlama
     assert run_fin.completion_tokens == 60 or run_fin.reason == "stop"
 
 
+async def test_a_prompt_being_prefilled_is_reported_as_backlog(
+    engine: BatchingLlamaEngine,
+) -> None:
+    """While a long prompt is prefilled chunk by chunk, load() prices what is left of it."""
+    await collect(engine, chat("Name a colour." + " Please." * 10, max_tokens=1))  # a rate
+    long_prompt = "Summarize: " + "a red fox ran past the old mill by the river. " * 25
+    task = asyncio.create_task(collect(engine, chat(long_prompt, max_tokens=1)))
+    seen: list[tuple[int, float | None]] = []
+    while not task.done():
+        backlog = engine.stats().prefill_backlog_tokens
+        if backlog:
+            seen.append((backlog, engine.load().prefill_backlog_ms))
+        await asyncio.sleep(0.005)
+    _, fin, _ = await task
+    assert seen, "the prefill was never seen in progress"
+    first_tokens, first_ms = seen[0]
+    assert 4 * CHUNK < first_tokens <= fin.prompt_tokens - fin.cached_prompt_tokens
+    assert first_ms is not None
+    assert first_ms > 0
+    assert [t for t, _ in seen] == sorted((t for t, _ in seen), reverse=True)  # it drains
+    assert engine.stats().prefill_backlog_tokens == 0
+    assert engine.load().prefill_backlog_ms == 0.0
+
+
 async def test_load_report_and_stats(engine: BatchingLlamaEngine) -> None:
     await asyncio.gather(*(collect(engine, chat(f"Count to {n}.", max_tokens=4)) for n in (3, 4)))
     report = engine.load()

@@ -36,6 +36,9 @@ class Behavior:
     stall_after: int | None = None  # words sent before it goes quiet (connection open)
     max_prompt_chars: int | None = None  # longer prompts: 400 context_length_exceeded
     ready: bool = True
+    # Usage in every chunk, as vLLM sends with ``continuous_usage_stats``, at this many
+    # tokens a word (so chunks and tokens differ); 0: usage only at the end, if asked.
+    usage_tokens_per_word: int = 0
     load: dict[str, Any] = field(default_factory=dict)
     seen: list[dict[str, Any]] = field(default_factory=list)  # bodies + headers received
     aborted: int = 0  # streams whose reader went away before the end
@@ -55,7 +58,9 @@ def _already(body: dict[str, Any]) -> int:
 def build_app(b: Behavior) -> Starlette:
     async def generate(request: Request) -> Response:
         body = await request.json()
-        b.seen.append({"body": body, "headers": dict(request.headers), "at": time.monotonic()})
+        port = request.client.port if request.client else None  # one per connection
+        seen = {"body": body, "headers": dict(request.headers), "at": time.monotonic()}
+        b.seen.append({**seen, "client_port": port})
         if b.status != 200:
             headers = {"Retry-After": b.retry_after} if b.retry_after else {}
             err = {"error": {"message": f"fake {b.status}", "type": "x", "code": None}}
@@ -102,7 +107,13 @@ def build_app(b: Behavior) -> Starlette:
                     raise ConnectionResetError("fake upstream dies mid-stream")
                 if b.stall_after is not None and i - start >= b.stall_after:
                     await asyncio.sleep(3600)
-                yield frame(f" w{i}" if i else "w0")
+                chunk = frame(f" w{i}" if i else "w0")
+                if b.usage_tokens_per_word:
+                    event = json.loads(chunk[6:])
+                    done = (i + 1 - start) * b.usage_tokens_per_word
+                    event["usage"] = {"prompt_tokens": 3, "completion_tokens": done}
+                    chunk = b"data: " + json.dumps(event).encode() + b"\n\n"
+                yield chunk
                 if b.token_delay_s:
                     await asyncio.sleep(b.token_delay_s)
             yield frame(None, finish=reason)

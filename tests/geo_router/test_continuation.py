@@ -39,13 +39,13 @@ def test_rewrite_makes_the_continuation_part_of_the_original_stream() -> None:
     s = StreamState("chat")
     s.observe(_chunk("a"))
     other = {**_chunk(role=True), "id": "new", "model": "other", "created": 9}
-    assert s.rewrite(other, 1) is None  # the continuation's role chunk is dropped
-    frame = s.rewrite({**_chunk("b"), "id": "new", "model": "other"}, 1)
+    assert s.splice(other, 1) is None  # the continuation's role chunk is dropped
+    frame = s.splice({**_chunk("b"), "id": "new", "model": "other"}, 1)
     assert frame is not None
     event = json.loads(frame[6:])
     assert (event["id"], event["model"], event["created"]) == ("orig", "m", 5)
     usage = {"id": "new", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
-    usage_frame = s.rewrite(usage, 1)
+    usage_frame = s.splice(usage, 1)
     assert usage_frame is not None
     assert json.loads(usage_frame[6:])["usage"] == {
         "prompt_tokens": 4,

@@ -6,6 +6,7 @@ that insists every upstream is healthy, so the data path has to find out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -173,6 +174,23 @@ def test_stall_past_the_ttft_deadline_moves_on() -> None:
             assert r.json()["error"]["type"] == "timeout"
 
 
+def test_the_first_token_deadline_grows_with_the_predicted_prefill() -> None:
+    """A long prompt the planner prices at seconds of prefill is not cut at the fixed deadline."""
+    late = Behavior(words=2, first_token_delay_s=1.0)
+    long_chat = chat(False)
+    long_chat["messages"] = [{"role": "user", "content": "Summarize this. " + "word " * 300}]
+    with serve_fake(late) as a:
+        for prefill_rate, expected in ((50.0, 200), (1_000_000.0, 504)):
+            plain = state(a, "a")
+            load = dataclasses.replace(plain.load, prefill_tokens_per_s=prefill_rate)
+            slow = dataclasses.replace(plain, load=load)
+            with routed([slow], ttft_deadline_s=0.3) as url:
+                r = httpx.post(
+                    url + "/v1/chat/completions", json=long_chat, headers=AUTH, timeout=20
+                )
+                assert r.status_code == expected, (prefill_rate, r.text)
+
+
 def test_mid_stream_death_continues_on_another_instance() -> None:
     dying = Behavior(words=8, die_after=3, token_delay_s=0.01)
     other = Behavior(words=8)
@@ -193,6 +211,31 @@ def test_mid_stream_death_continues_on_another_instance() -> None:
     assert sent["continue_final_message"] is True
     assert sent["add_generation_prompt"] is False
     assert sent["max_tokens"] == 97
+
+
+def test_a_continued_final_message_stays_one_assistant_turn_after_a_break() -> None:
+    dying = Behavior(words=8, die_after=3, token_delay_s=0.01)
+    other = Behavior(words=8)
+    messages = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "w0"}]
+    body = chat(messages=messages, continue_final_message=True, add_generation_prompt=False)
+    with ExitStack() as stack:
+        a, b = stack.enter_context(serve_fake(dying)), stack.enter_context(serve_fake(other))
+        url = stack.enter_context(routed([state(a, "dies"), state(b, "rescue", region="west")]))
+        _, events = read_stream(url, body)
+        assert text_of(events) == " w1 w2 w3 w4 w5 w6 w7"
+    sent = other.seen[0]["body"]["messages"]
+    assert sent == [messages[0], {"role": "assistant", "content": "w0 w1 w2 w3"}]
+
+
+def test_the_budget_shrinks_by_the_tokens_the_upstream_counted_not_its_chunks() -> None:
+    dying = Behavior(words=8, die_after=3, token_delay_s=0.01, usage_tokens_per_word=2)
+    other = Behavior(words=8)
+    with ExitStack() as stack:
+        a, b = stack.enter_context(serve_fake(dying)), stack.enter_context(serve_fake(other))
+        url = stack.enter_context(routed([state(a, "dies"), state(b, "rescue", region="west")]))
+        _, events = read_stream(url, chat(max_tokens=100))
+        assert text_of(events) == "w0 w1 w2 w3 w4 w5 w6 w7"
+    assert other.seen[0]["body"]["max_tokens"] == 94  # 3 chunks, 6 tokens
 
 
 def test_mid_stream_death_without_a_rescuer_ends_with_an_error_event() -> None:
@@ -302,3 +345,17 @@ def test_a_stream_that_goes_quiet_is_continued_after_the_idle_timeout() -> None:
         assert events[-1] == "[DONE]"
         assert time.monotonic() - start < 5
     assert rescue.seen[0]["body"]["messages"][-1]["content"] == "w0 w1"
+
+
+def test_streams_that_end_with_done_keep_the_upstream_connection_alive() -> None:
+    up = Behavior(words=3)
+    with serve_fake(up) as a, routed([state(a, "e")]) as url:
+        for stream in (True, True, False, True, False):
+            if stream:
+                _, events = read_stream(url, chat())
+                assert text_of(events) == "w0 w1 w2"
+            else:
+                r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+                assert r.json()["choices"][0]["message"]["content"] == "w0 w1 w2"
+    assert len(up.seen) == 5
+    assert len({s["client_port"] for s in up.seen}) == 1  # one connection, read out and reused

@@ -168,7 +168,9 @@ def test_mutual_tls_the_router_presents_its_client_certificate(
         }
         with router(router_settings([], peers=with_cert), states) as url:
             served, text = stream_text(url)
-    assert refused.status_code == 503, refused.text
+    # TLS 1.3 checks the client certificate after the handshake: the server hangs up
+    # once the request is sent, a broken exchange (retryable), not a refused connect.
+    assert refused.status_code in (502, 503), refused.text
     assert (served.status_code, text) == (200, "w0 w1")
 
 

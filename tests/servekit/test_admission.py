@@ -134,6 +134,19 @@ async def test_the_busy_slowdown_of_running_sequences_counts_against_the_budget(
         t.release()
 
 
+async def test_the_engines_prefill_backlog_counts_against_the_budget() -> None:
+    """A free slot is no promise when the engine still has seconds of prompts to prefill."""
+    q = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=1000.0)
+    q.observe(50.0, prefill_backlog_ms=1500.0)
+    assert q.predicted_wait_ms() == pytest.approx(1500.0)
+    assert q.try_acquire() is None
+    with pytest.raises(QueueFull, match="predicted wait 1500 ms"):
+        await q.acquire()
+    q.observe(50.0, prefill_backlog_ms=0.0)
+    ticket = await q.acquire()
+    ticket.release()
+
+
 async def test_a_refusing_queue_recovers_once_its_slots_free() -> None:
     """Refusals must not feed back: nothing about them keeps the next request out."""
     q = AdmissionQueue(slots=1, max_waiting=8, ttft_budget_ms=100.0)

@@ -12,6 +12,8 @@ from servekit.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
     error_from_body,
+    parse_retry_after,
+    upstream_failure,
 )
 
 
@@ -58,3 +60,20 @@ def test_retryable() -> None:
     assert UpstreamError("x").retryable
     assert QueueFull("x").retryable
     assert not InvalidRequest("x").retryable
+
+
+def test_retry_after_reads_seconds_and_http_dates() -> None:
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after(" 1.5 ") == 1.5
+    assert parse_retry_after("-3") == 0.0
+    now = 784111777.0  # Sun, 06 Nov 1994 08:49:37 GMT
+    assert parse_retry_after("Sun, 06 Nov 1994 08:49:57 GMT", now=now) == 20.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+
+
+def test_one_mapping_of_upstream_failures() -> None:
+    assert upstream_failure("connect", "u", "refused").status == 503
+    assert upstream_failure("timeout", "u", "slow").status == 504
+    broken = upstream_failure("broken", "u", "reset")
+    assert (broken.status, broken.code, broken.retryable) == (502, "upstream_disconnected", True)
