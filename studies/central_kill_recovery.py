@@ -18,16 +18,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import yaml
 
-from hybrid_llm.local.servers import REPO, free_port, wait_ready
-
-
-def _replicas(gw: str) -> dict[str, dict[str, Any]]:
-    return {r["name"]: r for r in httpx.get(gw + "/replicas").json()["replicas"]}
+from hybrid_llm.local.servers import (
+    REPO,
+    all_replicas_healthy,
+    free_port,
+    gateway_replicas,
+    wait_ready,
+)
 
 
 def _traffic(gw: str, codes: list[int], stop: threading.Event) -> None:
@@ -51,7 +52,7 @@ def _traffic(gw: str, codes: list[int], stop: threading.Event) -> None:
 def measure(gw: str, victim_name: str) -> None:
     t0 = time.monotonic()
     wait_ready(gw, 120)
-    while not all(r["state"] == "healthy" for r in _replicas(gw).values()):
+    while not all_replicas_healthy(gw):
         time.sleep(0.05)
     print(f"gateway start to both replicas healthy: {time.monotonic() - t0:.2f} s")
     codes: list[int] = []
@@ -61,15 +62,15 @@ def measure(gw: str, victim_name: str) -> None:
         t.start()
     try:
         time.sleep(2)
-        victim = _replicas(gw)[victim_name]
+        victim = gateway_replicas(gw)[victim_name]
         n0 = len(codes)
         os.kill(victim["pid"], signal.SIGKILL)
         tk = time.monotonic()
-        while _replicas(gw)[victim_name]["state"] == "healthy":
+        while gateway_replicas(gw)[victim_name]["state"] == "healthy":
             time.sleep(0.01)
         t_out = time.monotonic() - tk
         while True:
-            back = _replicas(gw)[victim_name]
+            back = gateway_replicas(gw)[victim_name]
             if back["state"] == "healthy" and back["restarts"] == 1:
                 break
             time.sleep(0.02)

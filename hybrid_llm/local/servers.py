@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,16 @@ import uvicorn
 
 from servekit.engine.process import free_port
 
-__all__ = ["REPO", "UvicornThread", "free_port", "service_process", "wait_ready"]
+__all__ = [
+    "REPO",
+    "UvicornThread",
+    "all_replicas_healthy",
+    "free_port",
+    "gateway_replicas",
+    "service_process",
+    "wait_ready",
+    "wait_until",
+]
 
 # The checkout (the package is installed editable): services run from here.
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +83,30 @@ def wait_ready(url: str, timeout: float = 180.0, path: str = "/ready", verify: A
             last = exc
         time.sleep(0.1)
     raise TimeoutError(f"{url}{path} not ready after {timeout}s (last: {last!r})")
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 10.0,
+    what: str = "condition",
+    interval: float = 0.05,
+) -> None:
+    """Poll ``predicate`` until it holds; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def gateway_replicas(url: str, headers: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """A central gateway's ``/replicas``, by replica name."""
+    body = httpx.get(url + "/replicas", headers=headers, timeout=5).json()
+    return {r["name"]: r for r in body["replicas"]}
+
+
+def all_replicas_healthy(url: str) -> bool:
+    return all(r["state"] == "healthy" for r in gateway_replicas(url).values())
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,30 +21,19 @@ import openai
 import pytest
 import yaml
 
-from hybrid_llm.local.servers import REPO, free_port, service_process
+from hybrid_llm.local.servers import (
+    REPO,
+    all_replicas_healthy,
+    free_port,
+    gateway_replicas,
+    service_process,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = "You are a terse assistant. Answer in one short sentence."
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _replicas(gw: str) -> dict[str, dict[str, Any]]:
-    body = httpx.get(gw + "/replicas", timeout=5).json()
-    return {r["name"]: r for r in body["replicas"]}
-
-
-def _all_healthy(gw: str) -> bool:
-    return all(r["state"] == "healthy" for r in _replicas(gw).values())
 
 
 def _chat(gw: str, user: str, max_tokens: int = 4) -> httpx.Response:
@@ -72,7 +61,7 @@ def gateway(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     url = f"http://127.0.0.1:{port}"
     args = ["central", "serve", "--config", str(path), "--port", str(port)]
     with service_process(args, url, ready_timeout=120):
-        _wait(lambda: _all_healthy(url), 120, "both replicas healthy")
+        wait_until(lambda: all_replicas_healthy(url), 120, "both replicas healthy")
         yield url
     # It left the registry on the way out.
     assert _center_instances(run / "registry.db") == []
@@ -132,16 +121,16 @@ def test_bad_requests_are_openai_errors(gateway: str) -> None:
 
 
 def test_repeated_system_prompt_sticks_to_one_replica(gateway: str) -> None:
-    before = {n: r["served"] for n, r in _replicas(gateway).items()}
+    before = {n: r["served"] for n, r in gateway_replicas(gateway).items()}
     for question in ("What is rain?", "What is snow?", "What is hail?"):
         assert _chat(gateway, question).status_code == 200
-    after = {n: r["served"] for n, r in _replicas(gateway).items()}
+    after = {n: r["served"] for n, r in gateway_replicas(gateway).items()}
     deltas = sorted(after[n] - before[n] for n in after)
     assert deltas == [0, 3]
 
 
 def test_concurrent_load_spreads_across_replicas(gateway: str) -> None:
-    before = {n: r["served"] for n, r in _replicas(gateway).items()}
+    before = {n: r["served"] for n, r in gateway_replicas(gateway).items()}
     questions = ("Why?", "How?", "When?", "Where?")
     barrier = threading.Barrier(len(questions))
     codes: list[int] = []
@@ -156,7 +145,7 @@ def test_concurrent_load_spreads_across_replicas(gateway: str) -> None:
     for t in threads:
         t.join(60)
     assert codes == [200] * len(questions)
-    after = {n: r["served"] for n, r in _replicas(gateway).items()}
+    after = {n: r["served"] for n, r in gateway_replicas(gateway).items()}
     # Same system prompt, one home replica; but past its bounded share of the
     # load (1.25x an even split) the rest go to the other replica.
     deltas = sorted(after[n] - before[n] for n in after)
@@ -182,7 +171,7 @@ def test_registered_as_center_with_aggregate_load(
         load = _center_instances(db)[0].load
         return load.requests_ok > before and load.ready and load.capacity == 8
 
-    _wait(beat_carried_it, 10, "a heartbeat with the new request count")
+    wait_until(beat_carried_it, 10, "a heartbeat with the new request count")
 
 
 def test_replica_http_engine_and_scrapes_end_to_end(gateway: str) -> None:
@@ -191,7 +180,7 @@ def test_replica_http_engine_and_scrapes_end_to_end(gateway: str) -> None:
     from central.scrape import ReplicaProbe
     from servekit.engine.protocol import Finish, GenerationRequest, Message, SamplingParams
 
-    replica = next(iter(_replicas(gateway).values()))
+    replica = next(iter(gateway_replicas(gateway).values()))
     url = replica["url"]
     assert " -m edge_agent serve --config " in replica["command"]
     assert replica["log"].endswith(".log")
@@ -226,7 +215,7 @@ def test_replica_http_engine_and_scrapes_end_to_end(gateway: str) -> None:
 
 def test_killed_replica_is_removed_restarted_and_no_request_is_lost(gateway: str) -> None:
     victim = "cpu-a"
-    before = _replicas(gateway)[victim]
+    before = gateway_replicas(gateway)[victim]
     os.kill(before["pid"], signal.SIGKILL)
     states: set[str] = set()
     codes: list[int] = []
@@ -234,7 +223,7 @@ def test_killed_replica_is_removed_restarted_and_no_request_is_lost(gateway: str
     i = 0
     # Keep asking (two at a time) for as long as the replica is away.
     while time.monotonic() < deadline:
-        now = _replicas(gateway)[victim]
+        now = gateway_replicas(gateway)[victim]
         states.add(now["state"])
         if now["restarts"] >= 1 and now["state"] == "healthy":
             break
@@ -245,7 +234,7 @@ def test_killed_replica_is_removed_restarted_and_no_request_is_lost(gateway: str
         for t in pair:
             t.join(60)
         i += 1
-    after = _replicas(gateway)[victim]
+    after = gateway_replicas(gateway)[victim]
     assert after["state"] == "healthy"
     assert after["restarts"] == 1
     assert after["pid"] != before["pid"]
@@ -278,8 +267,8 @@ def test_in_process_replica_beside_a_url_replica(model_path: Path, tmp_path: Pat
         )
         with UvicornThread(create_app(settings)) as gw:
             wait_ready(gw.url, timeout=60)
-            _wait(lambda: _all_healthy(gw.url), 60, "both replicas healthy")
-            local = _replicas(gw.url)["local"]
+            wait_until(lambda: all_replicas_healthy(gw.url), 60, "both replicas healthy")
+            local = gateway_replicas(gw.url)["local"]
             assert local["pid"] is None
             assert local["url"] == "inprocess://local"
             # Two at once: one lands on each replica (both have room for one).
@@ -295,7 +284,7 @@ def test_in_process_replica_beside_a_url_replica(model_path: Path, tmp_path: Pat
                 t.start()
             for t in threads:
                 t.join(60)
-            served = {n: r["served"] for n, r in _replicas(gw.url).items()}
+            served = {n: r["served"] for n, r in gateway_replicas(gw.url).items()}
     assert served == {"local": 1, "remote": 1}
     assert "Hello from the double" in texts
     assert len(texts) == 2

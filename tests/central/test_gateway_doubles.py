@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,14 @@ from central.app import create_app
 from central.balancer import Balancer, Candidate, prefix_key
 from central.settings import CentralSettings
 from hybrid_llm.local.engine_double import create_double
-from hybrid_llm.local.servers import UvicornThread, free_port, wait_ready
+from hybrid_llm.local.servers import (
+    UvicornThread,
+    all_replicas_healthy,
+    free_port,
+    gateway_replicas,
+    wait_ready,
+    wait_until,
+)
 from servekit.engine.protocol import GenerationRequest, Message, SamplingParams
 
 MODEL = "big"
@@ -44,20 +50,6 @@ def _settings(tmp_path: Path, urls: list[str], **extra: Any) -> CentralSettings:
     }
     data.update(extra)
     return CentralSettings.model_validate(data)
-
-
-def _wait(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _replicas(gw: str) -> dict[str, dict[str, Any]]:
-    body = httpx.get(gw + "/replicas").json()
-    return {r["name"]: r for r in body["replicas"]}
 
 
 def _chat(gw: str, text: str, *, priority: str | None = None, **body: Any) -> httpx.Response:
@@ -94,7 +86,7 @@ def test_serves_streams_and_scrapes_replica_load(
 ) -> None:
     a, b = doubles
     gw = gateway_factory(_settings(tmp_path, [a.url, b.url]))
-    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    wait_until(lambda: all_replicas_healthy(gw), what="healthy")
 
     r = _chat(gw, "hi", max_tokens=8)
     assert r.status_code == 200
@@ -114,11 +106,11 @@ def test_serves_streams_and_scrapes_replica_load(
     held = threading.Thread(target=_chat, args=(gw, "HOLD me"))
     held.start()
     try:
-        _wait(
-            lambda: any(r["engine_running"] == 1 for r in _replicas(gw).values()),
+        wait_until(
+            lambda: any(r["engine_running"] == 1 for r in gateway_replicas(gw).values()),
             what="scraped vllm:num_requests_running == 1",
         )
-        busy = [r for r in _replicas(gw).values() if r["inflight"] == 1]
+        busy = [r for r in gateway_replicas(gw).values() if r["inflight"] == 1]
         assert len(busy) == 1
         assert busy[0]["engine_running"] == 1
     finally:
@@ -165,7 +157,7 @@ def test_failure_before_the_first_token_is_retried_on_another_replica(
     a, b = doubles
     settings = _settings(tmp_path, [a.url, b.url])
     gw = gateway_factory(settings)
-    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    wait_until(lambda: all_replicas_healthy(gw), what="healthy")
     text = _prompt_homed_on(settings, "r0")
     httpx.post(a.url + "/fail", params={"n": 1})
 
@@ -177,7 +169,7 @@ def test_failure_before_the_first_token_is_retried_on_another_replica(
     assert httpx.get(b.url + "/arrivals").json() == [text]
     retries = _metrics(gw)["central_dispatch_retries"].samples
     assert [s.value for s in retries if s.name == "central_dispatch_retries_total"] == [1.0]
-    replicas = _replicas(gw)
+    replicas = gateway_replicas(gw)
     assert (replicas["r0"]["served"], replicas["r1"]["served"]) == (0, 1)
 
     # When every replica fails, the client gets the upstream error, not a hang.
@@ -195,7 +187,7 @@ def test_an_answer_broken_mid_stream_continues_on_another_replica(
 ) -> None:
     a, b = doubles
     gw = gateway_factory(_settings(tmp_path, [a.url, b.url]))
-    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    wait_until(lambda: all_replicas_healthy(gw), what="healthy")
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "BREAK please"}],
@@ -229,7 +221,7 @@ def test_interactive_goes_first_and_batch_is_not_starved(
 ) -> None:
     with UvicornThread(create_double(MODEL)) as double:
         gw = gateway_factory(_settings(tmp_path, [double.url]))
-        _wait(lambda: _replicas(gw)["r0"]["state"] == "healthy", what="healthy")
+        wait_until(lambda: gateway_replicas(gw)["r0"]["state"] == "healthy", what="healthy")
 
         threads: list[threading.Thread] = []
 
@@ -244,14 +236,14 @@ def test_interactive_goes_first_and_batch_is_not_starved(
 
         # One replica of capacity 1: the held request saturates the center.
         send("HOLD", "interactive")
-        _wait(lambda: gateway_load()["running"] == 1, what="held request running")
+        wait_until(lambda: gateway_load()["running"] == 1, what="held request running")
         # Queue batch first, then two interactive ones, one at a time so the
         # order of arrival at the gateway is known.
         for i, (text, priority) in enumerate(
             [("batch-1", "batch"), ("inter-1", "interactive"), ("inter-2", "interactive")]
         ):
             send(text, priority)
-            _wait(lambda n=i + 1: gateway_load()["waiting"] == n, what=f"{i + 1} waiting")
+            wait_until(lambda n=i + 1: gateway_load()["waiting"] == n, what=f"{i + 1} waiting")
         httpx.post(double.url + "/release")
         for t in threads:
             t.join(10)
@@ -269,7 +261,7 @@ def test_priority_reaches_replicas_that_schedule_by_it(
     settings = _settings(tmp_path, [a.url, b.url])
     settings.replicas[0].send_priority = True  # type: ignore[union-attr]
     gw = gateway_factory(settings)
-    _wait(lambda: all(r["state"] == "healthy" for r in _replicas(gw).values()), what="healthy")
+    wait_until(lambda: all_replicas_healthy(gw), what="healthy")
     for priority in ("batch", "interactive", None):
         assert _chat(gw, _prompt_homed_on(settings, "r0"), priority=priority).status_code == 200
         assert _chat(gw, _prompt_homed_on(settings, "r1"), priority=priority).status_code == 200
@@ -289,7 +281,7 @@ def test_no_healthy_replica_is_503_with_retry_after(tmp_path: Path) -> None:
         assert r.status_code == 503
         assert r.json()["error"]["code"] == "not_ready"
         assert int(r.headers["retry-after"]) >= 1
-        assert _replicas(gw.url)["r0"]["state"] == "starting"
+        assert gateway_replicas(gw.url)["r0"]["state"] == "starting"
 
 
 def test_unhealthy_replica_leaves_rotation_and_rejoins(
@@ -299,13 +291,15 @@ def test_unhealthy_replica_leaves_rotation_and_rejoins(
     with UvicornThread(create_double(MODEL)) as a:
         b = UvicornThread(create_double(MODEL), port=port).__enter__()
         gw = gateway_factory(_settings(tmp_path, [a.url, b.url]))
-        _wait(lambda: _replicas(gw)["r1"]["state"] == "healthy", what="r1 healthy")
+        wait_until(lambda: gateway_replicas(gw)["r1"]["state"] == "healthy", what="r1 healthy")
         b.__exit__(None, None, None)
-        _wait(lambda: _replicas(gw)["r1"]["state"] == "unhealthy", what="r1 out of rotation")
+        wait_until(
+            lambda: gateway_replicas(gw)["r1"]["state"] == "unhealthy", what="r1 out of rotation"
+        )
         for i in range(4):
             assert _chat(gw, f"while r1 is down {i}").status_code == 200
-        assert _replicas(gw)["r1"]["served"] == 0
+        assert gateway_replicas(gw)["r1"]["served"] == 0
         assert _healthy_gauges(gw) == {"r0": 1.0, "r1": 0.0}
         with UvicornThread(create_double(MODEL), port=port):
-            _wait(lambda: _replicas(gw)["r1"]["state"] == "healthy", what="r1 back")
+            wait_until(lambda: gateway_replicas(gw)["r1"]["state"] == "healthy", what="r1 back")
             assert httpx.get(gw + "/ready").status_code == 200

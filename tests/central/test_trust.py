@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import ssl
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from central.commands import STANDIN_TOKEN_ENV, VLLM_TOKEN_ENV, build_plan
 from central.settings import CentralSettings
 from central.specs import LlamaCppReplica, VllmReplica
 from hybrid_llm.local.engine_double import create_double
-from hybrid_llm.local.servers import UvicornThread, wait_ready
+from hybrid_llm.local.servers import UvicornThread, wait_ready, wait_until
 from tests.support.pki import PrivateCA
 
 MODEL = "big"
@@ -28,13 +27,6 @@ SECRETS = ("hf_secret_value", "lic-0000-1111", "hunter2", "sk-extra-arg", REPLIC
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
-
-
-def _wait(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def settings(tmp_path: Path, double_url: str) -> CentralSettings:
@@ -99,7 +91,9 @@ def test_the_gateway_needs_its_token_sends_its_own_and_shows_no_secret(tmp_path:
                 assert r.status_code == 200
                 return {x["name"]: x for x in r.json()["replicas"]}
 
-            _wait(lambda: replicas()["gpu"]["command"] is not None)
+            wait_until(
+                lambda: replicas()["gpu"]["command"] is not None, 30, "the gpu replica's command"
+            )
             shown = replicas()
     text = json.dumps(shown)
     for secret in SECRETS:

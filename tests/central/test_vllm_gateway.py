@@ -11,36 +11,24 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 import yaml
 
-from hybrid_llm.local.servers import REPO, free_port, service_process
+from hybrid_llm.local.servers import (
+    REPO,
+    all_replicas_healthy,
+    free_port,
+    gateway_replicas,
+    service_process,
+    wait_until,
+)
 from tests.support.vllm import HF_MODEL, MODEL_NAME, VLLM, require_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _replicas(gw: str) -> dict[str, dict[str, Any]]:
-    body = httpx.get(gw + "/replicas", timeout=5).json()
-    return {r["name"]: r for r in body["replicas"]}
-
-
-def _all_healthy(gw: str) -> bool:
-    return all(r["state"] == "healthy" for r in _replicas(gw).values())
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +48,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     args = ["central", "serve", "--config", str(path), "--port", str(port)]
     with service_process(args, url, ready_timeout=450):
-        _wait(lambda: _all_healthy(url), 450, "both vLLM replicas healthy")
+        wait_until(lambda: all_replicas_healthy(url), 450, "both vLLM replicas healthy")
         yield url
 
 
 def test_replicas_run_the_generated_vllm_command_lines(gateway: str) -> None:
-    replicas = _replicas(gateway)
+    replicas = gateway_replicas(gateway)
     assert set(replicas) == {"vllm-a", "vllm-b"}
     for name, core in (("vllm-a", "0"), ("vllm-b", "1")):
         command = replicas[name]["command"]
@@ -114,13 +102,13 @@ def test_openai_sdk_through_the_gateway(gateway: str) -> None:
 
 
 def test_concurrent_load_uses_both_replicas_and_their_metrics(gateway: str) -> None:
-    before = {n: r["served"] for n, r in _replicas(gateway).items()}
+    before = {n: r["served"] for n, r in gateway_replicas(gateway).items()}
     seen_running: list[int] = []
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.is_set():
-            for r in _replicas(gateway).values():
+            for r in gateway_replicas(gateway).values():
                 if r["engine_running"]:
                     seen_running.append(r["engine_running"])
             time.sleep(0.05)
@@ -146,7 +134,7 @@ def test_concurrent_load_uses_both_replicas_and_their_metrics(gateway: str) -> N
     stop.set()
     watcher.join()
     assert codes == [200] * len(questions)
-    after = {n: r["served"] for n, r in _replicas(gateway).items()}
+    after = {n: r["served"] for n, r in gateway_replicas(gateway).items()}
     deltas = {n: after[n] - before[n] for n in after}
     assert sum(deltas.values()) == len(questions)
     assert min(deltas.values()) >= 2, deltas
@@ -160,15 +148,21 @@ def test_concurrent_load_uses_both_replicas_and_their_metrics(gateway: str) -> N
 
 
 def test_a_killed_replica_is_bypassed_and_restarted(gateway: str) -> None:
-    victim = _replicas(gateway)["vllm-a"]
+    victim = gateway_replicas(gateway)["vllm-a"]
     os.killpg(victim["pid"], signal.SIGKILL)
-    _wait(lambda: _replicas(gateway)["vllm-a"]["state"] != "healthy", 10, "vllm-a out of rotation")
+    wait_until(
+        lambda: gateway_replicas(gateway)["vllm-a"]["state"] != "healthy",
+        10,
+        "vllm-a out of rotation",
+    )
     # Meanwhile every request is served by the other replica.
     for _ in range(3):
         body = {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2}
         assert httpx.post(gateway + "/v1/completions", json=body, timeout=60).status_code == 200
-    _wait(lambda: _replicas(gateway)["vllm-a"]["state"] == "healthy", 450, "vllm-a back")
-    again = _replicas(gateway)["vllm-a"]
+    wait_until(
+        lambda: gateway_replicas(gateway)["vllm-a"]["state"] == "healthy", 450, "vllm-a back"
+    )
+    again = gateway_replicas(gateway)["vllm-a"]
     assert again["restarts"] == victim["restarts"] + 1
     assert again["pid"] != victim["pid"]
     assert again["last_exit"] == -signal.SIGKILL

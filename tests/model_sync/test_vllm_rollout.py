@@ -17,8 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import httpx
 import pytest
 
 from geo_router.app import create_app as router_app
-from hybrid_llm.local.servers import REPO, UvicornThread, free_port, service_process
+from hybrid_llm.local.servers import REPO, UvicornThread, free_port, service_process, wait_until
 from model_sync.records import ActualState
 from model_sync.store import SyncStore
 from servekit.registry import RegistrySettings, open_registry
@@ -67,13 +66,6 @@ def _actual(db: Path) -> ActualState | None:
             await registry.aclose()
 
     return anyio.run(read)
-
-
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
 
 
 @dataclass
@@ -182,7 +174,7 @@ def test_directory_rollout_under_load_fails_no_request(fleet: dict[str, Any]) ->
     load = Load(fleet["router"])
     threads = load.run(clients=2)
     try:
-        _wait(lambda: load.ok >= 6, 120, "traffic flowing before the rollout")
+        wait_until(lambda: load.ok >= 6, 120, "traffic flowing before the rollout")
         rolled = _cli(
             db, "rollout", MODEL_NAME, "v2", "--canary", "1", "--bake", "2s",
             "--min-requests", "0", "--max-ttft-ratio", "20", "--converge-timeout", "8m",
@@ -190,7 +182,7 @@ def test_directory_rollout_under_load_fails_no_request(fleet: dict[str, Any]) ->
         )  # fmt: skip
         assert rolled.returncode == 0, rolled.stdout + rolled.stderr
         served_during = load.ok
-        _wait(lambda: load.ok >= served_during + 6, 120, "traffic on v2")
+        wait_until(lambda: load.ok >= served_during + 6, 120, "traffic on v2")
     finally:
         load.stop.set()
         for t in threads:
@@ -202,7 +194,7 @@ def test_directory_rollout_under_load_fails_no_request(fleet: dict[str, Any]) ->
     installed = tmp / "node-models" / MODEL_NAME / "v2" / HF_MODEL.name
     assert f" serve {installed.resolve()} " in after["command"]
     # The old server finished its streams and is gone: one vLLM left.
-    _wait(lambda: not _alive(before["pid"]), 60, "the old vLLM to stop")
+    wait_until(lambda: not _alive(before["pid"]), 60, "the old vLLM to stop")
     assert httpx.get(fleet["edge"] + "/load").json()["version"] == "v2"
 
 
