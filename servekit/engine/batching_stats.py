@@ -83,6 +83,10 @@ class BatchingStats:
     _bucket_counts: list[int] = field(default_factory=lambda: [0] * len(BATCH_SIZE_BUCKETS))
     _ttft_ms: deque[float] = field(default_factory=lambda: deque(maxlen=512))
     _recent: deque[tuple[float, float, int, int]] = field(default_factory=deque)
+    # Running sums over _recent (busy s, decode, prefill, busy s of prefilling steps),
+    # kept as steps enter and leave it: load() and the admission check read them per
+    # request, and summing a 10 s window of steps each time cost ~0.25 ms.
+    _window: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
     # (sequences, seconds) of recent decode-only steps: the engine's own TPOT.
     _decode_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
     _busy: BusySlowdown = field(default_factory=BusySlowdown)
@@ -106,10 +110,20 @@ class BatchingStats:
                 if sequences <= bound:
                     self._bucket_counts[i] += 1
             self._recent.append((now, seconds, decode, prefill))
+            self._add_to_window(seconds, decode, prefill, 1)
             if not prefill:
                 self._decode_steps.append((sequences, seconds))
             while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
-                self._recent.popleft()
+                _, old_s, old_decode, old_prefill = self._recent.popleft()
+                self._add_to_window(old_s, old_decode, old_prefill, -1)
+
+    def _add_to_window(self, seconds: float, decode: int, prefill: int, sign: int) -> None:
+        w = self._window
+        w[0] += sign * seconds
+        w[1] += sign * decode
+        w[2] += sign * prefill
+        if prefill:
+            w[3] += sign * seconds
 
     def record_ttft(
         self,
@@ -147,12 +161,9 @@ class BatchingStats:
     def snapshot(self) -> BatchingSnapshot:
         with self._lock:
             ttft = sorted(self._ttft_ms)
-            busy = sum(r[1] for r in self._recent)
-            decode = sum(r[2] for r in self._recent)
-            prefill = sum(r[3] for r in self._recent)
-            # Prefill speed from the steps that prefilled: a mostly-decoding
-            # window would otherwise report prompts as absurdly slow to read.
-            prefill_busy = sum(r[1] for r in self._recent if r[3])
+            # Prefill speed from the steps that prefilled (prefill_busy): a mostly
+            # decoding window would otherwise report prompts as absurdly slow to read.
+            busy, decode, prefill, prefill_busy = self._window
             mean = self._batch_sequences_total / self.steps if self.steps else 0.0
             return BatchingSnapshot(
                 slots=self.slots,

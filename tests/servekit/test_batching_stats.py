@@ -1,0 +1,35 @@
+"""The batching engine's recent rates: a 10 s window of steps, kept as running sums."""
+
+from __future__ import annotations
+
+import pytest
+
+from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
+
+
+def test_rates_cover_only_the_last_window_of_steps() -> None:
+    stats = BatchingStats(slots=4)
+    # 20 s of slow steps, then 10 s of fast ones: only the fast ones are in the window.
+    t = 0.0
+    for i in range(200):
+        stats.record_step(4, 4, 64 if i % 4 == 0 else 0, 0.5, now=t)
+        t += 0.1
+    t += 1.0  # a pause, so that no slow step sits on the window's edge
+    for i in range(90):  # 8.9 s of fast steps: all inside the window
+        stats.record_step(4, 4, 64 if i % 3 == 0 else 0, 0.02, now=t)
+        t += 0.1
+    snap = stats.snapshot()
+    assert RATE_WINDOW_S > 90 * 0.1
+    assert snap.decode_tokens_per_s == pytest.approx(4 * 90 / (0.02 * 90))
+    # Prefill speed from the 30 prefilling steps alone.
+    assert snap.prefill_tokens_per_s == pytest.approx(64 * 30 / (0.02 * 30))
+
+
+def test_an_emptied_window_reports_no_rates() -> None:
+    stats = BatchingStats(slots=1)
+    stats.record_step(1, 1, 32, 0.1, now=0.0)
+    assert stats.snapshot().prefill_tokens_per_s == pytest.approx(320.0)
+    stats.record_step(1, 0, 0, 0.0, now=RATE_WINDOW_S + 5)  # an empty step, long after
+    snap = stats.snapshot()
+    assert snap.decode_tokens_per_s is None
+    assert snap.prefill_tokens_per_s is None
