@@ -26,7 +26,7 @@ from hybrid_llm.local.servers import (
     service_process,
     wait_until,
 )
-from tests.support.vllm import HF_MODEL, MODEL_NAME, VLLM, require_vllm
+from tests.support.vllm import HF_MODEL, MODEL_NAME, VLLM, require_vllm, sdk_stream
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -80,16 +80,8 @@ def test_openai_sdk_through_the_gateway(gateway: str) -> None:
         assert chat.choices[0].message.content
         assert chat.usage is not None
         assert chat.usage.completion_tokens == 8
-        stream = client.chat.completions.create(
-            model=MODEL_NAME,
-            messages=[{"role": "user", "content": "Count to three."}],
-            max_tokens=8,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        chunks = list(stream)
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert chunks[-1].usage is not None
+        text, _ = sdk_stream(client, MODEL_NAME)
+        assert text
         completion = client.completions.create(model=MODEL_NAME, prompt="The sky is", max_tokens=4)
         assert completion.choices[0].text
         with pytest.raises(openai.NotFoundError):

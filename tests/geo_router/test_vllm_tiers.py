@@ -25,6 +25,7 @@ from tests.support.vllm import (
     HF_MODEL,
     VLLM,
     require_vllm,
+    sdk_stream,
     vllm_engine,
     write_edge_config,
 )
@@ -111,17 +112,9 @@ def test_pinned_tiers_reach_their_vllm(tiers: dict[str, str]) -> None:
 def test_openai_sdk_streams_from_both_tiers(tiers: dict[str, str]) -> None:
     with openai.OpenAI(base_url=tiers["router"] + "/v1", api_key=KEY, max_retries=0) as client:
         for model in ("edge", "center"):
-            stream = client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": "Count to three."}],
-                max_tokens=8,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            chunks = list(stream)
-            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            assert chunks[-1].usage is not None
-            assert 0 < chunks[-1].usage.completion_tokens <= 8
+            text, usage = sdk_stream(client, model)
+            assert text
+            assert 0 < usage.completion_tokens <= 8
 
 
 def test_an_edge_whose_vllm_died_falls_back_to_the_center(tiers: dict[str, str]) -> None:

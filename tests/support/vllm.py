@@ -12,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import yaml
+from openai.types import CompletionUsage
 
 from hybrid_llm.local.servers import REPO
 
@@ -59,3 +61,20 @@ def write_edge_config(path: Path, port: int, engine: dict[str, Any], **over: Any
     settings.update(over)
     path.write_text(yaml.safe_dump(settings), encoding="utf-8")
     return path
+
+
+def sdk_stream(
+    client: openai.OpenAI, model: str, max_tokens: int = 8
+) -> tuple[str, CompletionUsage]:
+    """Stream a short chat through the SDK with usage; the text and the final usage."""
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Count to three."}],
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    usage = chunks[-1].usage
+    assert usage is not None, "no usage in the stream's last chunk"
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), usage
