@@ -227,17 +227,29 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
     pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
     env_base = {"PYTHONPATH": pythonpath, "HYBRID_LLM_REGISTRY": str(root / topo.registry)}
     specs: list[ProcessSpec] = []
+    proxied = [s for s in services if topo.proxied(s) and s.port is not None]
     routes = [
         f"{s.port + topo.netem.port_offset}={topo.host}:{s.port}@{topo.rtt_ms(s):g}"
-        for s in services
-        if topo.proxied(s) and s.port is not None
+        for s in proxied
+        if s.port is not None
     ]
     if routes:
         argv = [sys.executable, "-m", "hybrid_llm", "netem"]
         for route in routes:
             argv += ["--route", route]
+        # Ready once every proxy listens: the proxy process takes a second to
+        # import, longer than a small service takes to answer /ready, and a
+        # service that is up behind a proxy that is not yet is refused.
+        listen = tuple(s.port + topo.netem.port_offset for s in proxied if s.port is not None)
         specs.append(
-            ProcessSpec("netem", argv, env=env_base, cwd=root, labels={"kind": "netem", "url": "-"})
+            ProcessSpec(
+                "netem",
+                argv,
+                env=env_base,
+                cwd=root,
+                labels={"kind": "netem", "url": "-"},
+                ready_ports=listen,
+            )
         )
     for s in services:
         config_path = rendered_dir / f"{s.name}.yaml"

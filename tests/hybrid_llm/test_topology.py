@@ -35,8 +35,17 @@ def _proxied_port() -> int:
         return port
 
 
+def _ports() -> dict[str, int]:
+    """Ports for the three services such that no service port is another's proxy port."""
+    while True:
+        ports = {"edge-a": _proxied_port(), "edge-b": _proxied_port(), "router": free_port()}
+        taken = [ports["edge-a"], ports["edge-a"] + 1, ports["edge-b"], ports["edge-b"] + 1]
+        if len({*taken, ports["router"]}) == 5:
+            return ports
+
+
 def _topology(tmp_path: Path, netem: bool) -> tuple[Path, dict[str, int]]:
-    ports = {"edge-a": _proxied_port(), "edge-b": _proxied_port(), "router": free_port()}
+    ports = _ports()
     base = tmp_path / "base.yaml"
     base.write_text("greeting: hello\nnested: {keep: 1, change: 1}\n")
 
@@ -80,6 +89,8 @@ def test_specs_render_settings_and_delay_proxies(tmp_path: Path) -> None:
         f"{ports['edge-a'] + 1}=127.0.0.1:{ports['edge-a']}@2",
         f"{ports['edge-b'] + 1}=127.0.0.1:{ports['edge-b']}@80",
     ]
+    # The services start only once their proxies listen (the proxy imports slower).
+    assert specs[0].ready_ports == (ports["edge-a"] + 1, ports["edge-b"] + 1)
     rendered = yaml.safe_load((tmp_path / "var" / "topology" / "edge-a.yaml").read_text())
     # The base file survives the merge; a whole-placeholder port stays an integer.
     assert rendered == {
