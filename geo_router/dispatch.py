@@ -41,10 +41,17 @@ __all__ = [
 ]
 
 
-def first_token_deadline_s(routing: RoutingSettings, cand: Scored) -> float:
+def first_token_deadline_s(routing: RoutingSettings, cand: Scored, last: bool = False) -> float:
     """How long an attempt at ``cand`` may wait for its first token: the fixed
     deadline, or a multiple of what the planner predicted there when that is
-    longer (a long prompt's prefill), never past the whole request's timeout."""
+    longer (a long prompt's prefill), never past the whole request's timeout.
+
+    The ``last`` candidate of the try order waits for the whole timeout (the
+    upstream's silence is still cut at ``idle_timeout_s``): the deadline is
+    there to fail over, and with nobody left, cutting an instance that admitted
+    the request would turn a slow answer into a 504."""
+    if last:
+        return routing.request_timeout_s
     predicted = routing.ttft_deadline_factor * cand.predicted_ms / 1000.0
     return min(max(routing.ttft_deadline_s, predicted), routing.request_timeout_s)
 

@@ -196,8 +196,11 @@ class RoutedStream:
 
     # -- attempts before the first byte --------------------------------------
 
-    def _start(self, cand: Scored, index: int, body: dict[str, Any]) -> tuple[Attempt, Any]:
-        """An attempt at ``cand`` and the coroutine that primes it."""
+    def _start(
+        self, cand: Scored, index: int, body: dict[str, Any], last: bool
+    ) -> tuple[Attempt, Any]:
+        """An attempt at ``cand`` (``last``: nobody is left after it) and the
+        coroutine that primes it."""
         r = self._r
         attempt = Attempt(r.tracker, cand, index)
         url = cand.url + self._req.path
@@ -206,7 +209,7 @@ class RoutedStream:
             url,
             payload(body, cand),
             self._req.headers,
-            first_token_deadline_s(r.settings, cand),
+            first_token_deadline_s(r.settings, cand, last),
             r.peers(cand.state.info),
         )
         return attempt, prime
@@ -234,7 +237,7 @@ class RoutedStream:
 
         def launch() -> None:
             nonlocal nxt
-            attempt, prime = self._start(order[nxt], nxt, body)
+            attempt, prime = self._start(order[nxt], nxt, body, nxt == len(order) - 1)
             racing[asyncio.create_task(prime)] = attempt
             started[attempt] = time.perf_counter()
             nxt += 1
@@ -291,7 +294,10 @@ class RoutedStream:
         for index, cand in enumerate(cands):
             if overflowed is not None and not larger_window(overflowed, cand):
                 continue
-            attempt, prime = self._start(cand, index, body)
+            later = cands[index + 1 :]
+            if overflowed is not None:
+                later = [c for c in later if larger_window(overflowed, c)]
+            attempt, prime = self._start(cand, index, body, not later)
             try:
                 attempt.won(await prime)
                 return attempt

@@ -90,6 +90,9 @@ class BatchingStats:
     # (sequences, seconds) of recent decode-only steps: the engine's own TPOT.
     _decode_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
     _busy: BusySlowdown = field(default_factory=BusySlowdown)
+    # The last prefill rate the window measured, reported once the window holds no
+    # prefill (an idle engine): a cold window would price a burst's backlog at zero.
+    _last_prefill_rate: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_step(
@@ -111,6 +114,8 @@ class BatchingStats:
                     self._bucket_counts[i] += 1
             self._recent.append((now, seconds, decode, prefill))
             self._add_to_window(seconds, decode, prefill, 1)
+            if prefill:
+                self._last_prefill_rate = self._window_prefill_rate() or self._last_prefill_rate
             if not prefill:
                 self._decode_steps.append((sequences, seconds))
             while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
@@ -124,6 +129,12 @@ class BatchingStats:
         w[2] += sign * prefill
         if prefill:
             w[3] += sign * seconds
+
+    def _window_prefill_rate(self) -> float | None:
+        # From the steps that prefilled (their busy time): a mostly decoding
+        # window would otherwise report prompts as absurdly slow to read.
+        _, _, prefill, prefill_busy = self._window
+        return prefill / prefill_busy if prefill_busy > 0 and prefill >= 16 else None
 
     def record_ttft(
         self,
@@ -161,9 +172,7 @@ class BatchingStats:
     def snapshot(self) -> BatchingSnapshot:
         with self._lock:
             ttft = sorted(self._ttft_ms)
-            # Prefill speed from the steps that prefilled (prefill_busy): a mostly
-            # decoding window would otherwise report prompts as absurdly slow to read.
-            busy, decode, prefill, prefill_busy = self._window
+            busy, decode, _, _ = self._window
             mean = self._batch_sequences_total / self.steps if self.steps else 0.0
             return BatchingSnapshot(
                 slots=self.slots,
@@ -188,9 +197,7 @@ class BatchingStats:
                 busy_ms_per_seq=self._busy.ms_per_seq(),
                 # Tokens per second of decode time: what the engine does while busy.
                 decode_tokens_per_s=decode / busy if busy > 0 and decode else None,
-                prefill_tokens_per_s=(
-                    prefill / prefill_busy if prefill_busy > 0 and prefill >= 16 else None
-                ),
+                prefill_tokens_per_s=self._window_prefill_rate() or self._last_prefill_rate,
                 requests_ok=self.requests_ok,
                 requests_failed=self.requests_failed,
                 requests_cancelled=self.requests_cancelled,

@@ -262,12 +262,27 @@ def test_priority_reaches_replicas_that_schedule_by_it(
     settings.replicas[0].send_priority = True  # type: ignore[union-attr]
     gw = gateway_factory(settings)
     wait_until(lambda: all_replicas_healthy(gw), what="healthy")
+
+    def priorities(double: UvicornThread) -> list[int | None]:
+        got: list[int | None] = httpx.get(double.url + "/priorities").json()
+        return got
+
+    def send_to(name: str, double: UvicornThread, priority: str | None) -> None:
+        # The ring homes the prompt there; a replica that looks busy for a moment
+        # (a load probe late on a loaded machine) is passed over, so send again.
+        for _ in range(5):
+            before = len(priorities(double))
+            assert _chat(gw, _prompt_homed_on(settings, name), priority=priority).status_code == 200
+            if len(priorities(double)) > before:
+                return
+        pytest.fail(f"no request reached {name}")
+
     for priority in ("batch", "interactive", None):
-        assert _chat(gw, _prompt_homed_on(settings, "r0"), priority=priority).status_code == 200
-        assert _chat(gw, _prompt_homed_on(settings, "r1"), priority=priority).status_code == 200
+        send_to("r0", a, priority)
+        send_to("r1", b, priority)
     # vLLM's `priority`: lower is served first; only r0 is configured to get it.
-    assert httpx.get(a.url + "/priorities").json() == [1, 0, 0]
-    assert httpx.get(b.url + "/priorities").json() == [None, None, None]
+    assert priorities(a) == [1, 0, 0]
+    assert set(priorities(b)) == {None}
 
 
 def test_no_healthy_replica_is_503_with_retry_after(tmp_path: Path) -> None:

@@ -70,6 +70,13 @@ async def collect(
     return "".join(parts), finish, times
 
 
+async def test_ready_with_a_measured_prefill_rate(engine: BatchingLlamaEngine) -> None:
+    """The warmup prefills a chunk, so admission can price the first burst's prompts."""
+    rate = engine.load().prefill_tokens_per_s
+    assert rate is not None
+    assert rate > 0
+
+
 async def test_limits_stop_and_overflow_under_concurrency(engine: BatchingLlamaEngine) -> None:
     # A prompt with a confident answer ("1, 2, 3, ..."), so that reruns agree.
     prompt = "List the numbers from 1 to 10."

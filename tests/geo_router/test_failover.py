@@ -168,10 +168,25 @@ def test_stall_past_the_ttft_deadline_moves_on() -> None:
             assert r.json()["choices"][0]["message"]["content"] == "w0 w1"
             assert r.headers["x-route-instance"] == "ok"
             assert time.monotonic() - start < 3
-        with routed([state(a, "slow")], ttft_deadline_s=0.3) as url:
+        # Silence is still cut, at the idle timeout, when nobody is left to try.
+        with routed([state(a, "slow")], ttft_deadline_s=0.3, idle_timeout_s=0.5) as url:
             r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH, timeout=10)
             assert r.status_code == 504
             assert r.json()["error"]["type"] == "timeout"
+
+
+def test_the_last_candidate_is_not_cut_at_the_first_token_deadline() -> None:
+    """With nobody left to fail over to, a slow first token is an answer, not a 504."""
+    late = Behavior(words=2, first_token_delay_s=1.0)
+    with serve_fake(late) as a, routed([state(a, "late")], ttft_deadline_s=0.3) as url:
+        r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH, timeout=10)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "w0 w1"
+
+
+def priced(plain: InstanceState, prefill_tokens_per_s: float) -> InstanceState:
+    load = dataclasses.replace(plain.load, prefill_tokens_per_s=prefill_tokens_per_s)
+    return dataclasses.replace(plain, load=load)
 
 
 def test_the_first_token_deadline_grows_with_the_predicted_prefill() -> None:
@@ -179,16 +194,18 @@ def test_the_first_token_deadline_grows_with_the_predicted_prefill() -> None:
     late = Behavior(words=2, first_token_delay_s=1.0)
     long_chat = chat(False)
     long_chat["messages"] = [{"role": "user", "content": "Summarize this. " + "word " * 300}]
-    with serve_fake(late) as a:
-        for prefill_rate, expected in ((50.0, 200), (1_000_000.0, 504)):
-            plain = state(a, "a")
-            load = dataclasses.replace(plain.load, prefill_tokens_per_s=prefill_rate)
-            slow = dataclasses.replace(plain, load=load)
-            with routed([slow], ttft_deadline_s=0.3) as url:
+    with serve_fake(late) as a, serve_fake(Behavior(words=2)) as b:
+        for prefill_rate, answered_by in ((50.0, "a"), (1_000_000.0, "b")):
+            states = [
+                priced(state(a, "a"), prefill_rate),
+                priced(state(b, "b", region="west"), prefill_rate),
+            ]
+            with routed(states, ttft_deadline_s=0.3) as url:
                 r = httpx.post(
                     url + "/v1/chat/completions", json=long_chat, headers=AUTH, timeout=20
                 )
-                assert r.status_code == expected, (prefill_rate, r.text)
+                assert r.status_code == 200, (prefill_rate, r.text)
+                assert r.headers["x-route-instance"] == answered_by, prefill_rate
 
 
 def test_mid_stream_death_continues_on_another_instance() -> None:

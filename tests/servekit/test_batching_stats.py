@@ -25,11 +25,16 @@ def test_rates_cover_only_the_last_window_of_steps() -> None:
     assert snap.prefill_tokens_per_s == pytest.approx(64 * 30 / (0.02 * 30))
 
 
-def test_an_emptied_window_reports_no_rates() -> None:
+def test_an_emptied_window_keeps_the_last_prefill_rate() -> None:
+    """An idle engine still prices a burst's prompts: admission needs the rate at once."""
     stats = BatchingStats(slots=1)
+    assert stats.snapshot().prefill_tokens_per_s is None  # never measured
     stats.record_step(1, 1, 32, 0.1, now=0.0)
     assert stats.snapshot().prefill_tokens_per_s == pytest.approx(320.0)
     stats.record_step(1, 0, 0, 0.0, now=RATE_WINDOW_S + 5)  # an empty step, long after
     snap = stats.snapshot()
     assert snap.decode_tokens_per_s is None
-    assert snap.prefill_tokens_per_s is None
+    assert snap.prefill_tokens_per_s == pytest.approx(320.0)
+    # The next prefill in a fresh window replaces it.
+    stats.record_step(1, 0, 64, 0.1, now=RATE_WINDOW_S + 6)
+    assert stats.snapshot().prefill_tokens_per_s == pytest.approx(640.0)
