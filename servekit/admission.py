@@ -17,7 +17,10 @@ prediction for a newcomer:
   expected to hold its slot for the recent mean hold time ``h`` (an
   exponential moving average), so slot ``i`` frees after ``r_i = max(0, h -
   held_i)``, and with the remainders sorted the newcomer's slot frees after
-  ``r[k mod S] + (k // S) * h``;
+  ``r[k mod S] + (k // S) * h``. Until a first request has released its
+  slot ``h`` is unknown, and so is the wait of one that would queue: with a
+  budget it is refused (a cold edge that queued a burst behind a guessed hold
+  time made it wait many seconds, and the router's deadline cut it);
 - busy slowdown: the sequences running beside it once it has a slot, times
   the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
   refreshed by :meth:`AdmissionQueue.observe`);
@@ -92,7 +95,7 @@ class AdmissionQueue:
             p: deque() for p in Priority
         }
         self._grants = 0
-        self._service_s = 1.0  # moving average of how long a slot is held
+        self._service_s: float | None = None  # moving average of how long a slot is held
 
     @property
     def running(self) -> int:
@@ -110,7 +113,7 @@ class AdmissionQueue:
     def retry_after(self) -> float:
         """Seconds until a slot is likely free for a newcomer."""
         backlog = self.waiting + 1
-        return max(1.0, self._service_s * backlog / self.slots)
+        return max(1.0, (self._service_s or 1.0) * backlog / self.slots)
 
     def observe(
         self, busy_ms_per_seq: float | None, prefill_backlog_ms: float | None = None
@@ -119,16 +122,22 @@ class AdmissionQueue:
         self.busy_ms_per_seq = busy_ms_per_seq
         self.prefill_backlog_ms = prefill_backlog_ms
 
-    def over_budget(self, wait_ms: float) -> bool:
-        return self.ttft_budget_ms is not None and wait_ms > self.ttft_budget_ms
+    def over_budget(self, wait_ms: float | None) -> bool:
+        """Past the budget, or unknown (``None``) where there is a budget."""
+        if self.ttft_budget_ms is None:
+            return False
+        return wait_ms is None or wait_ms > self.ttft_budget_ms
 
-    def predicted_wait_ms(self, now: float | None = None) -> float:
-        """Predicted wait of a request arriving now, before its own prefill (see above)."""
+    def predicted_wait_ms(self, now: float | None = None) -> float | None:
+        """Predicted wait of a request arriving now, before its own prefill (see
+        above); ``None`` when it would queue and no hold time is measured yet."""
         now = time.monotonic() if now is None else now
         ahead = self.waiting
         hold = self._service_s
         if self._running < self.slots and ahead == 0:
             slot_wait, beside = 0.0, self._running
+        elif hold is None:
+            return None
         else:
             left = sorted(max(0.0, hold - (now - t)) for t in self._held.values())
             left = [0.0] * max(0, self.slots - len(left)) + left
@@ -141,13 +150,20 @@ class AdmissionQueue:
         if self.ttft_budget_ms is None:
             return
         wait = self.predicted_wait_ms()
-        if self.over_budget(wait):
-            self.shed += 1
+        if not self.over_budget(wait):
+            return
+        self.shed += 1
+        if wait is None:
             raise QueueFull(
-                f"server cannot start this request within its TTFT budget "
-                f"(predicted wait {wait:.0f} ms > {self.ttft_budget_ms:.0f} ms); retry later",
-                retry_after=max(1.0, (wait - self.ttft_budget_ms) / 1000.0),
+                "server cannot start this request within its TTFT budget (every slot is "
+                "busy and no request has finished yet to tell how long they take); retry later",
+                retry_after=self.retry_after(),
             )
+        raise QueueFull(
+            f"server cannot start this request within its TTFT budget "
+            f"(predicted wait {wait:.0f} ms > {self.ttft_budget_ms:.0f} ms); retry later",
+            retry_after=max(1.0, (wait - self.ttft_budget_ms) / 1000.0),
+        )
 
     def _admit(self, ticket: Ticket, now: float) -> Ticket:
         ticket.admitted_at = now
@@ -195,7 +211,8 @@ class AdmissionQueue:
     def _release(self, ticket: Ticket) -> None:
         if ticket.admitted_at:
             held = time.monotonic() - ticket.admitted_at
-            self._service_s = 0.8 * self._service_s + 0.2 * held
+            ema = self._service_s
+            self._service_s = held if ema is None else 0.8 * ema + 0.2 * held
         self._held.pop(ticket, None)
         self._running -= 1
         self._grant_next()

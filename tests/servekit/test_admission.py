@@ -85,8 +85,12 @@ async def test_resize_lets_waiters_in_at_once() -> None:
 
 async def test_a_ttft_budget_refuses_at_once_what_would_wait_too_long() -> None:
     q = AdmissionQueue(slots=1, max_waiting=8, ttft_budget_ms=400.0)
-    holder = await q.acquire()  # the mean hold starts at 1 s: a newcomer would wait ~1 s
-    assert 900 < q.predicted_wait_ms() <= 1000
+    (await q.acquire()).release()
+    q._service_s = 1.0  # a request holds its slot 1 s on average
+    holder = await q.acquire()  # a newcomer would wait ~1 s
+    wait = q.predicted_wait_ms()
+    assert wait is not None
+    assert 900 < wait <= 1000
     with pytest.raises(QueueFull) as info:
         await q.acquire()
     assert "TTFT budget" in info.value.message
@@ -97,6 +101,30 @@ async def test_a_ttft_budget_refuses_at_once_what_would_wait_too_long() -> None:
     # Once the slot is free the newcomer starts at once: no wait to predict.
     assert q.predicted_wait_ms() == 0.0
     (await q.acquire()).release()
+
+
+async def test_a_cold_queue_refuses_what_would_wait_for_an_unmeasured_hold() -> None:
+    """Before any request has finished, nobody knows how long a slot is held: a
+    request that would queue is refused, not queued behind a guess."""
+    q = AdmissionQueue(slots=2, max_waiting=8, ttft_budget_ms=1000.0)
+    first, second = await q.acquire(), await q.acquire()  # free slots: no wait to predict
+    assert q.predicted_wait_ms() is None
+    with pytest.raises(QueueFull, match="no request has finished yet") as info:
+        await q.acquire()
+    assert info.value.retry_after == 1
+    first.release()  # held for microseconds: now the hold time is known
+    third = await q.acquire()
+    assert q.predicted_wait_ms() is not None
+    # Without a budget the queue waits as it always did.
+    plain = AdmissionQueue(slots=1, max_waiting=8)
+    held = await plain.acquire()
+    waiter = asyncio.create_task(plain.acquire())
+    await asyncio.sleep(0)
+    assert plain.waiting == 1
+    held.release()
+    (await waiter).release()
+    for t in (second, third):
+        t.release()
 
 
 async def test_the_slot_wait_counts_the_requests_ahead_and_what_running_ones_have_left() -> None:
