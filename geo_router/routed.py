@@ -40,7 +40,7 @@ from geo_router.scoring import Scored
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
 from geo_router.upstream import Primed, open_stream, translate_error
-from servekit.errors import ContextLengthExceeded, NotReady, ServeError
+from servekit.errors import ContextLengthExceeded, NotReady, ServeError, UpstreamTimeout
 from servekit.peers import PeerCredentials
 from servekit.registry.protocol import InstanceInfo
 from servekit.sse import DONE_FRAME, encode_error
@@ -232,14 +232,20 @@ class RoutedStream:
             return await self._in_turn(cands, body), False
         racing: dict[asyncio.Task[Primed], Attempt] = {}
         started: dict[Attempt, float] = {}
+        deadline: dict[Attempt, float] = {}  # first token by then, while others are untried
         order, nxt, hedged = list(cands), 0, False
         last_err: ServeError | None = None
+        settings = self._r.settings
 
         def launch() -> None:
             nonlocal nxt
-            attempt, prime = self._start(order[nxt], nxt, body, nxt == len(order) - 1)
+            # Its own timer is the whole request's: the first-token deadline is kept
+            # here, where it is known whether anybody is left to move on to.
+            attempt, prime = self._start(order[nxt], nxt, body, last=True)
             racing[asyncio.create_task(prime)] = attempt
-            started[attempt] = time.perf_counter()
+            now = time.perf_counter()
+            started[attempt] = now
+            deadline[attempt] = now + first_token_deadline_s(settings, attempt.cand)
             nxt += 1
 
         try:
@@ -249,19 +255,37 @@ class RoutedStream:
                         assert last_err is not None
                         raise last_err
                     launch()
-                timeout: float | None = None
-                if not hedged and nxt < len(order) and len(racing) == 1:
-                    (only,) = racing.values()
-                    waited = time.perf_counter() - started[only]
-                    delay = hedge_delay_s(self._r.settings.hedge, self._r.tracker, only.cand)
-                    timeout = max(0.0, delay - waited)
+                timers: list[float] = []
+                if nxt < len(order):
+                    timers += [deadline[a] for a in racing.values()]
+                    if not hedged and len(racing) == 1:
+                        (only,) = racing.values()
+                        delay = hedge_delay_s(settings.hedge, self._r.tracker, only.cand)
+                        timers.append(started[only] + delay)
+                timeout = None if not timers else max(0.0, min(timers) - time.perf_counter())
                 done, _ = await asyncio.wait(
                     racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 if not done:
-                    hedged = True
-                    self._r.metrics.hedges.labels("started").inc()
-                    launch()
+                    now = time.perf_counter()
+                    late = [(t, a) for t, a in racing.items() if now >= deadline[a]]
+                    for task, attempt in late:  # missed its first token: move on
+                        del racing[task]
+                        task.cancel()
+                        with contextlib.suppress(BaseException):
+                            await task
+                        waited = deadline[attempt] - started[attempt]
+                        last_err = self._failed(
+                            attempt,
+                            UpstreamTimeout(
+                                f"upstream {attempt.cand.url} sent no first token "
+                                f"within {waited:g}s"
+                            ),
+                        )
+                    if not late:
+                        hedged = True
+                        self._r.metrics.hedges.labels("started").inc()
+                        launch()
                     continue
                 winner: Attempt | None = None
                 for task in done:

@@ -314,6 +314,22 @@ def test_hedge_races_a_second_candidate_and_cancels_the_loser() -> None:
     assert len(slow.seen) == 1
 
 
+def test_a_hedged_first_attempt_keeps_waiting_once_its_hedge_is_refused() -> None:
+    """The deadline moves on to untried candidates; with the last one refusing
+    (busy, 429), the slow first attempt is the only hope and is not cut."""
+    slow = Behavior(first_token_delay_s=1.0, words=2)
+    busy = Behavior(status=429, retry_after="2")
+    with serve_fake(slow) as a, serve_fake(busy) as b:
+        states = [state(a, "slow"), state(b, "busy", region="west")]
+        hedge = {"enabled": True, "min_delay_ms": 50, "default_delay_ms": 50}
+        with routed(states, hedge=hedge, ttft_deadline_s=0.3) as url:
+            headers, events = read_stream(url, chat())
+            assert headers["x-route-instance"] == "slow"
+            assert text_of(events) == "w0 w1"
+            assert metric(url, 'router_hedges_total{outcome="started"}') == 1
+    assert len(busy.seen) == 1
+
+
 def test_circuit_opens_after_failures_then_probes_half_open() -> None:
     bad = Behavior(status=500)
     with serve_fake(bad) as a, serve_fake(Behavior(words=1)) as ctr:
