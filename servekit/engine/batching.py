@@ -197,6 +197,10 @@ class BatchingLlamaEngine:
         """Scheduler figures for metrics: slots, running/waiting, batch sizes, rates."""
         return self._stats.snapshot()
 
+    def _pending(self) -> int:
+        scheduler = self._scheduler
+        return 0 if scheduler is None else scheduler.pending()
+
     def decode_step_seconds(self, sequences: int) -> list[float]:
         """How long recent decode-only steps of ``sequences`` sequences took (TPOT)."""
         return self._stats.decode_step_seconds(sequences)
@@ -211,7 +215,7 @@ class BatchingLlamaEngine:
             ttft_p50_ms=snap.ttft_p50_ms,
             ttft_p95_ms=snap.ttft_p95_ms,
             busy_ms_per_seq=snap.busy_ms_per_seq,
-            prefill_backlog_ms=_backlog_ms(snap),
+            prefill_backlog_ms=prefill_backlog_ms(snap, self._pending()),
             max_context_tokens=self._settings.ctx_per_slot,
             decode_tokens_per_s=snap.decode_tokens_per_s,
             prefill_tokens_per_s=snap.prefill_tokens_per_s,
@@ -234,9 +238,15 @@ class BatchingLlamaEngine:
             await asyncio.to_thread(scheduler.stop)
 
 
-def _backlog_ms(snap: BatchingSnapshot) -> float | None:
-    """The running sequences' prompt tokens still to prefill, at the measured rate."""
-    if not snap.prefill_backlog_tokens:
+def prefill_backlog_ms(snap: BatchingSnapshot, pending: int) -> float | None:
+    """The prompt tokens still to prefill, at the measured rate: the running
+    sequences' exactly, and ``pending`` jobs the worker has not taken in yet at
+    the mean a request has needed so far (the worker tokenizes a job when its
+    step ends, and a burst that arrives meanwhile would each see none ahead)."""
+    tokens = float(snap.prefill_backlog_tokens)
+    if pending and snap.admitted:
+        tokens += pending * (snap.prompt_tokens - snap.reused_prompt_tokens) / snap.admitted
+    if not tokens:
         return 0.0
     rate = snap.prefill_tokens_per_s
-    return snap.prefill_backlog_tokens / rate * 1000.0 if rate else None
+    return tokens / rate * 1000.0 if rate else None

@@ -129,6 +129,10 @@ class Scheduler:
             raise EngineFailure("the batching worker is not running")
         self._inbox.put(job)
 
+    def pending(self) -> int:
+        """Jobs submitted and not yet taken in by the worker (it is inside a step)."""
+        return self._inbox.qsize()
+
     def cancel(self, job: Job) -> None:
         """The client went away: stop the job and drop its cache at the next step."""
         job.cancelled = True
@@ -169,6 +173,7 @@ class Scheduler:
                 self._intake(block=not self._running and not self._waiting)
                 self._reap_cancelled()
                 self._admit()
+                self._note_backlog()  # before the step: it may take a second
                 if self._running:
                     self._step()
                 self._note_backlog()
@@ -249,6 +254,7 @@ class Scheduler:
             slot.cached = prompt[:keep]
             self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep
+            self.stats.admitted += 1
             seq = _Seq(
                 job=job,
                 prompt=prompt,

@@ -41,6 +41,7 @@ class BatchingSnapshot:
     prefill_tokens: int
     prompt_tokens: int
     reused_prompt_tokens: int
+    admitted: int  # requests that got a slot (warmup included)
     prefix_copies: int  # admissions that started from a copy of another slot's cache
     last_batch_sequences: int
     last_batch_tokens: int
@@ -73,6 +74,7 @@ class BatchingStats:
     prefill_tokens: int = 0
     prompt_tokens: int = 0  # of admitted requests; reused ones were not prefilled
     reused_prompt_tokens: int = 0
+    admitted: int = 0
     prefix_copies: int = 0
     last_batch_sequences: int = 0
     last_batch_tokens: int = 0
@@ -185,6 +187,7 @@ class BatchingStats:
                 prefill_tokens=self.prefill_tokens,
                 prompt_tokens=self.prompt_tokens,
                 reused_prompt_tokens=self.reused_prompt_tokens,
+                admitted=self.admitted,
                 prefix_copies=self.prefix_copies,
                 last_batch_sequences=self.last_batch_sequences,
                 last_batch_tokens=self.last_batch_tokens,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from servekit.engine.batching import prefill_backlog_ms
 from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
 
 
@@ -38,3 +39,17 @@ def test_an_emptied_window_keeps_the_last_prefill_rate() -> None:
     # The next prefill in a fresh window replaces it.
     stats.record_step(1, 0, 64, 0.1, now=RATE_WINDOW_S + 6)
     assert stats.snapshot().prefill_tokens_per_s == pytest.approx(640.0)
+
+
+def test_jobs_not_yet_taken_in_count_at_the_mean_prefill_of_a_request() -> None:
+    """A burst that lands while the worker is inside a step: each job is priced."""
+    stats = BatchingStats(slots=4)
+    stats.record_step(1, 0, 100, 1.0, now=0.0)  # 100 prompt tokens a second
+    stats.prompt_tokens, stats.reused_prompt_tokens, stats.admitted = 500, 300, 2
+    stats.prefill_backlog_tokens = 50  # a running sequence still prefilling
+    snap = stats.snapshot()
+    assert prefill_backlog_ms(snap, pending=0) == pytest.approx(500.0)
+    # Two more jobs in the inbox, each at the mean of (500 - 300) / 2 = 100 tokens.
+    assert prefill_backlog_ms(snap, pending=2) == pytest.approx(2500.0)
+    idle = BatchingStats(slots=4).snapshot()
+    assert prefill_backlog_ms(idle, pending=3) == 0.0  # nothing to price them by: no guess
