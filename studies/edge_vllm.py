@@ -12,11 +12,14 @@ decode rate (goal >= 0.95; decode = (tokens - 1) / (E2E - TTFT)), and the
 ratio of the two sides' medians.
 
 Part 2, 8 streams (closed loop, each stream sends its next request when the
-previous one ends, fresh prompts, `--tokens` each) for `--seconds`: raw vLLM
-(direct port), then the agent on vLLM, then the agent's best llama.cpp engine
-(`llama-batching`, 8 slots, both cores) in a fresh process. Printed per row:
-aggregate decode tokens/s (tokens after each request's first, over the run's
-wall time), end-to-end output tokens/s, TTFT p50/p99, requests.
+previous one ends, fresh chat prompts, at most `--tokens` each, no forced
+length: the llama.cpp engines do not know vLLM's `min_tokens`) for
+`--seconds`: raw vLLM (direct port), then the agent on vLLM, then the agent's
+best llama.cpp engine (`llama-batching`, 8 slots, both cores) in a fresh
+process. Printed per row: aggregate decode tokens/s (tokens after each
+request's first, over the run's wall time), end-to-end output tokens/s, TTFT
+p50/p99, requests, mean output tokens per request, and answers that streamed
+no text (left out of the rates).
 
 Run under the bench lock (the CPU is shared):
     .venv/bin/python -m studies.edge_vllm
@@ -118,12 +121,27 @@ def edge_agent(engine: dict[str, Any], tmp: Path, name: str) -> Iterator[str]:
 
 
 def body(prompt: str, tokens: int) -> dict[str, Any]:
+    """Part 1's completion, both sides vLLM: every answer exactly ``tokens`` long."""
     return {
         "model": MODEL,
         "prompt": prompt,
         "max_tokens": tokens,
-        # vLLM's: no early end of text, every answer `tokens` long (llama.cpp ignores it).
+        # vLLM's: no early end of text. The llama.cpp engines ignore it, and a raw
+        # completion of most of these prompts there ends at once (greedy picks
+        # end-of-text first): part 2 sends chat instead.
         "min_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def chat_body(prompt: str, tokens: int) -> dict[str, Any]:
+    """Part 2's request on every engine: a chat turn, as users send, no forced length."""
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -171,6 +189,8 @@ class Row:
     e2e_tps: float
     ttft_p50_ms: float
     ttft_p99_ms: float
+    tokens_per_request: float
+    empty: int  # answers that streamed no text (not counted in the rates)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -182,12 +202,17 @@ def pct(values: list[float], q: float) -> float:
 async def streams(name: str, url: str, n: int, seconds: float, tokens: int) -> Row:
     gen = prompts()
     records: list[RequestRecord] = []
+    empty = 0
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as client:
         # Warm the path at this width once, unrecorded.
         await asyncio.gather(
             *(
                 send_streaming(
-                    client, url + "/v1/completions", body(next(gen), 4), bucket="w", run_start=0.0
+                    client,
+                    url + "/v1/chat/completions",
+                    chat_body(next(gen), 4),
+                    bucket="w",
+                    run_start=0.0,
                 )
                 for _ in range(n)
             )
@@ -196,11 +221,12 @@ async def streams(name: str, url: str, n: int, seconds: float, tokens: int) -> R
         deadline = start + seconds
 
         async def worker() -> None:
+            nonlocal empty
             while time.perf_counter() < deadline:
                 r = await send_streaming(
                     client,
-                    url + "/v1/completions",
-                    body(next(gen), tokens),
+                    url + "/v1/chat/completions",
+                    chat_body(next(gen), tokens),
                     bucket="s",
                     run_start=start,
                 )
@@ -208,26 +234,37 @@ async def streams(name: str, url: str, n: int, seconds: float, tokens: int) -> R
                     records.append(r)
                 elif r.status != 200 or (r.error or "").startswith("HTTP"):
                     raise AssertionError(r.error)
-                # (an answer of special tokens only streams no text: not counted)
+                else:  # an answer of special tokens only streams no text
+                    empty += 1
 
         await asyncio.gather(*(worker() for _ in range(n)))
         wall = time.perf_counter() - start
     ttft = [r.ttft * 1000 for r in records if r.ttft is not None]
     decoded = sum(max(0, r.output_tokens - 1) for r in records)
     produced = sum(r.output_tokens for r in records)
-    return Row(name, len(records), decoded / wall, produced / wall, pct(ttft, 0.5), pct(ttft, 0.99))
+    return Row(
+        name,
+        len(records),
+        decoded / wall,
+        produced / wall,
+        pct(ttft, 0.5),
+        pct(ttft, 0.99),
+        produced / max(1, len(records)),
+        empty,
+    )
 
 
 def print_rows(rows: list[Row], n: int) -> None:
     print(f"\n{n} streams, closed loop")
     print(
         f"{'engine':<28}{'requests':>9}{'decode tok/s':>14}{'e2e tok/s':>11}"
-        f"{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}"
+        f"{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'tok/req':>9}{'empty':>7}"
     )
     for r in rows:
         print(
             f"{r.name:<28}{r.requests:>9}{r.decode_tps:>14.1f}{r.e2e_tps:>11.1f}"
             f"{r.ttft_p50_ms:>13.1f}{r.ttft_p99_ms:>13.1f}"
+            f"{r.tokens_per_request:>9.1f}{r.empty:>7}"
         )
 
 
