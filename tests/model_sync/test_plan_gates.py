@@ -156,6 +156,23 @@ def test_gate_fails_on_error_rate_rise_and_ttft() -> None:
     assert r.reasons[1] == "TTFT P95 400 ms vs 100 ms (bound 200 ms)"
 
 
+def test_ttft_is_judged_against_the_canarys_own_figure_before_the_rollout_too() -> None:
+    """Another node serves other traffic: a canary that was as slow on the old
+    version passes; one slower than both references fails."""
+    for before, verdict in ((4000.0, "pass"), (2000.0, "fail")):
+        r = evaluate(
+            GATES,
+            new_nodes=["a"],
+            old_nodes=["b"],
+            start={"a": c(0, 0), "b": c(0, 0)},
+            end={"a": c(100, 0, 4600), "b": c(100, 0, 2700)},
+            baseline={"a": c(50, 0, before), "b": c(50, 0, 2600)},
+        )
+        assert r.verdict == verdict, (before, r.reasons)
+        assert r.figures["new_nodes_ttft_p95_before_ms"] == before
+    assert r.reasons == ["TTFT P95 4600 ms vs 2700 ms (bound 4100 ms)"]
+
+
 def test_gate_last_wave_uses_baseline_and_handles_counter_reset() -> None:
     # The new node restarted (counters went down): its counts start from zero.
     r = evaluate(
