@@ -39,8 +39,8 @@ from geo_router.relay import Pump, rewrite
 from geo_router.scoring import Scored
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
-from geo_router.upstream import Primed, open_stream, translate_error
-from servekit.errors import ContextLengthExceeded, NotReady, ServeError, UpstreamTimeout
+from geo_router.upstream import Primed, no_first_token, open_stream, translate_error
+from servekit.errors import ContextLengthExceeded, NotReady, ServeError
 from servekit.peers import PeerCredentials
 from servekit.registry.protocol import InstanceInfo
 from servekit.sse import DONE_FRAME, encode_error
@@ -275,13 +275,7 @@ class RoutedStream:
                         with contextlib.suppress(BaseException):
                             await task
                         waited = deadline[attempt] - started[attempt]
-                        last_err = self._failed(
-                            attempt,
-                            UpstreamTimeout(
-                                f"upstream {attempt.cand.url} sent no first token "
-                                f"within {waited:g}s"
-                            ),
-                        )
+                        last_err = self._failed(attempt, no_first_token(attempt.cand.url, waited))
                     if not late:
                         hedged = True
                         self._r.metrics.hedges.labels("started").inc()

@@ -25,7 +25,6 @@ from geo_router.http_client import ConnectError, HTTPClientError, Response, Upst
 from servekit.errors import (
     ServeError,
     UpstreamError,
-    UpstreamTimeout,
     error_from_body,
     parse_retry_after,
     upstream_failure,
@@ -33,7 +32,14 @@ from servekit.errors import (
 from servekit.peers import PeerCredentials
 from servekit.sse import DONE, SSEDecoder
 
-__all__ = ["TRANSPORT_ERRORS", "Primed", "open_stream", "split_events", "translate_error"]
+__all__ = [
+    "TRANSPORT_ERRORS",
+    "Primed",
+    "no_first_token",
+    "open_stream",
+    "split_events",
+    "translate_error",
+]
 
 # What reading an upstream may raise besides project errors.
 TRANSPORT_ERRORS = (HTTPClientError, OSError, TimeoutError)
@@ -138,6 +144,11 @@ def _has_token(event: Mapping[str, Any]) -> bool:
     return bool(choice.get("text"))
 
 
+def no_first_token(url: str, deadline_s: float) -> ServeError:
+    """The error of an attempt that missed its first-token deadline (504, retryable)."""
+    return upstream_failure("timeout", url, f"no first token within {deadline_s:g}s")
+
+
 async def open_stream(
     pool: UpstreamPool,
     url: str,
@@ -179,9 +190,7 @@ async def open_stream(
         if isinstance(exc, asyncio.CancelledError):
             raise
         if isinstance(exc, TimeoutError):
-            raise UpstreamTimeout(
-                f"upstream {url} sent no first token within {deadline_s:g}s"
-            ) from None
+            raise no_first_token(url, deadline_s) from None
         if isinstance(exc, Exception):
             raise translate_error(exc, url) from None
         raise

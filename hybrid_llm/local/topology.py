@@ -227,11 +227,10 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
     pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
     env_base = {"PYTHONPATH": pythonpath, "HYBRID_LLM_REGISTRY": str(root / topo.registry)}
     specs: list[ProcessSpec] = []
-    proxied = [s for s in services if topo.proxied(s) and s.port is not None]
+    proxied = [(s, s.port) for s in services if topo.proxied(s) and s.port is not None]
     routes = [
-        f"{s.port + topo.netem.port_offset}={topo.host}:{s.port}@{topo.rtt_ms(s):g}"
-        for s in proxied
-        if s.port is not None
+        f"{port + topo.netem.port_offset}={topo.host}:{port}@{topo.rtt_ms(s):g}"
+        for s, port in proxied
     ]
     if routes:
         argv = [sys.executable, "-m", "hybrid_llm", "netem"]
@@ -240,7 +239,7 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
         # Ready once every proxy listens: the proxy process takes a second to
         # import, longer than a small service takes to answer /ready, and a
         # service that is up behind a proxy that is not yet is refused.
-        listen = tuple(s.port + topo.netem.port_offset for s in proxied if s.port is not None)
+        listen = tuple(port + topo.netem.port_offset for _, port in proxied)
         specs.append(
             ProcessSpec(
                 "netem",

@@ -118,7 +118,7 @@ class BatchingStats:
             self._add_to_window(seconds, decode, prefill, 1)
             if prefill:
                 self._last_prefill_rate = self._window_prefill_rate() or self._last_prefill_rate
-            if not prefill:
+            else:
                 self._decode_steps.append((sequences, seconds))
             while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
                 _, old_s, old_decode, old_prefill = self._recent.popleft()

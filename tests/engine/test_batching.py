@@ -70,11 +70,24 @@ async def collect(
     return "".join(parts), finish, times
 
 
-async def test_ready_with_a_measured_prefill_rate(engine: BatchingLlamaEngine) -> None:
-    """The warmup prefills a chunk, so admission can price the first burst's prompts."""
-    rate = engine.load().prefill_tokens_per_s
-    assert rate is not None
-    assert rate > 0
+async def test_ready_with_a_prefill_rate_measured_on_a_chunk(model_path: Path) -> None:
+    """The warm-up prefills a chunk of prompt, so admission can price the first
+    burst's prompts at a rate measured on more than a greeting."""
+    chunk = 96  # the greeting warm-up alone prefills ~30 tokens (template included)
+    eng = BatchingLlamaEngine(
+        BatchingSettings(
+            model_path=model_path, model_name="smollm2", slots=2, ctx_per_slot=512,
+            chunk_tokens=chunk, n_threads=2,
+        )
+    )  # fmt: skip
+    await eng.start()
+    try:
+        assert eng.stats().prefill_tokens >= chunk
+        rate = eng.load().prefill_tokens_per_s
+        assert rate is not None
+        assert rate > 0
+    finally:
+        await eng.aclose()
 
 
 async def test_limits_stop_and_overflow_under_concurrency(engine: BatchingLlamaEngine) -> None:
