@@ -105,6 +105,10 @@ class Scheduler:
         self.stats = stats
         self._slots: list[Slot[_Seq]] = []
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        # Jobs put in / taken out of the inbox, each written by one thread only
+        # (the inbox also carries None wake-ups, which are no jobs).
+        self._submitted = 0
+        self._taken = 0
         self._waiting: list[tuple[int, int, Job, Prepared]] = []
         self._order = itertools.count()
         self._running: list[_Seq] = []  # admission order: prefill goes first-come first-served
@@ -127,11 +131,12 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         if self._thread is None or not self._thread.is_alive():
             raise EngineFailure("the batching worker is not running")
+        self._submitted += 1
         self._inbox.put(job)
 
     def pending(self) -> int:
         """Jobs submitted and not yet taken in by the worker (it is inside a step)."""
-        return self._inbox.qsize()
+        return max(0, self._submitted - self._taken)
 
     def cancel(self, job: Job) -> None:
         """The client went away: stop the job and drop its cache at the next step."""
@@ -176,7 +181,6 @@ class Scheduler:
                 self._note_backlog()  # before the step: it may take a second
                 if self._running:
                     self._step()
-                self._note_backlog()
         except BaseException as exc:  # the worker must never die silently
             self._fail_all(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
             raise
@@ -186,6 +190,9 @@ class Scheduler:
 
     def _note_backlog(self) -> None:
         # What a newcomer's prefill waits behind: prefill is first-come first-served.
+        # Noted after admission, after each step's bookkeeping and whenever a
+        # sequence leaves, always before an event reaches its client: a client
+        # that saw its answer end must never read its prompt as still pending.
         self.stats.prefill_backlog_tokens = sum(
             len(seq.prompt) - seq.n_past for seq in self._running if seq.prefilling
         )
@@ -197,6 +204,7 @@ class Scheduler:
             return
         while True:
             if item is not None:
+                self._taken += 1
                 self._accept(item)
             try:
                 item = self._inbox.get_nowait()
@@ -324,6 +332,7 @@ class Scheduler:
             slot.cached.append(it.token)
             assert slot.seq is not None
             slot.seq.n_past = it.pos + 1
+        self._note_backlog()
         for seq in decoding + finishing_prefill:
             self._sample(seq)
 
@@ -378,6 +387,7 @@ class Scheduler:
         slot.last_used = time.monotonic()
         self._running.remove(seq)
         self.stats.running = len(self._running)
+        self._note_backlog()
 
     def _fail_all(self, exc: ServeError) -> None:
         for seq in list(self._running):
@@ -390,6 +400,8 @@ class Scheduler:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if item is not None and not item.cancelled:
-                item.emit(exc)
+            if item is not None:
+                self._taken += 1
+                if not item.cancelled:
+                    item.emit(exc)
         self.stats.waiting = 0

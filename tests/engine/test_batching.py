@@ -6,15 +6,19 @@ Comparisons with the single-sequence engine live in test_batching_parity.py.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
+from servekit.engine.batching_llama import LlamaBatchModel
 from servekit.engine.batching_metrics import BatchingCollector
+from servekit.engine.batching_sched import Job, Prepared, Scheduler
+from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.protocol import (
     Finish,
     GenerationRequest,
@@ -210,6 +214,41 @@ async def test_a_prompt_being_prefilled_is_reported_as_backlog(
     assert [t for t, _ in seen] == sorted((t for t, _ in seen), reverse=True)  # it drains
     assert engine.stats().prefill_backlog_tokens == 0
     assert engine.load().prefill_backlog_ms == 0.0
+
+
+def test_a_finished_prompt_is_gone_from_the_backlog_before_its_client_hears(
+    model_path: Path,
+) -> None:
+    """At the moment the worker emits a request's last event, the stats hold no
+    backlog for it: a client (or the admission check behind it) reading load
+    after its answer ended must not see its prompt as still to prefill."""
+    stats = BatchingStats(slots=1)
+
+    def load() -> tuple[LlamaBatchModel, Callable[[GenerationRequest], Prepared]]:
+        model = LlamaBatchModel(model_path, n_slots=1, ctx_per_slot=256, n_batch=64, n_threads=2)
+        tokens = model.tokenize(b"Summarize: " + b"a red fox ran past the mill. " * 6, True, False)
+        return model, lambda _: Prepared(tokens, 1)
+
+    scheduler = Scheduler(load, chunk_tokens=CHUNK, stats=stats)
+    scheduler.start().result(timeout=60)
+    at_finish: list[int] = []
+    done = threading.Event()
+
+    def emit(event: TextDelta | Finish | BaseException) -> None:
+        if not isinstance(event, TextDelta):  # the last event, on the worker thread
+            at_finish.append(stats.prefill_backlog_tokens)
+            done.set()
+
+    job = Job(chat("ignored"), emit)
+    try:
+        scheduler.submit(job)
+        assert done.wait(timeout=60)
+    finally:
+        scheduler.stop()
+    assert stats.prefill_tokens > CHUNK  # the prompt took more than one step
+    assert at_finish == [0]
+    scheduler.cancel(job)  # a late cancel leaves a wake-up in the inbox: no job
+    assert scheduler.pending() == 0
 
 
 async def test_load_report_and_stats(engine: BatchingLlamaEngine) -> None:
