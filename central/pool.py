@@ -36,6 +36,7 @@ from servekit.engine.protocol import (
     Priority,
     pooled_figures,
 )
+from servekit.engine.rates import measured
 from servekit.engine.vllm import with_vllm_priority
 from servekit.errors import (
     EngineFailure,
@@ -113,7 +114,7 @@ class ReplicaPool:
 
     def load(self) -> LoadReport:
         healthy = [r for r in self.replicas if r.healthy]
-        reports = [r.load.report for r in healthy if r.load and r.load.report]
+        reports = [r.report() for r in healthy]
         return dataclasses.replace(
             pooled_figures(reports, len(healthy)),
             ready=bool(healthy),
@@ -186,7 +187,8 @@ class ReplicaPool:
                     await asyncio.wait_for(self._changed.wait(), left)
                 continue
             replica.inflight += 1
-            events = replica.engine.generate(_for_replica(current, replica))
+            stream = replica.engine.generate(_for_replica(current, replica))
+            events = measured(stream, replica.rates)
             started = False
             try:
                 async for event in events:

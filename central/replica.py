@@ -27,7 +27,8 @@ from central.specs import LlamaCppReplica, UrlReplica
 from central.specs import ReplicaSpec as AnySpec
 from servekit.engine.llama import LlamaCppEngine
 from servekit.engine.process import Backoff, EngineProcess, ProcessSupervisor, free_port
-from servekit.engine.protocol import Engine
+from servekit.engine.protocol import Engine, LoadReport
+from servekit.engine.rates import RateTracker
 from servekit.secrets import redact_url
 
 __all__ = ["EngineFactory", "Replica", "ReplicaState"]
@@ -92,6 +93,7 @@ class Replica:
         self.inflight = 0
         self.served = 0
         self.load: ReplicaLoad | None = None
+        self.rates = RateTracker()  # what this gateway measured on the requests it sent
         self._inflight_at_scrape = 0
         self._local_restarts = 0
         self._scraped = 0.0
@@ -120,6 +122,14 @@ class Replica:
     @property
     def healthy(self) -> bool:
         return self.state is ReplicaState.HEALTHY
+
+    def report(self) -> LoadReport:
+        """The replica's speeds: its own load report where its engine gives one (an
+        edge agent as a stand-in), else what the gateway measured on the requests
+        it sent it (vLLM's and TensorRT-LLM's metrics carry no TTFT or rates)."""
+        if self.load is not None and self.load.report is not None:
+            return self.load.report
+        return self.rates.report()
 
     def candidate(self) -> Candidate:
         load = self.load or ReplicaLoad()

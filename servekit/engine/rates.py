@@ -2,13 +2,19 @@
 
 A window of recent TTFTs (quantiles on demand) and moving averages of the
 decode and prefill rates; both llama.cpp engines read quantiles the same way.
+An engine that only sees another server's stream (a local ``vllm serve``, a
+central gateway's replicas) measures it in passing with :func:`measured`.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import AsyncIterator
 
-__all__ = ["RateTracker", "percentile"]
+from servekit.engine.protocol import Finish, GenerationEvent, LoadReport, TextDelta
+
+__all__ = ["RateTracker", "measured", "percentile"]
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -44,3 +50,36 @@ class RateTracker:
 
     def ttft_quantile(self, q: float) -> float | None:
         return percentile(sorted(self._ttft), q)
+
+    def report(self) -> LoadReport:
+        """These figures as a load report; its other fields are the caller's to set."""
+        return LoadReport(
+            ttft_p50_ms=self.ttft_quantile(0.5),
+            ttft_p95_ms=self.ttft_quantile(0.95),
+            decode_tokens_per_s=self.decode_tps,
+            prefill_tokens_per_s=self.prefill_tps,
+        )
+
+
+async def measured(
+    events: AsyncIterator[GenerationEvent], rates: RateTracker
+) -> AsyncIterator[GenerationEvent]:
+    """``events`` passed through unchanged, their speeds recorded in ``rates``:
+    the TTFT, the prefill rate (uncached prompt tokens over the TTFT, the
+    server's fixed cost per request included) and the decode rate after the
+    first token. Closing this stream closes ``events``."""
+    sent = time.monotonic()
+    first: float | None = None
+    try:
+        async for event in events:
+            if first is None and isinstance(event, TextDelta):
+                first = time.monotonic()
+                rates.ttft(first - sent)
+            elif isinstance(event, Finish) and first is not None:
+                rates.prefill(event.prompt_tokens - event.cached_prompt_tokens, first - sent)
+                rates.decode(event.completion_tokens - 1, time.monotonic() - first)
+            yield event
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -37,15 +36,13 @@ from servekit.engine.process import (
     log_tail,
 )
 from servekit.engine.protocol import (
-    Finish,
     GenerationEvent,
     GenerationRequest,
     LoadReport,
     Message,
     SamplingParams,
-    TextDelta,
 )
-from servekit.engine.rates import RateTracker
+from servekit.engine.rates import RateTracker, measured
 from servekit.engine.vllm_args import VllmServeArgs
 from servekit.engine.vllm_metrics import VllmGauges, parse_vllm_metrics
 from servekit.errors import EngineFailure, NotReady
@@ -219,26 +216,12 @@ class VllmEngine:
             raise NotReady("the vLLM engine is not running", retry_after=2)
         if self.settings.sends_priority:
             request = with_vllm_priority(request)
-        sent = time.monotonic()
-        first: float | None = None
-        events = self._http.generate(request)
+        events = measured(self._http.generate(request), self._rates)
         try:
             async for event in events:
-                if first is None and isinstance(event, TextDelta):
-                    first = time.monotonic()
-                    self._rates.ttft(first - sent)
-                if isinstance(event, Finish):
-                    self._record(event, sent, first)
                 yield event
         finally:
             await events.aclose()  # type: ignore[attr-defined]
-
-    def _record(self, finish: Finish, sent: float, first: float | None) -> None:
-        if first is None:
-            return
-        now = time.monotonic()
-        self._rates.prefill(finish.prompt_tokens - finish.cached_prompt_tokens, first - sent)
-        self._rates.decode(finish.completion_tokens - 1, now - first)
 
     # -- supervision -------------------------------------------------------
 

@@ -125,6 +125,27 @@ def test_serves_streams_and_scrapes_replica_load(
     assert any(s.labels.get("tier") == "center" for s in ttft.samples)
 
 
+def test_load_reports_the_speeds_measured_on_replicas_without_a_report(
+    doubles: tuple[UvicornThread, UvicornThread],
+    gateway_factory: Callable[[CentralSettings], str],
+    tmp_path: Path,
+) -> None:
+    """vLLM's and TensorRT-LLM's metrics carry no TTFT or prefill rate: the
+    gateway reports what it measured on the requests it sent, so a router
+    prices the center on its own speed instead of a configured default."""
+    a, _ = doubles
+    gw = gateway_factory(_settings(tmp_path, [a.url]))
+    wait_until(lambda: all_replicas_healthy(gw), what="healthy")
+    before = httpx.get(gw + "/load").json()
+    assert (before["ttft_p50_ms"], before["prefill_tokens_per_s"]) == (None, None)
+    assert _chat(gw, "hi", max_tokens=8).status_code == 200
+    after = httpx.get(gw + "/load").json()
+    assert after["ttft_p50_ms"] > 0
+    assert after["ttft_p95_ms"] >= after["ttft_p50_ms"]
+    assert after["prefill_tokens_per_s"] > 0
+    assert after["decode_tokens_per_s"] > 0
+
+
 def _metrics(gw: str) -> dict[str, Any]:
     text = httpx.get(gw + "/metrics").text
     return {f.name: f for f in text_string_to_metric_families(text)}
