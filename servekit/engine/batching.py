@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from servekit.engine.batching_llama import LlamaBatchModel
 from servekit.engine.batching_sched import Job, Prepared, Scheduler
 from servekit.engine.batching_stats import BatchingSnapshot, BatchingStats
+from servekit.engine.prompt_estimate import PromptEstimator, request_text
 from servekit.engine.prompting import (
     ChatTemplate,
     completion_budget,
@@ -91,6 +92,7 @@ class BatchingLlamaEngine:
         self.version = version
         self._scheduler: Scheduler | None = None
         self._stats = BatchingStats(slots=settings.slots)
+        self._estimator = PromptEstimator(settings.slots)
         self._start_lock = asyncio.Lock()
         self._ready = False
         self._closed = False
@@ -115,7 +117,11 @@ class BatchingLlamaEngine:
                 raise NotReady("engine is closed")
             s = self._settings
             scheduler = Scheduler(
-                self._load, chunk_tokens=s.chunk_tokens, stats=self._stats, seed=s.seed
+                self._load,
+                chunk_tokens=s.chunk_tokens,
+                stats=self._stats,
+                estimator=self._estimator,
+                seed=s.seed,
             )
             await asyncio.wrap_future(scheduler.start())
             self._scheduler = scheduler
@@ -175,7 +181,8 @@ class BatchingLlamaEngine:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(events.put_nowait, item)
 
-        job = Job(request, emit)
+        text = request_text(request)
+        job = Job(request, emit, text=text, estimate=self._estimator.uncached_tokens(text))
         scheduler.submit(job)
         done = False
         try:
@@ -197,9 +204,9 @@ class BatchingLlamaEngine:
         """Scheduler figures for metrics: slots, running/waiting, batch sizes, rates."""
         return self._stats.snapshot()
 
-    def _pending(self) -> int:
+    def _pending_tokens(self) -> int:
         scheduler = self._scheduler
-        return 0 if scheduler is None else scheduler.pending()
+        return 0 if scheduler is None else scheduler.pending_tokens()
 
     def decode_step_seconds(self, sequences: int) -> list[float]:
         """How long recent decode-only steps of ``sequences`` sequences took (TPOT)."""
@@ -215,7 +222,7 @@ class BatchingLlamaEngine:
             ttft_p50_ms=snap.ttft_p50_ms,
             ttft_p95_ms=snap.ttft_p95_ms,
             busy_ms_per_seq=snap.busy_ms_per_seq,
-            prefill_backlog_ms=prefill_backlog_ms(snap, self._pending()),
+            prefill_backlog_ms=prefill_backlog_ms(snap, self._pending_tokens()),
             max_context_tokens=self._settings.ctx_per_slot,
             decode_tokens_per_s=snap.decode_tokens_per_s,
             prefill_tokens_per_s=snap.prefill_tokens_per_s,
@@ -238,14 +245,13 @@ class BatchingLlamaEngine:
             await asyncio.to_thread(scheduler.stop)
 
 
-def prefill_backlog_ms(snap: BatchingSnapshot, pending: int) -> float | None:
+def prefill_backlog_ms(snap: BatchingSnapshot, pending_tokens: int) -> float | None:
     """The prompt tokens still to prefill, at the measured rate: the running
-    sequences' exactly, and ``pending`` jobs the worker has not taken in yet at
-    the mean a request has needed so far (the worker tokenizes a job when its
-    step ends, and a burst that arrives meanwhile would each see none ahead)."""
-    tokens = float(snap.prefill_backlog_tokens)
-    if pending and snap.admitted:
-        tokens += pending * (snap.prompt_tokens - snap.reused_prompt_tokens) / snap.admitted
+    sequences' exactly, and the ``pending_tokens`` estimated for the jobs the
+    worker has not taken in yet (it tokenizes a job when its step ends, and a
+    burst that arrives meanwhile would each see none ahead;
+    :mod:`servekit.engine.prompt_estimate`)."""
+    tokens = float(snap.prefill_backlog_tokens + pending_tokens)
     if not tokens:
         return 0.0
     rate = snap.prefill_tokens_per_s

@@ -33,6 +33,7 @@ from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_sampler import SamplerChain
 from servekit.engine.batching_slots import Slot, choose_slot, common_prefix, donor
 from servekit.engine.batching_stats import BatchingStats
+from servekit.engine.prompt_estimate import PromptEstimator
 from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
 from servekit.engine.textstream import TextStream
 from servekit.errors import EngineFailure, ServeError
@@ -55,12 +56,16 @@ Prepare = Callable[[GenerationRequest], Prepared]
 
 @dataclass(eq=False)
 class Job:
-    """A request handed to the scheduler; ``emit`` must be thread-safe."""
+    """A request handed to the scheduler; ``emit`` must be thread-safe. ``text``
+    and ``estimate`` are its prompt's text and the uncached tokens it was priced
+    at until the worker tokenizes it (:mod:`servekit.engine.prompt_estimate`)."""
 
     request: GenerationRequest
     emit: Emit
     submitted: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    text: str = ""
+    estimate: int = 0
 
 
 @dataclass(eq=False)
@@ -95,9 +100,11 @@ class Scheduler:
         *,
         chunk_tokens: int,
         stats: BatchingStats,
+        estimator: PromptEstimator,
         seed: int | None = None,
     ) -> None:
         self._load = load
+        self._estimator = estimator
         self._model: LlamaBatchModel
         self._prepare: Prepare
         self._chunk = chunk_tokens
@@ -105,10 +112,13 @@ class Scheduler:
         self.stats = stats
         self._slots: list[Slot[_Seq]] = []
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        # Jobs put in / taken out of the inbox, each written by one thread only
-        # (the inbox also carries None wake-ups, which are no jobs).
+        # Jobs put in / taken out of the inbox and their estimated prompt tokens,
+        # each written by one thread only (the inbox also carries None wake-ups,
+        # which are no jobs).
         self._submitted = 0
         self._taken = 0
+        self._submitted_tokens = 0
+        self._taken_tokens = 0
         self._waiting: list[tuple[int, int, Job, Prepared]] = []
         self._order = itertools.count()
         self._running: list[_Seq] = []  # admission order: prefill goes first-come first-served
@@ -132,11 +142,16 @@ class Scheduler:
         if self._thread is None or not self._thread.is_alive():
             raise EngineFailure("the batching worker is not running")
         self._submitted += 1
+        self._submitted_tokens += job.estimate
         self._inbox.put(job)
 
     def pending(self) -> int:
         """Jobs submitted and not yet taken in by the worker (it is inside a step)."""
         return max(0, self._submitted - self._taken)
+
+    def pending_tokens(self) -> int:
+        """The estimated uncached prompt tokens of the jobs not yet taken in."""
+        return max(0, self._submitted_tokens - self._taken_tokens)
 
     def cancel(self, job: Job) -> None:
         """The client went away: stop the job and drop its cache at the next step."""
@@ -204,12 +219,16 @@ class Scheduler:
             return
         while True:
             if item is not None:
-                self._taken += 1
+                self._take(item)
                 self._accept(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _take(self, job: Job) -> None:
+        self._taken += 1
+        self._taken_tokens += job.estimate
 
     def _accept(self, job: Job) -> None:
         if job.cancelled:
@@ -220,6 +239,7 @@ class Scheduler:
             job.emit(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
             self.stats.requests_failed += 1
             return
+        self._estimator.tokenized(job.text, len(prepared.tokens))
         entry = (int(job.request.priority), next(self._order), job, prepared)
         heapq.heappush(self._waiting, entry)
         self._arrived.add(job)
@@ -260,6 +280,7 @@ class Scheduler:
             # The last prompt token is always evaluated again: its logits start the answer.
             keep = self._model.forget(slot.seq_id, min(shared, len(prompt) - 1))
             slot.cached = prompt[:keep]
+            self._estimator.hold(slot.seq_id, job.text)
             self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep
             self.stats.admitted += 1
@@ -383,6 +404,7 @@ class Scheduler:
         if not keep_cache:
             self._model.forget(slot.seq_id)
             slot.cached = []
+            self._estimator.hold(slot.seq_id, "")
         slot.seq = None
         slot.last_used = time.monotonic()
         self._running.remove(seq)
@@ -401,7 +423,7 @@ class Scheduler:
             except queue.Empty:
                 break
             if item is not None:
-                self._taken += 1
+                self._take(item)
                 if not item.cancelled:
                     item.emit(exc)
         self.stats.waiting = 0

@@ -19,6 +19,7 @@ from servekit.engine.batching_llama import LlamaBatchModel
 from servekit.engine.batching_metrics import BatchingCollector
 from servekit.engine.batching_sched import Job, Prepared, Scheduler
 from servekit.engine.batching_stats import BatchingStats
+from servekit.engine.prompt_estimate import PromptEstimator
 from servekit.engine.protocol import (
     Finish,
     GenerationRequest,
@@ -216,6 +217,39 @@ async def test_a_prompt_being_prefilled_is_reported_as_backlog(
     assert engine.load().prefill_backlog_ms == 0.0
 
 
+async def test_a_prompt_submitted_mid_step_is_priced_at_its_own_length(
+    engine: BatchingLlamaEngine,
+) -> None:
+    """A job that arrives while the worker is inside a step waits in its inbox
+    untokenized; load() prices it from its text, not at the mean of the prompts
+    so far (a cold edge admitted two 490-token prompts at once, priced at ~90)."""
+    for n in range(4):  # short prompts keep the mean prompt small
+        await collect(engine, chat(f"Name a colour, {n}.", max_tokens=1))
+    long_a = "Summarize: " + "an old mill stood by the river and ground the wheat. " * 35
+    task_a = asyncio.create_task(collect(engine, chat(long_a, max_tokens=1)))
+    while engine.stats().prefill_backlog_tokens < 4 * CHUNK:  # noqa: ASYNC110 (worker's counter)
+        await asyncio.sleep(0.002)
+    a_left = engine.stats().prefill_backlog_tokens
+    long_b = "Translate: " + "the ferry left the harbour before dawn with its lights on. " * 33
+    stream_b = engine.generate(chat(long_b, max_tokens=1))
+    first_b = asyncio.ensure_future(anext(stream_b))
+    await asyncio.sleep(0)  # B is submitted; the worker takes it in when its step ends
+    report = engine.load()
+    _, fin_a, _ = await task_a
+    await first_b
+    async for _ in stream_b:
+        pass
+    snap = engine.stats()
+    assert report.prefill_backlog_ms is not None
+    assert report.prefill_tokens_per_s is not None
+    priced = report.prefill_backlog_ms * report.prefill_tokens_per_s / 1000.0
+    b_tokens = fin_a.prompt_tokens  # B is about as long as A
+    mean = (snap.prompt_tokens - snap.reused_prompt_tokens) / snap.admitted
+    assert mean < 0.6 * b_tokens - CHUNK  # what pricing at the mean would have missed
+    # A's rest (less a step that may have ended meanwhile) and most of B.
+    assert priced >= a_left - CHUNK + 0.6 * b_tokens, (priced, a_left, b_tokens)
+
+
 def test_a_finished_prompt_is_gone_from_the_backlog_before_its_client_hears(
     model_path: Path,
 ) -> None:
@@ -229,7 +263,7 @@ def test_a_finished_prompt_is_gone_from_the_backlog_before_its_client_hears(
         tokens = model.tokenize(b"Summarize: " + b"a red fox ran past the mill. " * 6, True, False)
         return model, lambda _: Prepared(tokens, 1)
 
-    scheduler = Scheduler(load, chunk_tokens=CHUNK, stats=stats)
+    scheduler = Scheduler(load, chunk_tokens=CHUNK, stats=stats, estimator=PromptEstimator(1))
     scheduler.start().result(timeout=60)
     at_finish: list[int] = []
     done = threading.Event()

@@ -41,15 +41,15 @@ def test_an_emptied_window_keeps_the_last_prefill_rate() -> None:
     assert stats.snapshot().prefill_tokens_per_s == pytest.approx(640.0)
 
 
-def test_jobs_not_yet_taken_in_count_at_the_mean_prefill_of_a_request() -> None:
+def test_jobs_not_yet_taken_in_count_at_their_estimated_tokens() -> None:
     """A burst that lands while the worker is inside a step: each job is priced."""
     stats = BatchingStats(slots=4)
     stats.record_step(1, 0, 100, 1.0, now=0.0)  # 100 prompt tokens a second
-    stats.prompt_tokens, stats.reused_prompt_tokens, stats.admitted = 500, 300, 2
     stats.prefill_backlog_tokens = 50  # a running sequence still prefilling
     snap = stats.snapshot()
-    assert prefill_backlog_ms(snap, pending=0) == pytest.approx(500.0)
-    # Two more jobs in the inbox, each at the mean of (500 - 300) / 2 = 100 tokens.
-    assert prefill_backlog_ms(snap, pending=2) == pytest.approx(2500.0)
+    assert prefill_backlog_ms(snap, pending_tokens=0) == pytest.approx(500.0)
+    # Jobs in the inbox estimated at 200 uncached tokens in all.
+    assert prefill_backlog_ms(snap, pending_tokens=200) == pytest.approx(2500.0)
     idle = BatchingStats(slots=4).snapshot()
-    assert prefill_backlog_ms(idle, pending=3) == 0.0  # nothing to price them by: no guess
+    assert prefill_backlog_ms(idle, pending_tokens=0) == 0.0
+    assert prefill_backlog_ms(idle, pending_tokens=300) is None  # no rate to price them by

@@ -1,0 +1,69 @@
+"""Guessing a job's uncached prompt tokens from its text, before it is tokenized."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from servekit.engine.prompt_estimate import (
+    DEFAULT_CHARS_PER_TOKEN,
+    PromptEstimator,
+    common_text_prefix,
+    request_text,
+)
+from servekit.engine.protocol import GenerationRequest, Message, SamplingParams
+
+SYSTEM = "You are the support assistant of Acme Outdoor. " * 10  # ~470 characters
+
+
+def chat(*turns: tuple[str, str]) -> GenerationRequest:
+    messages = tuple(Message(role, content) for role, content in turns)
+    return GenerationRequest("r", SamplingParams(max_tokens=8), messages=messages)
+
+
+@given(st.text(alphabet="ab相对", max_size=40), st.text(alphabet="ab相对", max_size=40))
+def test_common_text_prefix_agrees_with_a_character_loop(a: str, b: str) -> None:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert common_text_prefix(a, b) == n
+
+
+def test_request_text_keeps_turns_in_order() -> None:
+    text = request_text(chat(("system", "S"), ("user", "Q")))
+    assert text.index("S") < text.index("Q")
+    assert request_text(GenerationRequest("r", SamplingParams(), prompt="once upon")) == (
+        "once upon"
+    )
+
+
+def test_a_cold_prompt_is_priced_whole_at_the_measured_ratio() -> None:
+    est = PromptEstimator(slots=2)
+    text = request_text(chat(("system", SYSTEM), ("user", "What are your store hours?")))
+    assert est.uncached_tokens(text) == -(-len(text) // int(DEFAULT_CHARS_PER_TOKEN))
+    est.tokenized("x" * 300, 100)  # this tokenizer: 3 characters a token
+    assert est.chars_per_token == 3.0
+    assert est.uncached_tokens(text) == -(-len(text) // 3)
+
+
+def test_the_prefix_a_slot_holds_is_not_priced() -> None:
+    est = PromptEstimator(slots=2)
+    est.tokenized("x" * 400, 100)
+    first = request_text(chat(("system", SYSTEM), ("user", "What are your store hours?")))
+    second = request_text(chat(("system", SYSTEM), ("user", "Do you ship to Spain?")))
+    cold = est.uncached_tokens(second)
+    est.hold(1, first)  # slot 1 now caches the first conversation
+    warm = est.uncached_tokens(second)
+    assert warm < cold / 10  # only the question is left
+    assert warm >= 1
+    est.hold(1, "")  # its cache was dropped
+    assert est.uncached_tokens(second) == cold
+
+
+def test_the_ratio_follows_a_change_of_language() -> None:
+    est = PromptEstimator(slots=1)
+    for _ in range(5):
+        est.tokenized("word " * 80, 100)  # 4 characters a token
+    for _ in range(30):
+        est.tokenized("相对论的核心思想" * 10, 80)  # 1 character a token
+    assert est.chars_per_token < 1.2
