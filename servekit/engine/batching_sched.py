@@ -66,6 +66,7 @@ class Job:
     cancelled: bool = False
     text: str = ""
     estimate: int = 0
+    priced: bool = True  # its estimate still counts in the scheduler's pending tokens
 
 
 @dataclass(eq=False)
@@ -112,13 +113,14 @@ class Scheduler:
         self.stats = stats
         self._slots: list[Slot[_Seq]] = []
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        # Jobs put in / taken out of the inbox and their estimated prompt tokens,
-        # each written by one thread only (the inbox also carries None wake-ups,
-        # which are no jobs).
+        # Jobs put in / taken out of the inbox, and the estimated prompt tokens of
+        # jobs submitted / settled (admitted to a slot, where the backlog counts
+        # them exactly, or dropped); each written by one thread only (the inbox
+        # also carries None wake-ups, which are no jobs).
         self._submitted = 0
         self._taken = 0
         self._submitted_tokens = 0
-        self._taken_tokens = 0
+        self._settled_tokens = 0
         self._waiting: list[tuple[int, int, Job, Prepared]] = []
         self._order = itertools.count()
         self._running: list[_Seq] = []  # admission order: prefill goes first-come first-served
@@ -150,8 +152,10 @@ class Scheduler:
         return max(0, self._submitted - self._taken)
 
     def pending_tokens(self) -> int:
-        """The estimated uncached prompt tokens of the jobs not yet taken in."""
-        return max(0, self._submitted_tokens - self._taken_tokens)
+        """The estimated uncached prompt tokens of the jobs not yet in a slot: in the
+        inbox, or being tokenized (an idle worker takes a job at once, and for the
+        milliseconds its template and tokenizer run it is in no other count)."""
+        return max(0, self._submitted_tokens - self._settled_tokens)
 
     def cancel(self, job: Job) -> None:
         """The client went away: stop the job and drop its cache at the next step."""
@@ -228,14 +232,22 @@ class Scheduler:
 
     def _take(self, job: Job) -> None:
         self._taken += 1
-        self._taken_tokens += job.estimate
+
+    def _settle(self, job: Job) -> None:
+        """The job's estimate stops counting: it has a slot (and the backlog, noted
+        first, counts its tokens exactly) or it will never get one."""
+        if job.priced:
+            job.priced = False
+            self._settled_tokens += job.estimate
 
     def _accept(self, job: Job) -> None:
         if job.cancelled:
+            self._settle(job)
             return
         try:
             prepared = self._prepare(job.request)
         except Exception as exc:  # a bad prompt fails its own request, not the loop
+            self._settle(job)
             job.emit(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
             self.stats.requests_failed += 1
             return
@@ -247,6 +259,9 @@ class Scheduler:
 
     def _reap_cancelled(self) -> None:
         if any(e[2].cancelled for e in self._waiting):
+            for entry in self._waiting:
+                if entry[2].cancelled:
+                    self._settle(entry[2])
             self._waiting = [e for e in self._waiting if not e[2].cancelled]
             heapq.heapify(self._waiting)
             self.stats.waiting = len(self._waiting)
@@ -303,6 +318,8 @@ class Scheduler:
             slot.seq = seq
             self._running.append(seq)
             self.stats.running = len(self._running)
+            self._note_backlog()  # counted exactly before its estimate stops counting
+            self._settle(job)
 
     def _step(self) -> None:
         # Prefill budget first-come first-served; the batch itself in slot order
@@ -415,6 +432,7 @@ class Scheduler:
         for seq in list(self._running):
             self._fail(seq, exc)
         for _, _, job, _ in self._waiting:
+            self._settle(job)
             job.emit(exc)
         self._waiting.clear()
         while True:
@@ -424,6 +442,7 @@ class Scheduler:
                 break
             if item is not None:
                 self._take(item)
+                self._settle(item)
                 if not item.cancelled:
                     item.emit(exc)
         self.stats.waiting = 0

@@ -250,6 +250,50 @@ async def test_a_prompt_submitted_mid_step_is_priced_at_its_own_length(
     assert priced >= a_left - CHUNK + 0.6 * b_tokens, (priced, a_left, b_tokens)
 
 
+def test_a_job_being_tokenized_still_counts_as_pending(model_path: Path) -> None:
+    """An idle worker takes a job the moment it is submitted and tokenizes it
+    before it has a slot; meanwhile its estimate counts, then its exact tokens,
+    never neither (two cold prompts arriving in one instant were both admitted)."""
+    stats = BatchingStats(slots=1)
+    in_prepare, go_on = threading.Event(), threading.Event()
+
+    def load() -> tuple[LlamaBatchModel, Callable[[GenerationRequest], Prepared]]:
+        model = LlamaBatchModel(model_path, n_slots=1, ctx_per_slot=256, n_batch=64, n_threads=2)
+        tokens = model.tokenize(b"Summarize: " + b"a red fox ran past the mill. " * 6, True, False)
+
+        def prepare(_: GenerationRequest) -> Prepared:
+            in_prepare.set()
+            assert go_on.wait(timeout=60)
+            return Prepared(tokens, 1)
+
+        return model, prepare
+
+    scheduler = Scheduler(load, chunk_tokens=CHUNK, stats=stats, estimator=PromptEstimator(1))
+    scheduler.start().result(timeout=60)
+    done = threading.Event()
+    counted: list[int] = []
+
+    def emit(event: TextDelta | Finish | BaseException) -> None:
+        if not counted:  # the first event: the prompt is prefilled
+            counted.append(scheduler.pending_tokens())
+        if not isinstance(event, TextDelta):
+            done.set()
+
+    try:
+        scheduler.submit(Job(chat("ignored"), emit, estimate=70))
+        assert in_prepare.wait(timeout=60)
+        assert scheduler.pending() == 0  # taken in...
+        assert scheduler.pending_tokens() == 70  # ...and still priced
+        assert stats.prefill_backlog_tokens == 0
+        go_on.set()
+        assert done.wait(timeout=60)
+    finally:
+        go_on.set()
+        scheduler.stop()
+    assert counted == [0]  # once in a slot, only the backlog counts it
+    assert scheduler.pending_tokens() == 0
+
+
 def test_a_finished_prompt_is_gone_from_the_backlog_before_its_client_hears(
     model_path: Path,
 ) -> None:
