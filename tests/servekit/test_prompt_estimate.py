@@ -29,6 +29,14 @@ def test_common_text_prefix_agrees_with_a_character_loop(a: str, b: str) -> None
     assert common_text_prefix(a, b) == n
 
 
+def test_common_text_prefix_of_long_texts() -> None:
+    doc = "The warranty covers parts and labour for two years. " * 400  # ~21k characters
+    assert common_text_prefix(doc + "Q: when?", doc + "Q: where?") == len(doc) + 6
+    assert common_text_prefix(doc, doc) == len(doc)
+    assert common_text_prefix(doc, "X" + doc) == 0
+    assert common_text_prefix(doc[:5000] + "a", doc[:5000] + "b") == 5000
+
+
 def test_request_text_keeps_turns_in_order() -> None:
     text = request_text(chat(("system", "S"), ("user", "Q")))
     assert text.index("S") < text.index("Q")
