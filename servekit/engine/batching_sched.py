@@ -113,12 +113,9 @@ class Scheduler:
         self.stats = stats
         self._slots: list[Slot[_Seq]] = []
         self._inbox: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        # Jobs put in / taken out of the inbox, and the estimated prompt tokens of
-        # jobs submitted / settled (admitted to a slot, where the backlog counts
-        # them exactly, or dropped); each written by one thread only (the inbox
-        # also carries None wake-ups, which are no jobs).
-        self._submitted = 0
-        self._taken = 0
+        # The estimated prompt tokens of jobs submitted / settled (admitted to a
+        # slot, where the backlog counts them exactly, or dropped), each written
+        # by one thread only.
         self._submitted_tokens = 0
         self._settled_tokens = 0
         self._waiting: list[tuple[int, int, Job, Prepared]] = []
@@ -143,13 +140,8 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         if self._thread is None or not self._thread.is_alive():
             raise EngineFailure("the batching worker is not running")
-        self._submitted += 1
         self._submitted_tokens += job.estimate
         self._inbox.put(job)
-
-    def pending(self) -> int:
-        """Jobs submitted and not yet taken in by the worker (it is inside a step)."""
-        return max(0, self._submitted - self._taken)
 
     def pending_tokens(self) -> int:
         """The estimated uncached prompt tokens of the jobs not yet in a slot: in the
@@ -197,7 +189,6 @@ class Scheduler:
                 self._intake(block=not self._running and not self._waiting)
                 self._reap_cancelled()
                 self._admit()
-                self._note_backlog()  # before the step: it may take a second
                 if self._running:
                     self._step()
         except BaseException as exc:  # the worker must never die silently
@@ -209,9 +200,10 @@ class Scheduler:
 
     def _note_backlog(self) -> None:
         # What a newcomer's prefill waits behind: prefill is first-come first-served.
-        # Noted after admission, after each step's bookkeeping and whenever a
-        # sequence leaves, always before an event reaches its client: a client
-        # that saw its answer end must never read its prompt as still pending.
+        # Noted wherever it changes (a sequence admitted, a step's bookkeeping, a
+        # sequence leaving), so it is current before a step that may take a
+        # second and before an event reaches its client: a client that saw its
+        # answer end must never read its prompt as still pending.
         self.stats.prefill_backlog_tokens = sum(
             len(seq.prompt) - seq.n_past for seq in self._running if seq.prefilling
         )
@@ -223,15 +215,11 @@ class Scheduler:
             return
         while True:
             if item is not None:
-                self._take(item)
                 self._accept(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
-
-    def _take(self, job: Job) -> None:
-        self._taken += 1
 
     def _settle(self, job: Job) -> None:
         """The job's estimate stops counting: it has a slot (and the backlog, noted
@@ -441,7 +429,6 @@ class Scheduler:
             except queue.Empty:
                 break
             if item is not None:
-                self._take(item)
                 self._settle(item)
                 if not item.cancelled:
                     item.emit(exc)

@@ -13,6 +13,7 @@ restores saved context states of earlier, different prompts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import threading
@@ -228,15 +229,12 @@ class LlamaCppEngine:
 
     def load(self) -> LoadReport:
         c = self._counters
-        return LoadReport(
+        return dataclasses.replace(
+            self._rates.report(),
             ready=self._ready,
             running=self._running,
             capacity=1,
             max_context_tokens=self.settings.n_ctx,
-            ttft_p50_ms=self._rates.ttft_quantile(0.5),
-            ttft_p95_ms=self._rates.ttft_quantile(0.95),
-            decode_tokens_per_s=self._rates.decode_tps,
-            prefill_tokens_per_s=self._rates.prefill_tps,
             model=self.model_name,
             version=self.version,
             prefix_cache_query_tokens=c["query"],

@@ -178,15 +178,12 @@ class VllmEngine:
 
     def load(self) -> LoadReport:
         g = self._gauges
-        return LoadReport(
+        return dataclasses.replace(
+            self._rates.report(),
             ready=self._started and self._healthy,
             running=g.running,
             waiting=g.waiting,
             capacity=self.capacity,
-            ttft_p50_ms=self._rates.ttft_quantile(0.5),
-            ttft_p95_ms=self._rates.ttft_quantile(0.95),
-            decode_tokens_per_s=self._rates.decode_tps,
-            prefill_tokens_per_s=self._rates.prefill_tps,
             max_context_tokens=self._max_model_len,
             model=self.model_name,
             version=self.version,

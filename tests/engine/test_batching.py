@@ -282,8 +282,7 @@ def test_a_job_being_tokenized_still_counts_as_pending(model_path: Path) -> None
     try:
         scheduler.submit(Job(chat("ignored"), emit, estimate=70))
         assert in_prepare.wait(timeout=60)
-        assert scheduler.pending() == 0  # taken in...
-        assert scheduler.pending_tokens() == 70  # ...and still priced
+        assert scheduler.pending_tokens() == 70  # taken in, tokenizing, still priced
         assert stats.prefill_backlog_tokens == 0
         go_on.set()
         assert done.wait(timeout=60)
@@ -317,16 +316,13 @@ def test_a_finished_prompt_is_gone_from_the_backlog_before_its_client_hears(
             at_finish.append(stats.prefill_backlog_tokens)
             done.set()
 
-    job = Job(chat("ignored"), emit)
     try:
-        scheduler.submit(job)
+        scheduler.submit(Job(chat("ignored"), emit))
         assert done.wait(timeout=60)
     finally:
         scheduler.stop()
     assert stats.prefill_tokens > CHUNK  # the prompt took more than one step
     assert at_finish == [0]
-    scheduler.cancel(job)  # a late cancel leaves a wake-up in the inbox: no job
-    assert scheduler.pending() == 0
 
 
 async def test_load_report_and_stats(engine: BatchingLlamaEngine) -> None:
