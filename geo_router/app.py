@@ -30,6 +30,7 @@ from geo_router.classifier import DifficultyClassifier
 from geo_router.completions import route_completion
 from geo_router.continuation import Kind
 from geo_router.http_client import UpstreamPool
+from geo_router.limits import build_buckets
 from geo_router.membership import Membership
 from geo_router.metrics import RouterMetrics
 from geo_router.openapi import install_openapi
@@ -120,10 +121,14 @@ def create_app(
                 prefixes,
                 membership.known,
             )
+            limiter = RateLimiter(
+                build_buckets(settings.auth.limits, lambda down: metrics.limits_fallback.set(down))
+            )
+            stack.push_async_callback(limiter.aclose)
             app.state.router = RouterState(
                 settings=settings,
                 auth=Authenticator(settings.auth),
-                limiter=RateLimiter(),
+                limiter=limiter,
                 resolver=RegionResolver(settings.region, geo),
                 classifier=classifier,
                 planner=planner,

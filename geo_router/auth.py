@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from geo_router.limits import Buckets, LocalBuckets
 from geo_router.settings import ApiKeySettings, AuthSettings
 from servekit.errors import AuthenticationFailed, RateLimited
 from servekit.service_auth import DigestSet, bearer_token
 
-__all__ = ["Authenticator", "RateLimiter", "Tenant", "TokenBucket"]
+__all__ = ["Authenticator", "RateLimiter", "Tenant"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,44 +61,22 @@ def _tenant(entry: ApiKeySettings) -> Tenant:
     )
 
 
-class TokenBucket:
-    """``rate_per_min`` units per minute, bursting up to ``burst_s`` seconds' worth."""
-
-    def __init__(self, rate_per_min: float, now: float, burst_s: float = 60.0) -> None:
-        self.rate = rate_per_min / 60.0
-        self.capacity = max(1.0, self.rate * burst_s)
-        self.level = self.capacity
-        self.stamp = now
-
-    def take(self, amount: float, now: float) -> float:
-        """Take ``amount``; 0.0 on success, else seconds until it would fit."""
-        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
-        self.stamp = now
-        amount = min(amount, self.capacity)  # an oversized request waits for a full bucket
-        if self.level >= amount:
-            self.level -= amount
-            return 0.0
-        return (amount - self.level) / self.rate
-
-    def give_back(self, amount: float) -> None:
-        self.level = min(self.capacity, self.level + amount)
-
-
 class RateLimiter:
-    """Per-key request and token buckets; raises :class:`RateLimited` with Retry-After."""
+    """Per-key request and token buckets; raises :class:`RateLimited` with Retry-After.
 
-    def __init__(self) -> None:
-        self._rpm: dict[str, TokenBucket] = {}
-        self._tpm: dict[str, TokenBucket] = {}
+    The buckets live where ``auth.limits`` says (``geo_router.limits``): this
+    process, or Redis shared by every router.
+    """
 
-    def check(self, tenant: Tenant, tokens: int, now: float | None = None) -> None:
+    def __init__(self, buckets: Buckets | None = None) -> None:
+        self._buckets = buckets if buckets is not None else LocalBuckets()
+
+    async def check(self, tenant: Tenant, tokens: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        req_bucket = tok_bucket = None
         if tenant.rpm is not None:
-            req_bucket = self._rpm.get(tenant.key_id)
-            if req_bucket is None:
-                req_bucket = self._rpm[tenant.key_id] = TokenBucket(tenant.rpm, now, tenant.burst_s)
-            wait = req_bucket.take(1, now)
+            wait = await self._buckets.take(
+                "rpm:" + tenant.key_id, tenant.rpm, tenant.burst_s, 1, now
+            )
             if wait > 0:
                 raise RateLimited(
                     f"rate limit of {tenant.rpm} requests per minute reached for "
@@ -105,16 +84,20 @@ class RateLimiter:
                     retry_after=math.ceil(wait),
                 )
         if tenant.tpm is not None:
-            tok_bucket = self._tpm.get(tenant.key_id)
-            if tok_bucket is None:
-                tok_bucket = self._tpm[tenant.key_id] = TokenBucket(tenant.tpm, now, tenant.burst_s)
-            wait = tok_bucket.take(tokens, now)
+            wait = await self._buckets.take(
+                "tpm:" + tenant.key_id, tenant.tpm, tenant.burst_s, tokens, now
+            )
             if wait > 0:
-                if req_bucket is not None:
-                    req_bucket.give_back(1)
+                if tenant.rpm is not None:
+                    await self._buckets.give_back(
+                        "rpm:" + tenant.key_id, tenant.rpm, tenant.burst_s, 1
+                    )
                 raise RateLimited(
                     f"rate limit of {tenant.tpm} tokens per minute reached for "
                     f"tenant {tenant.name!r}",
                     code="tokens_rate_limit_exceeded",
                     retry_after=math.ceil(wait),
                 )
+
+    async def aclose(self) -> None:
+        await self._buckets.aclose()

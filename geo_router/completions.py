@@ -25,7 +25,7 @@ async def route_completion(
     """Route one completion request and answer it (errors raise ``ServeError``)."""
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
     client = scope.get("client")
-    taken = intake(state, kind, scope["path"], raw, headers, client[0] if client else None)
+    taken = await intake(state, kind, scope["path"], raw, headers, client[0] if client else None)
     req = taken.request
     stream = RoutedStream(state.routing, req, taken.decision)
     await stream.open()

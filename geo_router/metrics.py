@@ -44,6 +44,12 @@ class RouterMetrics:
         self.candidates = Gauge(
             "router_candidates", "Healthy instances known, by tier.", ["tier"], registry=r
         )
+        self.limits_fallback = Gauge(
+            "router_limits_fallback",
+            "1 while the shared limits backend is unreachable and this router enforces "
+            "its share (1/routers) of each limit alone.",
+            registry=r,
+        )
         self.catalog_stale = Gauge(
             "router_catalog_stale",
             "1 while the registry is unreachable and the last-known catalog is used.",

@@ -35,7 +35,7 @@ def _explainer(kind: Kind, path: str) -> Callable[[Request], Awaitable[Response]
         state = _state(request)
         raw = await request.body()  # bounded by the front door (413)
         peer = request.client.host if request.client else None
-        taken = intake(state, kind, path, raw, request.headers, peer, limit=False)
+        taken = await intake(state, kind, path, raw, request.headers, peer, limit=False)
         return JSONResponse(taken.decision.to_dict())
 
     return explain

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from geo_router.limits import LimitsSettings
 from servekit import rtt
 from servekit.config import Section
 from servekit.peers import PeerSettings
@@ -55,6 +56,10 @@ class AuthSettings(Section):
     required: bool = Field(True, description="Reject requests without a configured key.")
     keys: list[ApiKeySettings] = Field(default_factory=list)
     anonymous_priority: Literal["interactive", "batch"] = "interactive"
+    limits: LimitsSettings = Field(
+        default_factory=LimitsSettings,
+        description="Where rate-limit buckets live (per router, or Redis shared by all).",
+    )
 
 
 class GeoIPSettings(Section):

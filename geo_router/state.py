@@ -67,7 +67,7 @@ class Intake:
     decision: Decision
 
 
-def intake(
+async def intake(
     state: RouterState,
     kind: Kind,
     path: str,
@@ -87,7 +87,7 @@ def intake(
     if limit:
         cap = body.get("max_completion_tokens") or body.get("max_tokens")
         budget = cap if isinstance(cap, int) else state.settings.routing.default_max_tokens
-        state.limiter.check(tenant, estimate_prompt_tokens(body) + budget)
+        await state.limiter.check(tenant, estimate_prompt_tokens(body) + budget)
     region = state.resolver.resolve(peer, headers)
     req_id = headers.get("x-request-id") or request_id()
     user = body.get("user")

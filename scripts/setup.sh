@@ -5,7 +5,8 @@
 # HF-layout model directory it serves (scripts/setup-vllm.sh).
 #   scripts/setup.sh          runtime only
 #   scripts/setup.sh --vllm   runtime plus vLLM (a local topology centred on vLLM)
-#   scripts/setup.sh --dev    plus the test and lint tools, and vLLM for its tests
+#   scripts/setup.sh --dev    plus the test and lint tools, vLLM for its tests and
+#                             Redis for the shared-limits tests (scripts/setup-redis.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,4 +34,8 @@ wheel="$(PYTHON=.venv/bin/python scripts/build-llama-wheel.sh)"
 
 if [[ "$VLLM" == 1 ]]; then
     PYTHON="$PY" scripts/setup-vllm.sh
+fi
+
+if [[ "$EXTRAS" == *dev* ]]; then
+    scripts/setup-redis.sh
 fi

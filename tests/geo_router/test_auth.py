@@ -50,23 +50,25 @@ def test_settings_reject_a_key_that_is_not_a_digest() -> None:
         ApiKeySettings(sha256="sk-plaintext", tenant="x")
 
 
-def test_rpm_limit_refuses_with_retry_after_then_refills() -> None:
+@pytest.mark.anyio
+async def test_rpm_limit_refuses_with_retry_after_then_refills() -> None:
     limiter = RateLimiter()
     tenant = Tenant("a", "interactive", "id1", rpm=2)
-    limiter.check(tenant, 1, now=100.0)
-    limiter.check(tenant, 1, now=100.0)
+    await limiter.check(tenant, 1, now=100.0)
+    await limiter.check(tenant, 1, now=100.0)
     with pytest.raises(RateLimited) as info:
-        limiter.check(tenant, 1, now=100.0)
+        await limiter.check(tenant, 1, now=100.0)
     assert info.value.headers() == {"Retry-After": "30"}
-    limiter.check(tenant, 1, now=130.5)  # half a minute refills one request
+    await limiter.check(tenant, 1, now=130.5)  # half a minute refills one request
 
 
-def test_tpm_limit_counts_tokens_and_returns_the_request() -> None:
+@pytest.mark.anyio
+async def test_tpm_limit_counts_tokens_and_returns_the_request() -> None:
     limiter = RateLimiter()
     tenant = Tenant("a", "interactive", "id2", rpm=100, tpm=1000)
-    limiter.check(tenant, 900, now=0.0)
+    await limiter.check(tenant, 900, now=0.0)
     with pytest.raises(RateLimited) as info:
-        limiter.check(tenant, 300, now=0.0)
+        await limiter.check(tenant, 300, now=0.0)
     assert info.value.code == "tokens_rate_limit_exceeded"
     assert int(info.value.headers()["Retry-After"]) == 12  # 200 tokens at 1000/min
-    limiter.check(tenant, 100, now=0.0)  # smaller requests still fit
+    await limiter.check(tenant, 100, now=0.0)  # smaller requests still fit
