@@ -106,7 +106,10 @@ def create_app(
             cache = settings.routing.prefix_cache
             prefixes = (
                 PrefixIndex(
-                    block_chars=cache.block_chars, max_blocks=cache.max_blocks, ttl_s=cache.ttl_s
+                    block_chars=cache.block_chars,
+                    max_blocks=cache.max_blocks,
+                    ttl_s=cache.ttl_s,
+                    anchor_chars=cache.anchor_chars,
                 )
                 if cache.enabled
                 else None

@@ -23,6 +23,7 @@ engines' admission budgets and failover cover the difference.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -39,6 +40,10 @@ class Prefix:
 
     blocks: tuple[int, ...]
     tokens_per_block: float
+    # A hash of the conversation's opening (its first ``anchor_chars``) that every
+    # router computes alike (``hash()`` of a str is salted per process): where no
+    # instance holds the prefix yet, routers place it by this (see scoring).
+    anchor: int = 0
 
     def tokens(self, n_blocks: int) -> int:
         return int(n_blocks * self.tokens_per_block)
@@ -51,9 +56,15 @@ class PrefixIndex:
     """Per-instance LRU of block names; not thread-safe (the router's event loop owns it)."""
 
     def __init__(
-        self, *, block_chars: int = 64, max_blocks: int = 8192, ttl_s: float = 600.0
+        self,
+        *,
+        block_chars: int = 64,
+        max_blocks: int = 8192,
+        ttl_s: float = 600.0,
+        anchor_chars: int = 1024,
     ) -> None:
         self.block_chars = block_chars
+        self.anchor_chars = anchor_chars
         self.max_blocks = max_blocks
         self.ttl_s = ttl_s
         self._held: dict[str, OrderedDict[int, float]] = {}
@@ -70,7 +81,9 @@ class PrefixIndex:
         for i in range(n):
             h = hash((h, text[i * size : (i + 1) * size]))
             blocks.append(h)
-        return Prefix(tuple(blocks), prompt_tokens * size / max(1, len(text)))
+        opening = text[: self.anchor_chars].encode("utf-8", "surrogatepass")
+        anchor = int.from_bytes(hashlib.blake2b(opening, digest_size=8).digest(), "big")
+        return Prefix(tuple(blocks), prompt_tokens * size / max(1, len(text)), anchor)
 
     def cached_blocks(self, instance_id: str, prefix: Prefix, now: float | None = None) -> int:
         """How many of ``prefix``'s leading blocks the instance probably still holds."""

@@ -35,11 +35,18 @@ exceeds that budget, or when it refused a request within the last
 behind the candidates that can start in time (still tried last).
 
 Candidates within ``p2c_window_ms`` of the best compete by power of two
-choices, sampled by their slow-start weight.
+choices, sampled by their slow-start weight, except for a prefix none of
+them holds yet (a new system prompt, a conversation's first turn): then the
+near-best are ranked by rendezvous hashing of the prefix's opening
+(:attr:`~geo_router.prefix_index.Prefix.anchor`) with each instance id, so
+every router sends the first copy of a new system prompt to the same instance
+without talking to the others, and the copies after it find it cached there.
+The load terms still bound it: only instances within the window compete.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from collections.abc import Sequence
@@ -204,6 +211,10 @@ class Scorer:
         window = [s for s in ranked if s.predicted_ms <= best + self._routing.p2c_window_ms]
         if len(window) < 2:
             return ranked
+        anchor = _new_prefix_anchor(window)
+        if anchor is not None:
+            chosen = max(window, key=lambda s: _rendezvous(anchor, s.id) * s.weight)
+            return [chosen, *(s for s in ranked if s is not chosen)]
         a, b = self._pick_two(window)
         chosen = a if a.predicted_ms / a.weight <= b.predicted_ms / b.weight else b
         return [chosen, *(s for s in ranked if s is not chosen)]
@@ -214,6 +225,20 @@ class Scorer:
         rest = [i for i in range(len(window)) if i != first]
         second = self._rng.choices(rest, weights=[weights[i] for i in rest])[0]
         return window[first], window[second]
+
+
+def _new_prefix_anchor(window: Sequence[Scored]) -> int | None:
+    """The prefix's anchor when no candidate holds any of it, else None (affinity decides)."""
+    prefix = window[0].prefix
+    if prefix is None or not prefix.blocks or any(s.cached_tokens for s in window):
+        return None
+    return prefix.anchor
+
+
+def _rendezvous(anchor: int, instance_id: str) -> float:
+    """A uniform (0, 1] draw that every router computes alike for (prefix, instance)."""
+    key = anchor.to_bytes(8, "big") + instance_id.encode()
+    return (int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") + 1) / 2**64
 
 
 def within_budget_first(ordered: Sequence[Scored]) -> list[Scored]:

@@ -134,6 +134,12 @@ class PrefixCacheSettings(Section):
         8192, ge=1, description="Blocks remembered per instance (fewer when its KV holds less)."
     )
     ttl_s: float = Field(600.0, gt=0, description="Blocks unused this long count as evicted.")
+    anchor_chars: int = Field(
+        1024,
+        ge=16,
+        description="Opening characters that name a prefix new to every instance, for "
+        "placing its first copy alike at every router (rendezvous hashing).",
+    )
 
 
 class TrimSettings(Section):

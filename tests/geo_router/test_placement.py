@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -34,10 +37,12 @@ def inst(iid: str, tier: str = "edge", region: str = "east", **load: Any) -> Ins
     return InstanceState(info, report, True, time.time())
 
 
-def planner(states: list[InstanceState], **routing: Any) -> tuple[Planner, PrefixIndex, Tracker]:
+def planner(
+    states: list[InstanceState], seed: int = 3, **routing: Any
+) -> tuple[Planner, PrefixIndex, Tracker]:
     settings = RoutingSettings.model_validate({"slow_start_s": 0, **routing})
     tracker = Tracker(settings.breaker)
-    scorer = Scorer(settings, REGIONS.rtt_table(), tracker, random.Random(3))
+    scorer = Scorer(settings, REGIONS.rtt_table(), tracker, random.Random(seed))
     index = PrefixIndex()
     p = Planner(
         settings, DifficultyClassifier.load(), scorer, tracker, lambda: states, {}.get, index
@@ -225,3 +230,38 @@ def test_a_prefix_cached_only_in_another_city_warms_the_same_city_edge_once() ->
     p2, index2, _ = planner(states, center_bias_ms=1000.0)
     index2.record("edge-b", first.prefix)
     assert p2.plan(support("Hours?"), EAST, "u").candidates[0].id == "edge-b"
+
+
+def test_two_routers_send_a_new_system_prompt_to_the_same_edge_without_talking() -> None:
+    # Two routers: separate indexes, trackers and random streams; three equal same-city edges.
+    states = [inst(f"edge-{i}", prefill_tokens_per_s=150.0) for i in range(3)]
+    homes: dict[str, set[str]] = {}
+    for seed in (1, 2, 3, 4):
+        p, index, _ = planner(states, seed=seed)  # each router draws its own p2c samples
+        for n in range(12):
+            body = support(f"Question {n}?")
+            body["messages"][0]["content"] = f"Store {n % 6}. " + SYSTEM  # six tenants' prompts
+            homes.setdefault(f"store-{n % 6}", set()).add(served(p, index, body))
+    assert all(len(h) == 1 for h in homes.values()), homes  # every router agrees per prompt
+    assert len({next(iter(h)) for h in homes.values()}) > 1  # and prompts spread over edges
+
+
+def test_the_prefix_anchor_is_the_same_in_every_process() -> None:
+    code = (
+        "from geo_router.prefix_index import PrefixIndex;"
+        "from geo_router.conversation import Turn;"
+        "p = PrefixIndex().prefix([Turn('system', 'x' * 3000)], 700);"
+        "print(p.anchor, p.blocks[0])"
+    )
+    seen = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        for seed in ("1", "2")
+    ]
+    assert seen[0][0] == seen[1][0]  # the anchor agrees across routers
+    assert seen[0][1] != seen[1][1]  # where the salted block names do not
