@@ -276,13 +276,21 @@ class Planner:
         shape: RequestShape,
         bias_ms: float = 0.0,
     ) -> Scored:
-        prefix, cached = shape.prefix, 0
+        prefix, cached, source = shape.prefix, 0, "none"
         if self.prefixes is not None:
             if trim is not None:
                 prefix = self.prefixes.prefix(turns_of({"messages": trim.messages}), tokens)
-            cached = prefix.tokens(self.prefixes.cached_blocks(state.info.id, prefix))
+            found = self.prefixes.cached_blocks(state.info.id, prefix, state.load)
+            cached, source = prefix.tokens(found.blocks), found.source
         return self._scorer.score(
-            state, region, tokens, bias_ms, cached_tokens=cached, trim=trim, prefix=prefix
+            state,
+            region,
+            tokens,
+            bias_ms,
+            cached_tokens=cached,
+            cached_source=source,
+            trim=trim,
+            prefix=prefix,
         )
 
     def _rank(

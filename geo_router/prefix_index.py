@@ -1,37 +1,44 @@
-"""What each instance probably holds in its prefix cache, from what this router sent it.
+"""What each instance holds in its prefix cache: its own report, else what this router sent it.
 
 Engines keep the KV cache of recent prompts (vLLM's automatic prefix caching,
 llama.cpp's per-slot cache), so a request that repeats a system prompt or a
-conversation's history prefills only the rest. The router cannot see those
-caches; it keeps an approximate copy of them, as SGLang's and vLLM Router's
-cache-aware policies do:
+conversation's history prefills only the rest. As SGLang's and vLLM Router's
+cache-aware policies do, the router names a request's conversation in blocks:
 
-- a request's conversation is serialized as the engine reads it (each
-  message's role and text, in order) and cut into blocks of ``block_chars``
-  characters; block *i* is named by a hash chained over blocks 0..*i*
-  (vLLM's block hashing), so one block's name stands for its whole prefix;
-- each instance has an LRU set of block names the router sent it (bounded:
-  ``max_blocks``, or what the instance's slots and context window can hold
-  when it reports them), and entries unused for ``ttl_s`` are forgotten;
+- the conversation is serialized as the engine reads it (each message's role
+  and text, in order) and cut into blocks of ``block_chars`` characters;
+  block *i* is named by a hash chained over blocks 0..*i*
+  (``servekit.prefix_blocks``: the same names in every process), so one
+  block's name stands for its whole prefix;
+- an instance that reports what it holds (``prefix_blocks`` in its load
+  report: a sample of the block names of the prompts its slots hold) is
+  believed: several routers' traffic shows in it, and so does an eviction
+  or a restart. Between reports, what this router sent it since it first saw
+  the report counts too;
+- for an instance that reports nothing, the router keeps an LRU set of block
+  names it sent there (bounded: ``max_blocks``, or what the instance's slots
+  and context window can hold when it reports them); entries unused for
+  ``ttl_s`` are forgotten;
 - a request's cached estimate at an instance is its leading run of blocks
-  present there, converted to tokens at the router's rate for its text.
+  held there, converted to tokens at the router's rate for its text.
 
-It is an estimate: an engine may evict sooner (another prompt took the slot)
-or hold more (another router's traffic); the load bound in scoring, the
-engines' admission budgets and failover cover the difference.
+Without reports it is an estimate of this router's traffic only: the load
+bound in scoring, the engines' admission budgets and failover cover the
+difference.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from geo_router.conversation import Turn
+from servekit.engine.protocol import LoadReport
+from servekit.prefix_blocks import chained_names, conversation_text, leading_run
 
-__all__ = ["Prefix", "PrefixIndex"]
+__all__ = ["Cached", "Prefix", "PrefixIndex"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +47,9 @@ class Prefix:
 
     blocks: tuple[int, ...]
     tokens_per_block: float
-    # A hash of the conversation's opening (its first ``anchor_chars``) that every
-    # router computes alike (``hash()`` of a str is salted per process): where no
-    # instance holds the prefix yet, routers place it by this (see scoring).
+    # The name of the block that ends the conversation's opening (its first
+    # ``anchor_chars``): where no instance holds the prefix yet, every router
+    # places it by this alike (see scoring).
     anchor: int = 0
 
     def tokens(self, n_blocks: int) -> int:
@@ -50,6 +57,15 @@ class Prefix:
 
 
 EMPTY = Prefix((), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Cached:
+    """Leading blocks an instance holds, and whose word it is: ``reported`` (the
+    instance's own load report), ``router`` (what this router sent it) or ``none``."""
+
+    blocks: int
+    source: str
 
 
 class PrefixIndex:
@@ -68,30 +84,62 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.ttl_s = ttl_s
         self._held: dict[str, OrderedDict[int, float]] = {}
+        # per instance: the report's names (the object, to spot a new report), as
+        # a set, and when this router first saw that report
+        self._reports: dict[str, tuple[object, frozenset[int], float]] = {}
 
     def prefix(self, turns: Sequence[Turn], prompt_tokens: int, max_chars: int = 65536) -> Prefix:
         """The chained block names of a conversation (only whole blocks count)."""
-        text = "".join(f"{t.role}\x1f{t.text}\x1e" for t in turns)[:max_chars]
+        text = conversation_text((t.role, t.text) for t in turns)[:max_chars]
         size = self.block_chars
-        n = len(text) // size
-        if n == 0:
+        blocks = chained_names(text, size)
+        if not blocks:
             return EMPTY
-        blocks: list[int] = []
-        h = 0
-        for i in range(n):
-            h = hash((h, text[i * size : (i + 1) * size]))
-            blocks.append(h)
-        opening = text[: self.anchor_chars].encode("utf-8", "surrogatepass")
-        anchor = int.from_bytes(hashlib.blake2b(opening, digest_size=8).digest(), "big")
+        anchor = blocks[min(len(blocks), max(1, self.anchor_chars // size)) - 1]
         return Prefix(tuple(blocks), prompt_tokens * size / max(1, len(text)), anchor)
 
-    def cached_blocks(self, instance_id: str, prefix: Prefix, now: float | None = None) -> int:
-        """How many of ``prefix``'s leading blocks the instance probably still holds."""
-        held = self._held.get(instance_id)
-        if not held or not prefix.blocks:
-            return 0
+    def cached_blocks(
+        self,
+        instance_id: str,
+        prefix: Prefix,
+        report: LoadReport | None = None,
+        now: float | None = None,
+    ) -> Cached:
+        """How many of ``prefix``'s leading blocks the instance holds, by its own
+        ``report`` where it gives one in this index's block size, else by this router's record."""
+        if not prefix.blocks:
+            return Cached(0, "none")
         now = time.monotonic() if now is None else now
         horizon = now - self.ttl_s
+        reported = 0
+        names = None if report is None else report.prefix_blocks
+        if (
+            names is not None
+            and report is not None
+            and report.prefix_block_chars == self.block_chars
+        ):
+            held_set, first_seen = self._reported(instance_id, names, now)
+            reported = leading_run(prefix.blocks, held_set)
+            horizon = max(horizon, first_seen)  # older sends are in the report, or evicted
+        own = self._own_run(instance_id, prefix, horizon)
+        if reported and reported >= own:
+            return Cached(reported, "reported")
+        return Cached(own, "router") if own else Cached(0, "none")
+
+    def _reported(
+        self, instance_id: str, names: tuple[int, ...], now: float
+    ) -> tuple[frozenset[int], float]:
+        known = self._reports.get(instance_id)
+        if known is not None and known[0] is names:
+            return known[1], known[2]
+        held = frozenset(names)
+        self._reports[instance_id] = (names, held, now)
+        return held, now
+
+    def _own_run(self, instance_id: str, prefix: Prefix, horizon: float) -> int:
+        held = self._held.get(instance_id)
+        if not held:
+            return 0
         count = 0
         for block in prefix.blocks:
             seen = held.get(block)
@@ -124,6 +172,8 @@ class PrefixIndex:
     def forget_missing(self, present: set[str]) -> None:
         for iid in [i for i in self._held if i not in present]:
             del self._held[iid]
+        for iid in [i for i in self._reports if i not in present]:
+            del self._reports[iid]
 
     def size(self, instance_id: str) -> int:
         return len(self._held.get(instance_id, ()))

@@ -80,6 +80,7 @@ class Scored:
     circuit: Circuit
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cached_source: str = "none"  # "reported" by the instance, the "router"'s record, or "none"
     over_budget: bool = False
     trim: Trim | None = None
     prefix: Prefix | None = None  # what this instance will have cached once it serves it
@@ -123,6 +124,7 @@ class Scored:
             "bias_ms": round(self.bias_ms, 2),
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "cached_source": self.cached_source,
             "max_context_tokens": self.window,
             "ttft_budget_ms": self.state.load.ttft_budget_ms,
             "reported_wait_ms": self.state.load.predicted_wait_ms,
@@ -156,6 +158,7 @@ class Scorer:
         now: float | None = None,
         *,
         cached_tokens: int = 0,
+        cached_source: str = "none",
         trim: Trim | None = None,
         prefix: Prefix | None = None,
     ) -> Scored:
@@ -197,6 +200,7 @@ class Scorer:
             circuit=stats.circuit,
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
+            cached_source=cached_source if cached_tokens else "none",
             over_budget=over,
             trim=trim,
             prefix=prefix,

@@ -18,13 +18,14 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servekit.engine.batching_llama import LlamaBatchModel
 from servekit.engine.batching_sched import Job, Prepared, Scheduler
 from servekit.engine.batching_stats import BatchingSnapshot, BatchingStats
-from servekit.engine.prompt_estimate import PromptEstimator, request_text
+from servekit.engine.prompt_estimate import PromptEstimator, request_blocks, request_text
 from servekit.engine.prompting import (
     ChatTemplate,
     completion_budget,
@@ -71,6 +72,15 @@ class BatchingSettings(BaseModel):
         None, ge=1, description="Cap when a request sets no max_tokens (default: the slot)."
     )
     chat_template: str | None = Field(None, description="Override the GGUF's chat template.")
+    prefix_report_block_chars: int = Field(
+        64,
+        ge=0,
+        description="Report what the slots hold in /load as chained names of blocks of this "
+        "many characters (the routers' prefix_cache.block_chars); 0 reports nothing.",
+    )
+    prefix_report_stride: int = Field(
+        4, ge=1, description="Report every n-th block name of each held prompt (and its last)."
+    )
 
     @model_validator(mode="after")
     def _chunk_fits(self) -> BatchingSettings:
@@ -182,7 +192,9 @@ class BatchingLlamaEngine:
                 loop.call_soon_threadsafe(events.put_nowait, item)
 
         text = request_text(request)
-        job = Job(request, emit, text=text, estimate=self._estimator.uncached_tokens(text))
+        blocks = request_blocks(request, self._settings.prefix_report_block_chars)
+        estimate = self._estimator.uncached_tokens(text)
+        job = Job(request, emit, text=text, blocks=blocks, estimate=estimate)
         scheduler.submit(job)
         done = False
         try:
@@ -232,7 +244,15 @@ class BatchingLlamaEngine:
             requests_failed=snap.requests_failed,
             prefix_cache_query_tokens=snap.prompt_tokens,
             prefix_cache_hit_tokens=snap.reused_prompt_tokens,
+            **self._held_prefixes(),
         )
+
+    def _held_prefixes(self) -> dict[str, Any]:
+        chars = self._settings.prefix_report_block_chars
+        if not chars:
+            return {}
+        held = self._estimator.held_blocks(self._settings.prefix_report_stride)
+        return {"prefix_blocks": held, "prefix_block_chars": chars}
 
     async def ready(self) -> bool:
         return self._ready and not self._closed

@@ -65,6 +65,7 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     text: str = ""
+    blocks: tuple[int, ...] = ()  # its messages' block names, reported once a slot holds it
     estimate: int = 0
     priced: bool = True  # its estimate still counts in the scheduler's pending tokens
 
@@ -283,7 +284,7 @@ class Scheduler:
             # The last prompt token is always evaluated again: its logits start the answer.
             keep = self._model.forget(slot.seq_id, min(shared, len(prompt) - 1))
             slot.cached = prompt[:keep]
-            self._estimator.hold(slot.seq_id, job.text)
+            self._estimator.hold(slot.seq_id, job.text, job.blocks)
             self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep
             self.stats.admitted += 1

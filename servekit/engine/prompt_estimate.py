@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 
 from servekit.engine.protocol import GenerationRequest
+from servekit.prefix_blocks import chained_names, conversation_text, sampled
 
-__all__ = ["PromptEstimator", "common_text_prefix", "request_text"]
+__all__ = ["PromptEstimator", "common_text_prefix", "request_blocks", "request_text"]
 
 # Before any prompt was tokenized (English prose runs about four characters a
 # token; the warm-up replaces this within its first request).
@@ -37,6 +38,15 @@ def request_text(request: GenerationRequest) -> str:
     if request.messages is not None:
         return "".join(f"\n{m.role}\n{m.content}" for m in request.messages)
     return request.prompt or ""
+
+
+def request_blocks(request: GenerationRequest, block_chars: int) -> tuple[int, ...]:
+    """The chained block names of a chat request's messages, as routers name them
+    (``servekit.prefix_blocks``); none for a raw completion prompt or ``block_chars`` 0."""
+    if request.messages is None or block_chars <= 0:
+        return ()
+    text = conversation_text((m.role, m.content) for m in request.messages)
+    return tuple(chained_names(text, block_chars))
 
 
 def common_text_prefix(a: str, b: str) -> int:
@@ -68,6 +78,7 @@ class PromptEstimator:
 
     def __init__(self, slots: int) -> None:
         self._held: list[str] = [""] * slots  # per slot: the text of the prompt it caches
+        self._blocks: list[tuple[int, ...]] = [()] * slots  # and its chained block names
         self._chars = 0.0
         self._tokens = 0.0
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
@@ -88,6 +99,12 @@ class PromptEstimator:
         self._tokens = _DECAY * self._tokens + tokens
         self.chars_per_token = self._chars / self._tokens
 
-    def hold(self, slot: int, text: str) -> None:
-        """Slot ``slot`` now caches the prompt of ``text`` ("" once it is emptied)."""
+    def held_blocks(self, stride: int) -> tuple[int, ...]:
+        """Block names of what the slots hold, every ``stride``-th and each slot's last."""
+        return tuple(name for blocks in self._blocks for name in sampled(blocks, stride))
+
+    def hold(self, slot: int, text: str, blocks: tuple[int, ...] = ()) -> None:
+        """Slot ``slot`` now caches the prompt of ``text`` ("" once it is emptied)
+        whose block names are ``blocks``."""
         self._held[slot] = text
+        self._blocks[slot] = blocks

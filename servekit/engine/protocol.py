@@ -203,6 +203,11 @@ class LoadReport:
     prefix_cache_hit_tokens: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    # What the instance's cache holds, as chained block names of the prompts in
+    # it (``servekit.prefix_blocks``, blocks of ``prefix_block_chars``
+    # characters, a sample of each prompt's names); None when it does not say.
+    prefix_blocks: tuple[int, ...] | None = None
+    prefix_block_chars: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

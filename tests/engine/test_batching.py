@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from geo_router.conversation import Turn
+from geo_router.prefix_index import PrefixIndex
 from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
 from servekit.engine.batching_llama import LlamaBatchModel
 from servekit.engine.batching_metrics import BatchingCollector
@@ -390,3 +392,27 @@ async def test_busy_slowdown_is_measured_apart_from_prompt_length(model_path: Pa
     assert busy is not None
     assert 0 <= busy < spread / 3, (busy, spread)
     assert gauge == pytest.approx(busy / 1000)  # the same figure as a Prometheus gauge
+
+
+async def test_load_reports_the_held_prompts_as_block_names_a_router_reads(
+    engine: BatchingLlamaEngine,
+) -> None:
+    system = "You answer questions about the Harbour Street library. " * 14  # ~780 chars
+    messages = (Message("system", system), Message("user", "When do you open on Sundays?"))
+    request = GenerationRequest("t", SamplingParams(max_tokens=2, temperature=0.0), messages)
+    await collect(engine, request)
+    report = engine.load()
+    assert report.prefix_block_chars == 64
+    assert report.prefix_blocks
+    index = PrefixIndex(block_chars=64)
+    turns = [Turn(m.role, m.content) for m in messages]
+    asked = index.prefix(turns, 200)
+    found = index.cached_blocks("edge", asked, report)
+    assert found.source == "reported"
+    assert found.blocks >= len(asked.blocks) - 3  # to within the report's stride
+    # Another question after the same system prompt: the system prompt's blocks
+    other = index.prefix([turns[0], Turn("user", "Can I renew a book by phone?")], 200)
+    assert len(system) // 64 - 4 <= index.cached_blocks("edge", other, report).blocks
+    # A conversation no slot holds is credited nothing.
+    stranger = index.prefix([Turn("user", "Translate 'good night' into French. " * 5)], 60)
+    assert index.cached_blocks("edge", stranger, report).blocks == 0

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from geo_router.classifier import DifficultyClassifier
+from geo_router.conversation import Turn
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
 from geo_router.region import ResolvedRegion
@@ -18,6 +19,7 @@ from geo_router.settings import RegionSettings, RoutingSettings
 from geo_router.tracker import Tracker
 from geo_router.trimming import trim_messages
 from servekit.engine.protocol import LoadReport
+from servekit.prefix_blocks import sampled
 from servekit.registry.protocol import InstanceInfo, InstanceState
 
 REGIONS = RegionSettings(
@@ -246,12 +248,12 @@ def test_two_routers_send_a_new_system_prompt_to_the_same_edge_without_talking()
     assert len({next(iter(h)) for h in homes.values()}) > 1  # and prompts spread over edges
 
 
-def test_the_prefix_anchor_is_the_same_in_every_process() -> None:
+def test_block_names_and_anchor_are_the_same_in_every_process() -> None:
     code = (
         "from geo_router.prefix_index import PrefixIndex;"
         "from geo_router.conversation import Turn;"
         "p = PrefixIndex().prefix([Turn('system', 'x' * 3000)], 700);"
-        "print(p.anchor, p.blocks[0])"
+        "print(p.anchor, p.blocks[-1])"
     )
     seen = [
         subprocess.run(
@@ -263,5 +265,28 @@ def test_the_prefix_anchor_is_the_same_in_every_process() -> None:
         ).stdout.split()
         for seed in ("1", "2")
     ]
-    assert seen[0][0] == seen[1][0]  # the anchor agrees across routers
-    assert seen[0][1] != seen[1][1]  # where the salted block names do not
+    # str hashes are salted per process; anchors and block names must not be
+    assert seen[0] == seen[1]
+
+
+def test_an_instances_own_report_is_believed_and_a_restart_forgets_what_was_sent() -> None:
+    index = PrefixIndex()
+    body = support("Where is my parcel?")
+    turns = [Turn(m["role"], m["content"]) for m in body["messages"]]
+    prefix = index.prefix(turns, 500)
+    # Another router sent this conversation to edge-a: its report says so, ours does not.
+    names = tuple(sampled(prefix.blocks, 4))
+    report = LoadReport(ready=True, prefix_blocks=names, prefix_block_chars=64)
+    found = index.cached_blocks("edge-a", prefix, report, now=10.0)
+    assert (found.blocks, found.source) == (len(prefix.blocks), "reported")
+    # We send it there ourselves; then edge-a restarts and reports an empty cache.
+    index.record("edge-a", prefix, now=11.0)
+    restarted = LoadReport(ready=True, prefix_blocks=(), prefix_block_chars=64)
+    assert index.cached_blocks("edge-a", prefix, restarted, now=12.0).blocks == 0
+    # What we send after seeing that report counts until the next one shows it.
+    index.record("edge-a", prefix, now=13.0)
+    assert index.cached_blocks("edge-a", prefix, restarted, now=13.5).source == "router"
+    # An instance that reports nothing, or in another block size: our own record.
+    assert index.cached_blocks("edge-b", prefix, LoadReport(ready=True)).blocks == 0
+    other = LoadReport(ready=True, prefix_blocks=names, prefix_block_chars=128)
+    assert index.cached_blocks("edge-a", prefix, other, now=14.0).source == "router"

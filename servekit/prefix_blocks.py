@@ -1,0 +1,57 @@
+"""Names of a conversation's prefix blocks, computed alike by routers and engines.
+
+A conversation is serialized as the engine reads it (each message's role and
+text, in order) and cut into blocks of ``block_chars`` characters; block *i*
+is named by a CRC-32 chained over blocks 0..*i* (so one name stands for its
+whole prefix, as vLLM's chained block hashes do). Every process computes the
+same names (Python's ``hash`` of a str is salted per process), so an engine
+can report the names of what its slots hold and any router can look a
+request's blocks up in that report (``geo_router.prefix_index``).
+
+32 bits: a name that collides with another prefix's credits a cache that is
+not there; with a few hundred names per instance that is about one lookup in
+ten million, and the cost is one mispredicted prefill.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Collection, Iterable, Sequence
+
+__all__ = ["chained_names", "conversation_text", "leading_run", "sampled"]
+
+
+def conversation_text(turns: Iterable[tuple[str, str]]) -> str:
+    """``(role, text)`` turns as one string, the form every block name is taken over."""
+    return "".join(f"{role}\x1f{text}\x1e" for role, text in turns)
+
+
+def chained_names(text: str, block_chars: int) -> list[int]:
+    """The chained names of ``text``'s whole blocks (a trailing partial block has none)."""
+    names: list[int] = []
+    h = 0
+    for i in range(len(text) // block_chars):
+        chunk = text[i * block_chars : (i + 1) * block_chars]
+        h = zlib.crc32(chunk.encode("utf-8", "surrogatepass"), h)
+        names.append(h)
+    return names
+
+
+def sampled(names: Sequence[int], stride: int) -> list[int]:
+    """Every ``stride``-th name and the last: a report ``stride`` times smaller
+    that still places the end of a held prefix within ``stride`` blocks."""
+    if not names:
+        return []
+    picked = list(names[stride - 1 :: stride])
+    if not picked or picked[-1] != names[-1]:
+        picked.append(names[-1])
+    return picked
+
+
+def leading_run(names: Sequence[int], held: Collection[int]) -> int:
+    """How many of ``names``' leading blocks ``held`` vouches for: the furthest
+    name present (a chained name stands for every block before it)."""
+    for i in range(len(names) - 1, -1, -1):
+        if names[i] in held:
+            return i + 1
+    return 0
