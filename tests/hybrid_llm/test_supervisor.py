@@ -61,8 +61,10 @@ async def test_starts_in_order_waits_ready_and_stops_cleanly(tmp_path: Path) -> 
     async with _running(sup), httpx.AsyncClient() as client:
         assert (await client.get(a_url + "/ready")).status_code == 200
         pids = [int((await client.get(u + "/pid")).text) for u in (a_url, b_url)]
-        assert pids == [c.pid for c in sup.children]
-    assert events[:2] == [f"a ready (pid {pids[0]})", f"b ready (pid {pids[1]})"]
+        # Each runs under its lifeline watcher, which leads the child's group.
+        groups = [c.pid for c in sup.children]
+        assert [os.getpgid(p) for p in pids] == groups
+    assert events[:2] == [f"a ready (pid {groups[0]})", f"b ready (pid {groups[1]})"]
     assert events[-2:] == ["b stopped", "a stopped"]  # reverse order
     assert not any(_alive(p) for p in pids)
     assert "tiny_server on" in (tmp_path / "a.log").read_text()
@@ -75,11 +77,12 @@ async def test_crashed_child_is_restarted_with_backoff(tmp_path: Path) -> None:
     sup = Supervisor([a], tmp_path, backoff_initial=0.2, on_event=events.append)
     async with _running(sup), httpx.AsyncClient() as client:
         first = int((await client.get(url + "/pid")).text)
+        group = sup.children[0].pid
         with contextlib.suppress(httpx.HTTPError):
             await client.get(url + "/crash")
         for _ in range(100):
             await asyncio.sleep(0.1)
-            if sup.children[0].ready and sup.children[0].pid != first:
+            if sup.children[0].ready and sup.children[0].pid != group:
                 break
         second = int((await client.get(url + "/pid")).text)
         assert second != first
