@@ -98,7 +98,7 @@ def _watch(fd: int, grace_s: float, exited: threading.Event, orphaned: threading
     if exited.is_set():
         return
     # The parent is gone: the group drains, then whatever is left is killed
-    # (the watcher with it: nobody is waiting for its status any more).
+    # (the watcher with it).
     orphaned.set()
     with contextlib.suppress(OSError):
         os.killpg(0, signal.SIGTERM)
@@ -106,7 +106,7 @@ def _watch(fd: int, grace_s: float, exited: threading.Event, orphaned: threading
     me = os.getpid()
     while time.monotonic() < deadline:
         if all(p.pid == me for p in process_groups(os.getpgrp())):
-            break
+            return  # all drained: the watcher exits with the command's status
         time.sleep(0.05)
     with contextlib.suppress(OSError):
         os.killpg(0, signal.SIGKILL)

@@ -122,8 +122,8 @@ def port_holders(port: int, *, listening: bool = True) -> list[int]:
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
-        with contextlib.suppress(OSError):
-            for fd in os.scandir(entry / "fd"):
+        with contextlib.suppress(OSError), os.scandir(entry / "fd") as fds:
+            for fd in fds:
                 with contextlib.suppress(OSError):
                     if os.readlink(fd.path) in wanted:
                         pids.append(int(entry.name))
