@@ -6,7 +6,8 @@
 ``BrokenPipeError``; left alone that aborts the orderly stop half-way (and
 even the interpreter's last flush of stdout fails). Here the first failed
 write points stdout and stderr at ``/dev/null`` and everything else goes on:
-the children are still stopped.
+the children are still stopped. (rich's own answer to a broken pipe is
+``SystemExit(1)``, the same abort.)
 """
 
 from __future__ import annotations
@@ -22,12 +23,21 @@ from rich.console import Console, RenderableType
 __all__ = ["Output"]
 
 
+class _Console(Console):
+    def __init__(self, on_broken: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._on_broken = on_broken
+
+    def on_broken_pipe(self) -> None:
+        self._on_broken()
+
+
 class Output:
     """Status lines to stderr, tables to stdout, plain text (examples) to stdout."""
 
     def __init__(self) -> None:
-        self.err = Console(stderr=True)
-        self.out = Console(width=max(Console().width, 160))
+        self.err = _Console(self._close, stderr=True)
+        self.out = _Console(self._close, width=max(Console().width, 160))
         self.closed = False
 
     def say(self, message: RenderableType, **kwargs: Any) -> None:
@@ -49,6 +59,8 @@ class Output:
             self._close()
 
     def _close(self) -> None:
+        if self.closed:
+            return
         self.closed = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         for stream in (sys.stdout, sys.stderr):

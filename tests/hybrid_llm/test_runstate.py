@@ -7,11 +7,14 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from hybrid_llm.local.servers import REPO
 from servekit.procfs import process_groups
 from tests.hybrid_llm.test_topology import _alive, _run, _topology
 
@@ -120,3 +123,46 @@ def _no_leftovers(tmp_path: Path) -> object:
     state = tmp_path / "var" / "hybrid-llm.json"
     if state.exists():
         _run(["down", "--config", str(tmp_path / "topo.yaml")], tmp_path)
+
+
+def test_up_whose_reader_is_gone_still_stops_its_services(tmp_path: Path) -> None:
+    """`hybrid-llm up 2>&1 | tee log`, Ctrl-C: tee dies first, then up's output
+    meets a closed pipe; up still stops every service and exits cleanly."""
+    path, _ = _topology(tmp_path, netem=True)
+    read, write = os.pipe()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "hybrid_llm", "up", "--config", str(path), "--no-fetch"],
+        cwd=tmp_path,
+        env=env,
+        stdout=write,
+        stderr=write,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    os.close(write)
+    state_path = tmp_path / "var" / "hybrid-llm.json"
+    try:
+        deadline = time.monotonic() + 60
+        with os.fdopen(read, "rb"):  # tee
+            while not _ready(state_path):
+                assert up.poll() is None
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            members = _members(json.loads(state_path.read_text()))
+            assert len(members) == 8  # netem and three services, each under its watcher
+        up.send_signal(signal.SIGINT)  # the reader is gone: every write now fails (EPIPE)
+        assert up.wait(60) == 0
+        assert [
+            p for p in members if _alive(p)
+        ] == []  # stopped by up itself, not left to lifelines
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def _ready(state: Path) -> bool:
+    try:
+        return bool(json.loads(state.read_text())["ready"])
+    except (OSError, ValueError, KeyError):
+        return False
