@@ -21,13 +21,16 @@ signal and exits; the watcher then exits with the command's status, a death
 by signal included), so a clean stop still drains as it did.
 
 A parent that closes the write end on purpose (:meth:`Lifeline.cut`) asks for
-the same stop.
+the same stop. The command itself dies (SIGKILL) if its watcher is killed;
+workers it started in the group are left for the parent to stop with the
+group, as it does when it restarts or stops the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -42,6 +45,7 @@ from servekit.procfs import process_groups
 __all__ = ["DEFAULT_GRACE_S", "Lifeline", "main"]
 
 DEFAULT_GRACE_S = 5.0
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class Lifeline:
@@ -91,6 +95,15 @@ def _ignore(_signum: int, _frame: FrameType | None) -> None:
     """A handler, not SIG_IGN: an ignored signal would stay ignored in the exec'd command."""
 
 
+def _die_with_watcher() -> None:
+    """In the command, before exec: SIGKILL when the watcher dies (``kill -9`` of the
+    pid a status table shows). The watcher's main thread spawns it and lives as
+    long as the watcher, so the thread caveat of PR_SET_PDEATHSIG does not bite."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def _watch(fd: int, grace_s: float, exited: threading.Event, orphaned: threading.Event) -> None:
     with contextlib.suppress(OSError):
         while os.read(fd, 512):
@@ -127,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _ignore)
     try:
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, preexec_fn=_die_with_watcher)
     except OSError as exc:
         print(f"lifeline: cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
         return 127

@@ -97,12 +97,12 @@ def write_state(path: Path, sup: Supervisor | None, ready: bool, config: Path) -
     children = []
     if sup is not None:
         for c in sup.children:
-            info = stat(c.pid) if c.pid is not None else None
             children.append(
                 {
                     "name": c.spec.name,
                     "pid": c.pid,
-                    "start_ticks": info.start_ticks if info is not None else None,
+                    # As spawned: the group outlives a leader that is gone by now.
+                    "start_ticks": c.start_ticks if c.pid is not None else None,
                     "ports": list(c.spec.ports),
                     **c.spec.labels,
                     "ready_url": c.spec.ready_url,

@@ -31,7 +31,7 @@ import httpx
 
 from hybrid_llm.local.proctree import descendants, kill_leftovers
 from servekit.lifeline import Lifeline
-from servekit.procfs import port_taken
+from servekit.procfs import port_taken, stat, stop_group
 
 __all__ = ["ChildState", "ProcessSpec", "StartupError", "Supervisor"]
 
@@ -65,6 +65,7 @@ class ChildState:
     ready: bool = False
     failed: str | None = None  # why it is given up on (not restarted)
     lifeline: Lifeline | None = None
+    start_ticks: int = 0  # with the pid, names its process group for good
 
     @property
     def pid(self) -> int | None:
@@ -175,6 +176,8 @@ class Supervisor:
         env.update(child.spec.env)
         if child.lifeline is not None:
             child.lifeline.cut()  # the previous run's: it has exited
+        if child.pid is not None:  # workers of the previous run's group that outlived it
+            stop_group(child.pid, child.start_ticks, grace_s=0.0)
         lifeline = child.lifeline = Lifeline()
         with child.log_path.open("ab") as log:
             stamp = time.strftime("%H:%M:%S")
@@ -195,6 +198,8 @@ class Supervisor:
                 lifeline.started()
         child.started_at = time.monotonic()
         child.ready = False
+        info = stat(child.process.pid)
+        child.start_ticks = info.start_ticks if info is not None else 0
         self.on_spawn(child)
 
     def _bind_failure(self, child: ChildState) -> str | None:

@@ -202,16 +202,17 @@ class EngineProcess:
         record = read_record(self.record_path)
         if record is None or not group_left_by(record.pid, record.start_ticks):
             return
-        if self._proc is not None and record.pid == self._proc.pid:
+        if self.alive:
             return  # this object's own run; its caller stops it
         if record.parent_running() and record.parent_pid != os.getpid():
             raise LaunchFailed(
                 f"{self.name}: pid {record.pid} (ports {list(record.ports)}) runs it already "
                 f"for pid {record.parent_pid}; {self.record_path} is in use"
             )
+        whose = "its last run" if record.parent_pid == os.getpid() else "an earlier instance"
         log.warning(
-            "%s: pid %s was left running by an earlier instance (pid %s) on ports %s; stopping it",
-            self.name, record.pid, record.parent_pid, list(record.ports),
+            "%s: group %s, left running by %s (pid %s) on ports %s; stopping it",
+            self.name, record.pid, whose, record.parent_pid, list(record.ports),
         )  # fmt: skip
         stop_group(record.pid, record.start_ticks, self.orphan_grace_s)
 

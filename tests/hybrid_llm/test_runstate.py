@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hybrid_llm.local.servers import REPO
 from servekit.procfs import process_groups
@@ -34,9 +35,10 @@ def _members(state: dict[str, object]) -> list[int]:
     return [p.pid for c in children for p in process_groups(int(c["pid"]))]
 
 
-def _gone_within(pids: list[int], seconds: float) -> list[int]:
+def _gone_within(pids: list[int], seconds: float, allowed: int = 0) -> list[int]:
+    """Those of ``pids`` still alive once at most ``allowed`` are, or after ``seconds``."""
     deadline = time.monotonic() + seconds
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while sum(map(_alive, pids)) > allowed and time.monotonic() < deadline:
         time.sleep(0.1)
     return [p for p in pids if _alive(p)]
 
@@ -82,15 +84,23 @@ def test_a_second_up_refuses_naming_pids_and_ports(tmp_path: Path) -> None:
 
 def test_down_stops_what_a_dead_supervisor_left(tmp_path: Path) -> None:
     """Supervisor and watchers killed at once (nothing left to pull a lifeline):
-    the services run on; a new `up` refuses, `down` clears them."""
-    path, ports, state = _up(tmp_path)
+    the services die with their watchers, their workers in the group run on; a
+    new `up` refuses, `down` clears them."""
+    path, ports = _topology(tmp_path, netem=False)
+    topo = yaml.safe_load(path.read_text())
+    for service in topo["services"]:
+        service["args"].append("--worker-group")
+    path.write_text(yaml.safe_dump(topo))
+    up = _run(["up", "--config", str(path), "--detach"], tmp_path, timeout=120)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = json.loads((tmp_path / "var" / "hybrid-llm.json").read_text())
     members = _members(state)
-    leaders = [int(c["pid"]) for c in state["children"]]  # type: ignore[attr-defined]
-    for pid in (*leaders, int(str(state["pid"]))):  # watchers first: they would act
+    assert len(members) == 9  # watcher, service, worker
+    leaders = [int(c["pid"]) for c in state["children"]]
+    for pid in (*leaders, int(state["pid"])):  # watchers first: they would act
         os.kill(pid, signal.SIGKILL)
-    services = [p for p in members if p not in leaders]
-    assert _gone_within(leaders, 5) == []
-    assert all(_alive(p) for p in services)
+    left = _gone_within(members, 3, allowed=3)  # the workers
+    assert len(left) == 3
     second = _run(["up", "--config", str(path), "--no-fetch"], tmp_path, timeout=60)
     assert second.returncode == 1
     err = " ".join(second.stderr.split())
@@ -99,7 +109,7 @@ def test_down_stops_what_a_dead_supervisor_left(tmp_path: Path) -> None:
     down = _run(["down", "--config", str(path)], tmp_path)
     assert down.returncode == 0, down.stderr
     assert down.stderr.count("stopped orphan") == 3
-    assert _gone_within(services, 15) == []
+    assert _gone_within(left, 15) == []
 
 
 def test_up_names_the_process_holding_a_port(tmp_path: Path) -> None:
