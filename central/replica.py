@@ -86,7 +86,9 @@ class Replica:
             )  # fmt: skip
             self.endpoint = plan.endpoint
             self.plan = plan
-            self.process = EngineProcess(spec.name, plan.command, run_dir / f"{spec.name}.log")
+            self.process = EngineProcess(
+                spec.name, plan.command, run_dir / f"{spec.name}.log", ports=(port,)
+            )
             self._supervisor = ProcessSupervisor(self.process, supervision)
         self.engine = self._local or engine_factory(self.endpoint)
         self.state = ReplicaState.STARTING

@@ -17,21 +17,12 @@ import os
 import signal
 from pathlib import Path
 
+from servekit.procfs import same_process, stat
+
 __all__ = ["Proc", "descendants", "kill_leftovers"]
 
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 _PROC = Path("/proc")
-
-
-def _stat(pid: int) -> tuple[int, int, str] | None:
-    """(parent pid, start time, state) of ``pid``, None when it is gone."""
-    try:
-        raw = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # The command name is in parentheses and may hold spaces: split after it.
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return int(fields[1]), int(fields[19]), fields[0]
 
 
 def descendants(pid: int) -> list[Proc]:
@@ -40,9 +31,9 @@ def descendants(pid: int) -> list[Proc]:
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
-        stat = _stat(int(entry.name))
-        if stat is not None:
-            children.setdefault(stat[0], []).append((int(entry.name), stat[1]))
+        st = stat(int(entry.name))
+        if st is not None:
+            children.setdefault(st.ppid, []).append((st.pid, st.start_ticks))
     found: list[Proc] = []
     todo = [pid]
     while todo:
@@ -56,8 +47,7 @@ def kill_leftovers(procs: list[Proc], sig: signal.Signals = signal.SIGKILL) -> l
     """Signal those of ``procs`` still running as the same process; their pids."""
     hit = []
     for pid, started in procs:
-        stat = _stat(pid)
-        if stat is None or stat[1] != started or stat[2] == "Z":
+        if not same_process(pid, started):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)

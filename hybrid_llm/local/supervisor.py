@@ -3,11 +3,17 @@ crashed ones with backoff, stop all cleanly.
 
 Each child runs in its own session (process group), so stopping it reaches
 the whole group (a service's own workers included): SIGTERM, then SIGKILL
-after ``stop_timeout``; descendants it started in sessions of their own and
-left running are killed after it (:mod:`hybrid_llm.local.proctree`). Children are
-stopped in reverse start order, so the
-front door goes first and the registry-backed services after it. Output goes
+after ``stop_timeout``. Each is started under a lifeline
+(:mod:`servekit.lifeline`), so if the supervisor itself dies (SIGKILL, OOM,
+a broken pipe) every child's group is stopped within seconds too.
+Descendants it started in sessions of their own and left running are killed
+after it (:mod:`hybrid_llm.local.proctree`). Children are stopped in reverse
+start order, so the front door goes first and the registry-backed services after it. Output goes
 to one log file per child under the state directory.
+
+A child that exits because one of its ports is held by another process is
+reported as such ("cannot bind port P (held by pid X ...)") and not restarted:
+it would only fail the same way again.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from pathlib import Path
 import httpx
 
 from hybrid_llm.local.proctree import descendants, kill_leftovers
+from servekit.lifeline import Lifeline
+from servekit.procfs import port_taken, stat, stop_group
 
 __all__ = ["ChildState", "ProcessSpec", "StartupError", "Supervisor"]
 
@@ -39,6 +47,7 @@ class ProcessSpec:
     ready_url: str | None = None  # GET returning 200 means ready; None: ready once started
     ready_ports: tuple[int, ...] = ()  # or: these 127.0.0.1 ports accept connections
     ready_timeout: float = 180.0
+    ports: tuple[int, ...] = ()  # it binds these: checked before start, named when taken
     labels: dict[str, str] = field(default_factory=dict)  # shown in the status table
 
 
@@ -54,6 +63,9 @@ class ChildState:
     restarts: int = 0
     started_at: float = 0.0
     ready: bool = False
+    failed: str | None = None  # why it is given up on (not restarted)
+    lifeline: Lifeline | None = None
+    start_ticks: int = 0  # with the pid, names its process group for good
 
     @property
     def pid(self) -> int | None:
@@ -93,6 +105,7 @@ class Supervisor:
         stable_after: float = 30.0,
         stop_timeout: float = 15.0,
         on_event: Callable[[str], None] = lambda _msg: None,
+        on_spawn: Callable[[ChildState], None] = lambda _child: None,
     ) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -104,6 +117,7 @@ class Supervisor:
         self.stable_after = stable_after
         self.stop_timeout = stop_timeout
         self.on_event = on_event
+        self.on_spawn = on_spawn  # the child's pid is known: record it before it can be lost
         self.started = False  # every child came up once
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -151,26 +165,50 @@ class Supervisor:
             if left:
                 self.on_event(f"{child.spec.name} left {len(left)} process(es) behind; killed")
             self.on_event(f"{child.spec.name} stopped")
+        for child in self.children:
+            if child.lifeline is not None:
+                child.lifeline.cut()
+                child.lifeline = None
 
     # -- internals ------------------------------------------------------------
     async def _spawn(self, child: ChildState) -> None:
         env = dict(os.environ)
         env.update(child.spec.env)
+        if child.lifeline is not None:
+            child.lifeline.cut()  # the previous run's: it has exited
+        if child.pid is not None:  # workers of the previous run's group that outlived it
+            stop_group(child.pid, child.start_ticks, grace_s=0.0)
+        lifeline = child.lifeline = Lifeline()
         with child.log_path.open("ab") as log:
             stamp = time.strftime("%H:%M:%S")
             log.write(f"--- {stamp} start: {' '.join(child.spec.argv)}\n".encode())
             log.flush()
-            child.process = await asyncio.create_subprocess_exec(
-                *child.spec.argv,
-                cwd=child.spec.cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+            try:
+                child.process = await asyncio.create_subprocess_exec(
+                    *lifeline.wrap(child.spec.argv),
+                    cwd=child.spec.cwd,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                    pass_fds=lifeline.pass_fds,
+                )
+            finally:
+                lifeline.started()
         child.started_at = time.monotonic()
         child.ready = False
+        info = stat(child.process.pid)
+        child.start_ticks = info.start_ticks if info is not None else 0
+        self.on_spawn(child)
+
+    def _bind_failure(self, child: ChildState) -> str | None:
+        """Why ``child`` (just exited) could not run, if a port of its was taken."""
+        for port in child.spec.ports:
+            holder = port_taken(port)
+            if holder is not None:
+                return f"{child.spec.name} cannot bind port {port} (held by {holder})"
+        return None
 
     async def _wait_ready(self, child: ChildState, client: httpx.AsyncClient) -> None:
         assert child.process is not None
@@ -179,6 +217,10 @@ class Supervisor:
         last = "no answer yet"
         while True:
             if child.process.returncode is not None:
+                blocked = self._bind_failure(child)
+                if blocked is not None:
+                    child.failed = blocked
+                    raise StartupError(blocked)
                 raise StartupError(
                     f"{child.spec.name} exited with {child.process.returncode} while starting; "
                     f"last lines of {child.log_path}:\n{_log_tail(child.log_path)}"
@@ -215,6 +257,11 @@ class Supervisor:
                 code = await child.process.wait()
                 if self._stopping:
                     return
+                blocked = self._bind_failure(child)
+                if blocked is not None:
+                    child.failed = blocked
+                    self.on_event(f"{blocked}; not restarting it")
+                    return
                 if time.monotonic() - child.started_at > self.stable_after:
                     backoff = self.backoff_initial
                 self.on_event(
@@ -228,8 +275,13 @@ class Supervisor:
                 backoff = min(self.backoff_max, backoff * 2)
                 child.restarts += 1
                 await self._spawn(child)
-                with contextlib.suppress(StartupError):
+                try:
                     await self._wait_ready(child, client)
+                except StartupError:
+                    if child.failed is not None:
+                        self.on_event(f"{child.failed}; not restarting it")
+                        return
+                else:
                     self.on_event(f"{child.spec.name} back (pid {child.pid})")
 
     @staticmethod

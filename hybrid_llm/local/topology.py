@@ -248,6 +248,7 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
                 cwd=root,
                 labels={"kind": "netem", "url": "-"},
                 ready_ports=listen,
+                ports=listen,
             )
         )
     for s in services:
@@ -288,6 +289,7 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
                 cwd=root,
                 ready_url=url + s.ready_path if url and s.ready_path else None,
                 ready_timeout=s.ready_timeout_s,
+                ports=(s.port,) if s.port else (),
                 labels={
                     "kind": s.kind,
                     "region": s.region or "-",

@@ -3,10 +3,15 @@
 ``up`` fetches missing models, starts every service of the topology under the
 supervisor, waits until each is ready, prints what runs where with a
 ready-to-paste ``curl`` and ``openai`` example, then keeps the children alive
-(restarting crashed ones) until Ctrl-C, SIGTERM or ``hybrid-llm down``. The
-pid file (``<state_dir>/hybrid-llm.json``) records the supervisor and its
-children, so ``down`` works from another shell and cleans up after a
-supervisor that died.
+(restarting crashed ones) until Ctrl-C, SIGTERM or ``hybrid-llm down``.
+
+Only one ``up`` runs per state directory (:mod:`hybrid_llm.local.runstate`:
+a lock, and a state file with every child's pid, start time and ports written
+as each starts). A second ``up`` refuses, naming the pids and ports, and so
+does one that finds services a dead supervisor left or a port taken by some
+other process; ``down`` works from another shell and stops what a dead
+supervisor left. The children die with the supervisor anyway (lifelines), and
+its console survives a closed pipe (:mod:`hybrid_llm.local.output`).
 """
 
 from __future__ import annotations
@@ -14,19 +19,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from hybrid_llm.local.supervisor import StartupError, Supervisor
+from hybrid_llm.local.output import Output
+from hybrid_llm.local.runstate import (
+    STATE_FILE,
+    RunLock,
+    leftovers,
+    port_conflicts,
+    read_state,
+    running_message,
+    stop_leftovers,
+    supervisor_running,
+    write_state,
+)
+from hybrid_llm.local.supervisor import ProcessSpec, StartupError, Supervisor
 from hybrid_llm.local.topology import (
     TopologyError,
     TopologySettings,
@@ -37,7 +53,6 @@ from hybrid_llm.local.topology import (
 __all__ = ["register"]
 
 DEFAULT_CONFIG = Path("configs/local.yaml")
-PID_FILE = "hybrid-llm.json"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,102 +91,101 @@ def _load(path: Path, netem: bool | None = None, center: str | None = None) -> T
 
 
 def _pid_path(topo: TopologySettings) -> Path:
-    return topo.state_dir / PID_FILE
+    return topo.state_dir / STATE_FILE
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _read_pid_file(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_pid_file(path: Path, sup: Supervisor | None, ready: bool, config: Path) -> None:
-    children = []
-    if sup is not None:
-        for c in sup.children:
-            children.append(
-                {
-                    "name": c.spec.name,
-                    "pid": c.pid,
-                    **c.spec.labels,
-                    "ready_url": c.spec.ready_url,
-                    "restarts": c.restarts,
-                }
-            )
-    data = {"pid": os.getpid(), "config": str(config), "ready": ready, "children": children}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _fetch(topo: TopologySettings, console: Console) -> None:
+def _fetch(topo: TopologySettings, out: Output) -> None:
     from servekit.modelfetch import BUNDLED_MODELS, fetch_model
 
     for name in topo.models:
         model = BUNDLED_MODELS[name]
         if (topo.models_dir / model.filename).is_file():
             continue
-        console.print(f"fetching {name} into {topo.models_dir} ...")
-        fetch_model(model, topo.models_dir, log=lambda m: console.print(f"[dim]{m}"))
+        out.say(f"fetching {name} into {topo.models_dir} ...")
+        fetch_model(model, topo.models_dir, log=lambda m: out.say(f"[dim]{m}"))
 
 
 def _up(args: argparse.Namespace) -> int:
     from servekit.config import ConfigError
 
-    console = Console(stderr=True)
+    out = Output()
     try:
         topo = _load(args.config, args.netem, args.center)
     except ConfigError as exc:
-        console.print(f"[red]{exc}")
+        out.say(f"[red]{exc}")
         return 2
     pid_path = _pid_path(topo)
-    existing = _read_pid_file(pid_path)
-    if existing and _alive(int(existing.get("pid", 0))):
-        console.print(f"[red]already running (pid {existing['pid']}); `hybrid-llm down` first")
+    lock = RunLock(topo.state_dir)
+    if not lock.acquire():
+        out.say(
+            f"[red]already running ({running_message(read_state(pid_path))}); "
+            "`hybrid-llm down` first"
+        )
         return 1
-    if args.detach:
-        return _detach(args, topo, console)
-    if not args.no_fetch:
-        _fetch(topo, console)
-    root = Path.cwd()
     try:
-        specs = build_specs(topo, root)
-    except TopologyError as exc:
-        console.print(f"[red]{exc}")
-        return 2
+        state = read_state(pid_path)
+        left = leftovers(state) if state is not None else []
+        if left:
+            assert state is not None
+            out.say(
+                f"[red]a `hybrid-llm up` (pid {state.get('pid')}) that is gone left these "
+                f"running: {', '.join(map(str, left))}; `hybrid-llm down` stops them"
+            )
+            return 1
+        if args.detach:
+            lock.release()  # the detached supervisor takes it
+            return _detach(args, topo, out)
+        if not args.no_fetch:
+            _fetch(topo, out)
+        root = Path.cwd()
+        try:
+            specs = build_specs(topo, root)
+        except TopologyError as exc:
+            out.say(f"[red]{exc}")
+            return 2
+        taken = port_conflicts(specs)
+        if taken:
+            out.say("[red]cannot start: " + "; ".join(taken))
+            return 1
+        return _supervise(args, topo, specs, out)
+    finally:
+        lock.release()
+
+
+def _supervise(
+    args: argparse.Namespace, topo: TopologySettings, specs: list[ProcessSpec], out: Output
+) -> int:
+    pid_path = _pid_path(topo)
     pid_path.parent.mkdir(parents=True, exist_ok=True)
     sup: Supervisor | None = None
 
-    def on_event(message: str) -> None:
-        console.print(f"[dim]{time.strftime('%H:%M:%S')} {message}")
-        _write_pid_file(pid_path, sup, sup is not None and sup.started, args.config)
+    def record() -> None:
+        write_state(pid_path, sup, sup is not None and sup.started, args.config)
 
-    sup = Supervisor(specs, root / topo.state_dir / "log", on_event=on_event)
-    _write_pid_file(pid_path, sup, False, args.config)
+    def on_event(message: str) -> None:
+        out.say(f"[dim]{time.strftime('%H:%M:%S')} {message}")
+        record()
+
+    sup = Supervisor(
+        specs,
+        Path.cwd() / topo.state_dir / "log",
+        on_event=on_event,
+        on_spawn=lambda _child: record(),
+    )
+    record()
     try:
-        return asyncio.run(_serve(sup, topo, pid_path, args.config))
+        return asyncio.run(_serve(sup, topo, out, record))
     finally:
         with contextlib.suppress(FileNotFoundError):
             pid_path.unlink()
 
 
-async def _serve(sup: Supervisor, topo: TopologySettings, pid_path: Path, config: Path) -> int:
-    console = Console(stderr=True)
+async def _serve(
+    sup: Supervisor, topo: TopologySettings, out: Output, record: Callable[[], None]
+) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     start = asyncio.create_task(sup.start())
     stopper = asyncio.create_task(stop.wait())
@@ -186,19 +200,19 @@ async def _serve(sup: Supervisor, topo: TopologySettings, pid_path: Path, config
     try:
         start.result()
     except StartupError as exc:
-        console.print(f"[red]{exc}")
+        out.say(f"[red]{exc}")
         return 1
-    _write_pid_file(pid_path, sup, True, config)
-    _print_ready(topo, sup, Console(width=max(Console().width, 160)))
+    record()
+    _print_ready(topo, sup, out)
     watcher = asyncio.create_task(sup.watch())
     await stop.wait()
-    console.print("stopping ...")
+    out.say("stopping ...")
     await sup.stop()
     await watcher
     return 0
 
 
-def _print_ready(topo: TopologySettings, sup: Supervisor, console: Console) -> None:
+def _print_ready(topo: TopologySettings, sup: Supervisor, out: Output) -> None:
     table = Table(title="hybrid-llm up: the local topology")
     for col in ("service", "kind", "region", "url", "emulated RTT ms", "pid", "log"):
         table.add_column(col)
@@ -213,21 +227,19 @@ def _print_ready(topo: TopologySettings, sup: Supervisor, console: Console) -> N
             str(c.pid),
             str(c.log_path),
         )
-    console.print(table)
+    out.show(table)
     router = topo.router()
     base = topo.url(router) if router else None
     if base:
-        print(
-            _examples(base, topo.example_api_key), flush=True
-        )  # plain: rich would wrap the one-liners
+        out.plain(_examples(base, topo.example_api_key))
     token = service_token_path(topo.state_dir)
     if token.is_file():
-        console.print(
+        out.show(
             f"Edges and the center accept only the service token in {token} (the router "
             f'sends it): curl -H "Authorization: Bearer $(cat {token})" ...',
             highlight=False,
         )
-    console.print("Stop with Ctrl-C here, or `hybrid-llm down` from another shell.")
+    out.show("Stop with Ctrl-C here, or `hybrid-llm down` from another shell.")
 
 
 def _examples(base: str, key: str) -> str:
@@ -246,7 +258,7 @@ def _examples(base: str, key: str) -> str:
     )
 
 
-def _detach(args: argparse.Namespace, topo: TopologySettings, console: Console) -> int:
+def _detach(args: argparse.Namespace, topo: TopologySettings, out: Output) -> int:
     log_dir = topo.state_dir / "log"
     log_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "hybrid_llm", "up", "--config", str(args.config)]
@@ -268,15 +280,13 @@ def _detach(args: argparse.Namespace, topo: TopologySettings, console: Console) 
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            console.print(
-                f"[red]`hybrid-llm up` exited with {proc.returncode}; see {log_dir}/up.log"
-            )
+            out.say(f"[red]`hybrid-llm up` exited with {proc.returncode}; see {log_dir}/up.log")
             return 1
-        data = _read_pid_file(pid_path)
+        data = read_state(pid_path)
         if data and data.get("ready") and data.get("pid") == proc.pid:
             return _status(args)
         time.sleep(0.3)
-    console.print(f"[red]not ready after 900 s; see {log_dir}/up.log")
+    out.say(f"[red]not ready after 900 s; see {log_dir}/up.log")
     return 1
 
 
@@ -284,25 +294,22 @@ def _down(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     topo = _load(args.config)
     pid_path = _pid_path(topo)
-    data = _read_pid_file(pid_path)
+    data = read_state(pid_path)
     if data is None:
-        console.print("nothing is running (no pid file)")
+        console.print("nothing is running (no state file)")
         return 0
     pid = int(data.get("pid", 0))
-    if pid and _alive(pid):
+    if supervisor_running(data):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + args.timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while supervisor_running(data) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _alive(pid):
+        if supervisor_running(data):
             console.print(f"[yellow]supervisor {pid} still running after {args.timeout:.0f}s")
-    # Whatever outlived its supervisor (it was killed, or crashed) goes now.
-    for child in data.get("children", []):
-        cpid = child.get("pid")
-        if cpid and _alive(int(cpid)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(cpid), signal.SIGTERM)
-            console.print(f"stopped orphan {child.get('name')} (pid {cpid})")
+            return 1
+    # Whatever outlived its supervisor (killed with its lifelines, or crashed) goes now.
+    for left in stop_leftovers(leftovers(data)):
+        console.print(f"stopped orphan {left}")
     with contextlib.suppress(FileNotFoundError):
         pid_path.unlink()
     console.print("stopped")
@@ -313,9 +320,9 @@ def _status(args: argparse.Namespace) -> int:
     import httpx
 
     topo = _load(args.config)
-    data = _read_pid_file(_pid_path(topo))
+    data = read_state(_pid_path(topo))
     console = Console(width=max(Console().width, 160))
-    if data is None or not _alive(int(data.get("pid", 0))):
+    if data is None or not supervisor_running(data):
         console.print("not running")
         return 3
     table = Table(title=f"hybrid-llm (supervisor pid {data['pid']}, {data['config']})")

@@ -4,9 +4,13 @@ A :class:`ProcessCommand` is what to run: argv, the environment it adds and
 files to write first. Building one has no side effects, so operators and tests
 see precisely what would run. :class:`EngineProcess` runs it: the child gets a
 session of its own (a stop reaches vLLM's engine-core and worker processes,
-and trtllm-serve's per-GPU ranks, too), output is appended to a log file with
+and trtllm-serve's per-GPU ranks, too) and a lifeline to this process
+(:mod:`servekit.lifeline`: if the gateway or agent dies, however, the engine's
+group is stopped within seconds), output is appended to a log file with
 a header per start, and a stop is SIGTERM to the group, then SIGKILL after a
-grace period. :class:`ProcessSupervisor` keeps one running: a start deadline
+grace period. A record beside the log (``<name>.proc.json``: pid, start time,
+parent, ports) lets the next start stop what a dead earlier instance left
+before it starts another copy. :class:`ProcessSupervisor` keeps one running: a start deadline
 and restarts after an exponential backoff that resets after a stable run.
 
 The edge agent's vLLM engine and the central gateway's replicas both use
@@ -20,6 +24,7 @@ import contextlib
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +36,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servekit.lifeline import DEFAULT_GRACE_S, Lifeline
+from servekit.procfs import (
+    ProcessRecord,
+    group_left_by,
+    read_record,
+    stop_group,
+    write_record,
+)
 from servekit.secrets import redact_argv, redact_env
 
 __all__ = [
@@ -101,12 +114,27 @@ class Backoff:
 class EngineProcess:
     """One launched engine process; restartable."""
 
-    def __init__(self, name: str, command: ProcessCommand, log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        command: ProcessCommand,
+        log_path: Path,
+        *,
+        ports: tuple[int, ...] = (),
+        orphan_grace_s: float = DEFAULT_GRACE_S,
+    ) -> None:
         self.name = name
         self.command = command
         self.log_path = log_path
+        self.ports = ports
+        self.orphan_grace_s = orphan_grace_s  # SIGTERM to SIGKILL once this process is gone
         self._proc: subprocess.Popen[bytes] | None = None
+        self._lifeline: Lifeline | None = None
         self._started_at = 0.0
+
+    @property
+    def record_path(self) -> Path:
+        return self.log_path.with_name(f"{self.name}.proc.json")
 
     @property
     def pid(self) -> int | None:
@@ -125,32 +153,68 @@ class EngineProcess:
         return time.monotonic() - self._started_at if self._proc is not None else 0.0
 
     def start(self) -> None:
-        """Write the command's files and spawn the process (does not wait for health)."""
+        """Write the command's files and spawn the process (does not wait for health).
+
+        A copy left running by an earlier, dead instance of this supervisor
+        (found through the record beside the log) is stopped first.
+        """
+        self._stop_leftover()
         for path, content in self.command.files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(self.command.env)
+        if self._lifeline is not None:
+            self._lifeline.cut()  # the previous run's: it has exited
         with self.log_path.open("ab") as out:
             stamp = datetime.now(UTC).isoformat(timespec="seconds")
             out.write(f"--- {stamp} starting {self.name}: {self.command.shell()}\n".encode())
             out.flush()
+            argv0 = self.command.argv[0]
+            if shutil.which(argv0, path=env.get("PATH")) is None:
+                out.write(f"--- cannot start: {argv0!r} is not an executable\n".encode())
+                raise LaunchFailed(f"{self.name}: cannot run {argv0!r}: no such executable")
+            lifeline = Lifeline(self.orphan_grace_s)
             try:
                 self._proc = subprocess.Popen(
-                    self.command.argv,
+                    lifeline.wrap(self.command.argv),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=env,
                     start_new_session=True,
+                    pass_fds=lifeline.pass_fds,
                 )
             except OSError as exc:
+                lifeline.cut()
                 out.write(f"--- cannot start: {exc}\n".encode())
-                argv0 = self.command.argv[0]
                 raise LaunchFailed(f"{self.name}: cannot run {argv0!r}: {exc}") from exc
+            lifeline.started()
+            self._lifeline = lifeline
         self._started_at = time.monotonic()
+        record = ProcessRecord.of(self.name, self._proc.pid, self.ports)
+        if record is not None:
+            write_record(self.record_path, record)
         log.info("%s started (pid %s), log %s", self.name, self._proc.pid, self.log_path)
+
+    def _stop_leftover(self) -> None:
+        record = read_record(self.record_path)
+        if record is None or not group_left_by(record.pid, record.start_ticks):
+            return
+        if self.alive:
+            return  # this object's own run; its caller stops it
+        if record.parent_running() and record.parent_pid != os.getpid():
+            raise LaunchFailed(
+                f"{self.name}: pid {record.pid} (ports {list(record.ports)}) runs it already "
+                f"for pid {record.parent_pid}; {self.record_path} is in use"
+            )
+        whose = "its last run" if record.parent_pid == os.getpid() else "an earlier instance"
+        log.warning(
+            "%s: group %s, left running by %s (pid %s) on ports %s; stopping it",
+            self.name, record.pid, whose, record.parent_pid, list(record.ports),
+        )  # fmt: skip
+        stop_group(record.pid, record.start_ticks, self.orphan_grace_s)
 
     async def stop(self, timeout_s: float) -> None:
         """SIGTERM the process group, SIGKILL it if still there after ``timeout_s``."""
@@ -160,6 +224,7 @@ class EngineProcess:
         if proc.poll() is not None:
             # The leader is gone, but what it started in its session may not be.
             self._signal(proc, signal.SIGKILL)
+            self._release()
             return
         self._signal(proc, signal.SIGTERM)
         try:
@@ -170,6 +235,17 @@ class EngineProcess:
         self._signal(proc, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             await asyncio.to_thread(proc.wait, 10.0)
+        self._release()
+
+    def _release(self) -> None:
+        """Stopped on purpose: no lifeline or record is needed any more."""
+        if self._lifeline is not None:
+            self._lifeline.cut()
+            self._lifeline = None
+        record = read_record(self.record_path)
+        if record is not None and self._proc is not None and record.pid == self._proc.pid:
+            with contextlib.suppress(FileNotFoundError):
+                self.record_path.unlink()
 
     @staticmethod
     def _signal(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -103,7 +103,9 @@ class VllmEngine:
         self.base_url = f"http://{reach}:{self.port}"
         self.command = vllm_command(settings, self.port)
         label = f"vllm-{version or 'engine'}-{self.port}"
-        self.process = EngineProcess(label, self.command, settings.log_dir / f"{label}.log")
+        self.process = EngineProcess(
+            label, self.command, settings.log_dir / f"{label}.log", ports=(self.port,)
+        )
         self._supervisor = ProcessSupervisor(self.process, settings.process)
         served = settings.served_model_name or settings.model_name
         self._http = OpenAIHTTPEngine(

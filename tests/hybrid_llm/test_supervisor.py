@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -61,8 +63,10 @@ async def test_starts_in_order_waits_ready_and_stops_cleanly(tmp_path: Path) -> 
     async with _running(sup), httpx.AsyncClient() as client:
         assert (await client.get(a_url + "/ready")).status_code == 200
         pids = [int((await client.get(u + "/pid")).text) for u in (a_url, b_url)]
-        assert pids == [c.pid for c in sup.children]
-    assert events[:2] == [f"a ready (pid {pids[0]})", f"b ready (pid {pids[1]})"]
+        # Each runs under its lifeline watcher, which leads the child's group.
+        groups = [c.pid for c in sup.children]
+        assert [os.getpgid(p) for p in pids] == groups
+    assert events[:2] == [f"a ready (pid {groups[0]})", f"b ready (pid {groups[1]})"]
     assert events[-2:] == ["b stopped", "a stopped"]  # reverse order
     assert not any(_alive(p) for p in pids)
     assert "tiny_server on" in (tmp_path / "a.log").read_text()
@@ -75,11 +79,12 @@ async def test_crashed_child_is_restarted_with_backoff(tmp_path: Path) -> None:
     sup = Supervisor([a], tmp_path, backoff_initial=0.2, on_event=events.append)
     async with _running(sup), httpx.AsyncClient() as client:
         first = int((await client.get(url + "/pid")).text)
+        group = sup.children[0].pid
         with contextlib.suppress(httpx.HTTPError):
             await client.get(url + "/crash")
         for _ in range(100):
             await asyncio.sleep(0.1)
-            if sup.children[0].ready and sup.children[0].pid != first:
+            if sup.children[0].ready and sup.children[0].pid != group:
                 break
         second = int((await client.get(url + "/pid")).text)
         assert second != first
@@ -129,3 +134,56 @@ async def test_workers_in_their_own_session_do_not_outlive_the_stop(
         await asyncio.sleep(0.05)
     assert not _alive(worker)
     assert "gateway left 1 process(es) behind; killed" in events
+
+
+def _squat(port: int) -> socket.socket:
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    return squatter
+
+
+def _with_port(spec: ProcessSpec, url: str) -> ProcessSpec:
+    return dataclasses.replace(spec, ports=(int(url.rsplit(":", 1)[1]),))
+
+
+@pytest.mark.anyio
+async def test_a_child_that_cannot_bind_is_named_with_the_holder_at_start(tmp_path: Path) -> None:
+    spec, url = _tiny("a")
+    spec = _with_port(spec, url)
+    with _squat(spec.ports[0]):
+        sup = Supervisor([spec], tmp_path)
+        with pytest.raises(StartupError) as caught:
+            await sup.start()
+    assert str(caught.value).startswith(
+        f"a cannot bind port {spec.ports[0]} (held by pid {os.getpid()} ("
+    )
+
+
+@pytest.mark.anyio
+async def test_a_child_that_cannot_bind_is_not_restarted_in_a_loop(tmp_path: Path) -> None:
+    spec, url = _tiny("a")
+    spec = _with_port(spec, url)
+    events: list[str] = []
+    sup = Supervisor([spec], tmp_path, backoff_initial=0.5, on_event=events.append)
+    async with _running(sup), httpx.AsyncClient() as client:
+        with contextlib.suppress(httpx.HTTPError):
+            await client.get(url + "/crash")
+        for _ in range(100):  # the crash is seen (and restart is due in 0.5 s)
+            if any("restarting in" in e for e in events):
+                break
+            await asyncio.sleep(0.02)
+        squatter = _squat(spec.ports[0])
+        with squatter:
+            for _ in range(100):
+                if sup.children[0].failed:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.5)  # past the next backoff: no further attempt
+    assert sup.children[0].restarts == 1
+    blocked = [e for e in events if "cannot bind" in e]
+    assert len(blocked) == 1
+    assert blocked[0].startswith(f"a cannot bind port {spec.ports[0]} (held by pid {os.getpid()}")
+    assert blocked[0].endswith("; not restarting it")
+    assert not any("restarting in" in e for e in events[events.index(blocked[0]) :])

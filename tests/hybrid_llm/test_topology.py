@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from hybrid_llm.local.servers import REPO, free_port
+from hybrid_llm.local.servers import REPO, free_port, wait_ready
 from hybrid_llm.local.topology import TopologySettings, build_specs, service_headers
 from servekit.config import ConfigError, load_settings
 
@@ -245,7 +245,8 @@ def test_up_detach_status_and_down(tmp_path: Path) -> None:
                 break
         else:
             pytest.fail("edge-a was not restarted")
-        assert httpx.get(f"http://127.0.0.1:{ports['edge-a']}/ready").status_code == 200
+        # The state names a child as soon as it is spawned; ready comes a little later.
+        wait_ready(f"http://127.0.0.1:{ports['edge-a']}", timeout=20)
         supervisor = state["pid"]
         children = [c["pid"] for c in json.loads(pid_file.read_text())["children"]]
     finally:
@@ -256,26 +257,6 @@ def test_up_detach_status_and_down(tmp_path: Path) -> None:
     assert not any(_alive(p) for p in children)
     again = _run(["down", "--config", str(path)], tmp_path)
     assert "nothing is running" in again.stderr
-
-
-def test_down_cleans_up_after_a_killed_supervisor(tmp_path: Path) -> None:
-    path, _ = _topology(tmp_path, netem=False)
-    up = _run(["up", "--config", str(path), "--detach"], tmp_path, timeout=120)
-    assert up.returncode == 0, up.stdout + up.stderr
-    state = json.loads((tmp_path / "var" / "hybrid-llm.json").read_text())
-    children = [c["pid"] for c in state["children"]]
-    os.kill(state["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while _alive(state["pid"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(_alive(p) for p in children)  # orphans, still serving
-    down = _run(["down", "--config", str(path)], tmp_path)
-    assert down.returncode == 0
-    assert down.stderr.count("stopped orphan") == 3
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(p) for p in children)
 
 
 @pytest.mark.model

@@ -5,7 +5,8 @@ answers the process id; ``/crash`` exits with status 3. ``--ignore-term``
 makes it shrug off SIGTERM (so the supervisor has to SIGKILL it).
 ``--worker-session`` starts a sleeping worker in a session of its own (as the
 central gateway starts replicas) that the server never stops; ``/worker``
-answers its pid.
+answers its pid. ``--worker-group`` starts one in its own process group (as
+vLLM's engine core runs), which outlives the server unless the group is stopped.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--fail-start", action="store_true")
     parser.add_argument("--worker-session", action="store_true")
+    parser.add_argument("--worker-group", action="store_true")
     args = parser.parse_args()
     if args.fail_start:
         print("tiny_server: refusing to start (--fail-start)", flush=True)
@@ -34,9 +36,10 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     started = time.monotonic()
     worker = None
-    if args.worker_session:
+    if args.worker_session or args.worker_group:
         worker = subprocess.Popen(
-            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+            [sys.executable, "-c", "import time; time.sleep(600)"],
+            start_new_session=args.worker_session,
         )
 
     class Handler(BaseHTTPRequestHandler):
