@@ -16,7 +16,7 @@ from pydantic import (
 
 from model_sync.agent import ReconcilerSettings
 from servekit.config import Section
-from servekit.engine.batching import BatchingSettings
+from servekit.engine.batching_settings import BatchingSettings
 from servekit.engine.llama import LlamaSettings
 from servekit.engine.vllm import VllmEngineSettings
 from servekit.registry import RegistrySettings
