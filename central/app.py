@@ -106,7 +106,14 @@ def create_app(
         finally:
             await gateway.aclose()
 
-    app = build_serving_app(title="central", version="0.1.0", lifespan=lifespan, auth=gate)
+    def drain() -> None:
+        running = getattr(app.state, "gateway", None)
+        if running is not None:
+            running.drain()
+
+    app = build_serving_app(
+        title="central", version="0.1.0", lifespan=lifespan, auth=gate, drain=drain
+    )
 
     @app.get("/replicas", summary="Every replica's state, load and process (secret values as ***)")
     async def replicas(request: Request) -> dict[str, Any]:

@@ -222,6 +222,11 @@ def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_
             await asyncio.gather(loading, return_exceptions=True)
             await agent.aclose()
 
+    def drain() -> None:
+        running = getattr(app.state, "agent", None)
+        if running is not None:
+            running.drain()
+
     app = build_serving_app(
         title="edge-agent",
         version="0.1.0",
@@ -230,6 +235,7 @@ def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_
         example_model=settings.engine.model_name,
         max_tokens_limit=settings.engine.context_window,
         auth=gate,
+        drain=drain,
     )
 
     @app.get("/engine", summary="The serving engine: kind, version and, for a process engine, "

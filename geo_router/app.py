@@ -47,6 +47,7 @@ from servekit.api.endpoints import CompletionEndpoints
 from servekit.api.errors import install_error_handlers
 from servekit.asgi import DisconnectWatch, Scope, Send
 from servekit.errors import NotReady, ServeError
+from servekit.serve_cli import ServiceHooks
 
 __all__ = ["RouterState", "create_app"]
 
@@ -57,11 +58,12 @@ def create_app(
     candidates: CandidateSource | None = None,
     traffic: TrafficSource | None = None,
     rng: random.Random | None = None,
-) -> CompletionEndpoints:
+) -> FastAPI:
     """Build the router. ``candidates``/``traffic`` replace discovery (tests, simulators).
 
-    The returned ASGI app serves the completion endpoints itself and hands
-    everything else (and the lifespan) to the FastAPI app at ``.app``.
+    The completion endpoints are plain ASGI middleware in front of the
+    FastAPI routes (:class:`~servekit.api.endpoints.CompletionEndpoints`);
+    ``app.state.hooks`` drains it and reloads its API keys (``geo-router serve``).
     """
     metrics = RouterMetrics()
 
@@ -166,9 +168,23 @@ def create_app(
     ) -> None:
         await route_completion(state(), scope, kind, raw, send, watch)
 
+    def drain() -> None:
+        app.state.draining = True  # /ready turns 503 while in-flight streams finish
+
+    def reload(fresh: RouterSettings) -> None:
+        with contextlib.suppress(NotReady):
+            state().auth.update(fresh.auth)
+
     install_error_handlers(app, on_error=refused)
     install_openapi(app)
-    return CompletionEndpoints(app, settings.max_body_bytes, complete, on_error=refused)
+    app.add_middleware(
+        CompletionEndpoints,
+        max_body_bytes=settings.server.max_body_bytes,
+        complete=complete,
+        on_error=refused,
+    )
+    app.state.hooks = ServiceHooks(drain=drain, reload=reload)
+    return app
 
 
 def _traffic(

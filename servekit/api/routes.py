@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -13,6 +14,7 @@ from servekit.api.endpoints import CompletionEndpoints
 from servekit.api.errors import error_response, install_error_handlers
 from servekit.api.openapi import document_completions, error_doc
 from servekit.errors import NotReady
+from servekit.serve_cli import ServiceHooks
 from servekit.service_auth import ServiceAuth, TokenGate
 from servekit.wire import ModelCard, ModelList
 
@@ -76,11 +78,14 @@ def build_serving_app(
     example_model: str | None = None,
     max_tokens_limit: int | None = None,
     auth: TokenGate | None = None,
+    drain: Callable[[], None] = lambda: None,
 ) -> FastAPI:
     """A FastAPI app with the OpenAI and ops routes; ``lifespan`` sets ``app.state.core``.
 
-    ``auth`` (kept on ``app.state.token_gate`` for reloads) guards every route
-    but ``/health``, ``/ready`` and, unless protected, ``/metrics``.
+    ``auth`` (kept on ``app.state.token_gate``) guards every route but
+    ``/health``, ``/ready`` and, unless protected, ``/metrics``. The app's
+    :class:`~servekit.serve_cli.ServiceHooks` call ``drain`` on SIGTERM and,
+    on SIGHUP, accept the service tokens of the reloaded settings.
     """
     app = FastAPI(title=title, version=version, lifespan=lifespan)
     install_error_handlers(app)
@@ -91,4 +96,9 @@ def build_serving_app(
     app.state.token_gate = gate
     app.add_middleware(ServiceAuth, gate=gate)  # outermost: before any body is read
     document_completions(app, example_model, max_tokens_limit)
+
+    def reload(fresh: Any) -> None:
+        gate.update(fresh.server.auth)
+
+    app.state.hooks = ServiceHooks(drain=drain, reload=reload)
     return app
