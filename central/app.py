@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from central.engines import http_engine_factory
 from central.pool import ReplicaPool
-from central.registration import Registration
+from central.registration import center_instance
 from central.replica import EngineFactory
 from central.settings import CentralSettings
 from central.telemetry import ReplicaCollector
@@ -29,6 +29,7 @@ from servekit.api import FixedEngine, ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
 from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
+from servekit.registration import Registration
 from servekit.service_auth import TokenGate, warn_if_open
 
 __all__ = ["CentralGateway", "create_app"]
@@ -62,7 +63,10 @@ class CentralGateway:
         self.core = ServingCore(
             FixedEngine(self.pool), self.admission, self.metrics, version=settings.version
         )
-        self.registration = Registration(settings, self._load, self.pool.capacity)
+        capacity = self.pool.capacity
+        self.registration = Registration(
+            settings.registry, lambda: center_instance(settings, capacity), self._load
+        )
 
     def _load(self) -> LoadReport:
         return self.core.load()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,13 +28,10 @@ from servekit.api import ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
 from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
-from servekit.registry import (
-    Heartbeater,
-    InstanceInfo,
-    Registry,
-    open_registry,
-)
+from servekit.registration import Registration
+from servekit.registry import InstanceInfo
 from servekit.service_auth import TokenGate, warn_if_open
+from servekit.settings import advertised_address
 
 __all__ = ["EdgeAgent", "create_app"]
 
@@ -79,20 +75,16 @@ class EdgeAgent:
         ):
             self.prometheus.register(collector)
         self.load_error: BaseException | None = None
-        self.registry: Registry | None = None
-        self.heartbeater: Heartbeater | None = None
+        self.registration = Registration(settings.registry, self.instance_info, self._load)
         self.reconciling: asyncio.Task[None] | None = None
 
     def instance_info(self) -> InstanceInfo:
         s = self.settings
-        address = s.instance.advertise_address or s.server.host
-        if address in ("0.0.0.0", "::"):
-            address = socket.gethostname()
         return InstanceInfo(
             id=s.instance.id,
             tier="edge",
             region=s.instance.region,
-            address=address,
+            address=advertised_address(s.instance, s.server),
             port=s.server.port,
             model=s.engine.model_name,
             version=self.slot.version,
@@ -102,23 +94,12 @@ class EdgeAgent:
 
     async def register(self) -> None:
         """Join the registry (when configured); heartbeats carry the load report."""
-        reg_settings = self.settings.registry
-        if reg_settings is None:
-            return
-        self.registry = await open_registry(reg_settings)
-        self.heartbeater = Heartbeater(
-            self.registry,
-            self.instance_info(),
-            self._load,
-            interval_s=reg_settings.heartbeat_interval_s,
-            ttl_s=reg_settings.ttl_s,
-        )
-        await self.heartbeater.start()
+        registry = await self.registration.start()
         sync = self.settings.model_sync
-        if sync is not None and sync.enabled:
+        if registry is not None and sync is not None and sync.enabled:
             reconciler = Reconciler.from_settings(
                 sync,
-                self.registry,
+                registry,
                 self.settings.instance.id,
                 self.swap_model,
                 model=self.settings.engine.model_name,
@@ -165,8 +146,7 @@ class EdgeAgent:
         self.settings = self.settings.model_copy(update={"engine": engine_settings})
         self.core.version = version
         self.metrics.set_version(version)
-        if self.heartbeater is not None:
-            self.heartbeater.update_info(self.instance_info())
+        self.registration.update_info()
 
     def engine_status(self) -> dict[str, Any]:
         current = self.slot.current()
@@ -183,8 +163,7 @@ class EdgeAgent:
     def drain(self) -> None:
         """Stop taking new work and tell the fleet, before connections close."""
         self.core.draining = True
-        if self.heartbeater is not None:
-            self.heartbeater.mark_draining()
+        self.registration.mark_draining()
 
     async def aclose(self) -> None:
         self.drain()
@@ -192,10 +171,7 @@ class EdgeAgent:
             self.reconciling.cancel()
             await asyncio.gather(self.reconciling, return_exceptions=True)
         await self.slot.aclose(self.settings.server.graceful_shutdown_s)
-        if self.heartbeater is not None:
-            await self.heartbeater.stop()
-        if self.registry is not None:
-            await self.registry.aclose()
+        await self.registration.aclose()
 
 
 def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_engine) -> FastAPI:
