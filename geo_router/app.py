@@ -32,7 +32,8 @@ from geo_router.continuation import Kind
 from geo_router.http_client import UpstreamPool
 from geo_router.membership import Membership
 from geo_router.metrics import RouterMetrics
-from geo_router.openapi import install_openapi
+from geo_router.openapi import ERROR_RESPONSES, install_openapi
+from geo_router.ops import RouterOps, router_state
 from geo_router.peers import PeerBook
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
@@ -43,8 +44,7 @@ from geo_router.scoring import Scorer
 from geo_router.settings import RouterSettings
 from geo_router.state import RouterState
 from geo_router.tracker import Tracker
-from servekit.api.endpoints import CompletionEndpoints
-from servekit.api.errors import install_error_handlers
+from servekit.api.service import create_service_app
 from servekit.asgi import DisconnectWatch, Scope, Send
 from servekit.errors import NotReady, ServeError
 from servekit.serve_cli import ServiceHooks
@@ -150,14 +150,8 @@ def create_app(
             stack.callback(gc.unfreeze)
             yield
 
-    app = FastAPI(title="hybrid-llm geo router", version="0.1.0", lifespan=lifespan)
-    app.include_router(api_routes)
-
     def state() -> RouterState:
-        found = getattr(app.state, "router", None)
-        if not isinstance(found, RouterState):
-            raise NotReady("router is starting", retry_after=1)
-        return found
+        return router_state(app)
 
     def refused(exc: ServeError) -> None:
         with contextlib.suppress(NotReady):
@@ -169,21 +163,26 @@ def create_app(
         await route_completion(state(), scope, kind, raw, send, watch)
 
     def drain() -> None:
-        app.state.draining = True  # /ready turns 503 while in-flight streams finish
+        router_ops: RouterOps = app.state.ops
+        router_ops.draining = True  # /ready turns 503 while in-flight streams finish
 
     def reload(fresh: RouterSettings) -> None:
         with contextlib.suppress(NotReady):
             state().auth.update(fresh.auth)
 
-    install_error_handlers(app, on_error=refused)
-    install_openapi(app)
-    app.add_middleware(
-        CompletionEndpoints,
+    app = create_service_app(
+        title="hybrid-llm geo router",
+        version="0.1.0",
+        lifespan=lifespan,
+        ops=RouterOps,
+        hooks=ServiceHooks(drain=drain, reload=reload),
+        document=install_openapi,
         max_body_bytes=settings.server.max_body_bytes,
         complete=complete,
         on_error=refused,
+        routers=[api_routes],
+        models_responses=ERROR_RESPONSES,
     )
-    app.state.hooks = ServiceHooks(drain=drain, reload=reload)
     return app
 
 

@@ -1,11 +1,12 @@
-"""The router's FastAPI endpoints: models, explain, health, readiness, metrics.
+"""The router's own FastAPI endpoints: ``/v1/route/explain`` for each completion path.
 
-The completion endpoints themselves are plain ASGI (``geo_router.completions``).
+The completion endpoints themselves are plain ASGI (``geo_router.completions``);
+models, health, readiness and metrics are the shared ops routes
+(``geo_router.ops``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter
@@ -14,9 +15,8 @@ from starlette.responses import JSONResponse, Response
 
 from geo_router.continuation import Kind
 from geo_router.openapi import ERROR_RESPONSES, request_body
+from geo_router.ops import router_state
 from geo_router.state import RouterState, intake
-from geo_router.tracker import Circuit
-from servekit.errors import NotReady
 
 __all__ = ["router"]
 
@@ -24,8 +24,7 @@ router = APIRouter()
 
 
 def _state(request: Request) -> RouterState:
-    state: RouterState = request.app.state.router
-    return state
+    return router_state(request.app)
 
 
 def _explainer(kind: Kind, path: str) -> Callable[[Request], Awaitable[Response]]:
@@ -57,54 +56,3 @@ for _at, _kind, _path, _schema in _EXPLAINED:
         responses=ERROR_RESPONSES,
         tags=["router"],
     )
-
-
-@router.get("/v1/models", responses=ERROR_RESPONSES, tags=["openai"])
-async def models(request: Request) -> Response:
-    """Models served by healthy instances, plus the routing aliases."""
-    state = _state(request)
-    state.auth.authenticate(request.headers.get("authorization"))
-    now = int(time.time())
-    names = [*state.settings.routing.aliases, *state.planner.models()]
-    data = [{"id": n, "object": "model", "created": now, "owned_by": "hybrid-llm"} for n in names]
-    return JSONResponse({"object": "list", "data": data})
-
-
-@router.get("/health", tags=["ops"])
-async def health() -> dict[str, str]:
-    """Alive."""
-    return {"status": "ok"}
-
-
-@router.get("/ready", responses={503: {"description": "No healthy upstream"}}, tags=["ops"])
-async def ready(request: Request) -> Response:
-    """200 only while at least one healthy, routable instance exists."""
-    state = _state(request)
-    if getattr(request.app.state, "draining", False):
-        err = NotReady("draining", retry_after=1)
-        return JSONResponse(err.body(), status_code=503, headers=err.headers())
-    healthy = [
-        s for s in state.planner.healthy() if state.tracker.stats(s.info.id).circuit != Circuit.OPEN
-    ]
-    if not healthy:
-        err = NotReady("no healthy upstream", retry_after=1)
-        return JSONResponse(err.body(), status_code=503, headers=err.headers())
-    return JSONResponse({"status": "ready", "instances": len(healthy)})
-
-
-@router.get(
-    "/metrics",
-    tags=["ops"],
-    responses={200: {"description": "Prometheus text", "content": {"text/plain": {}}}},
-)
-async def metrics(request: Request) -> Response:
-    """Prometheus text format."""
-    state = _state(request)
-    m = state.metrics
-    healthy = state.planner.healthy()
-    for tier in ("edge", "center"):
-        m.candidates.labels(tier).set(sum(1 for s in healthy if s.info.tier == tier))
-    m.catalog_stale.set(1 if state.stale() else 0)
-    for iid, stats in state.tracker.items():
-        m.circuit.labels(iid).set(int(stats.circuit))
-    return Response(m.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
