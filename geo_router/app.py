@@ -39,7 +39,7 @@ from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
 from geo_router.region import RegionResolver, open_geoip
 from geo_router.routed import Routing
-from geo_router.routes import router as api_routes
+from geo_router.routes import explain_router
 from geo_router.scoring import Scorer
 from geo_router.settings import RouterSettings
 from geo_router.state import RouterState
@@ -180,7 +180,7 @@ def create_app(
         max_body_bytes=settings.server.max_body_bytes,
         complete=complete,
         on_error=refused,
-        routers=[api_routes],
+        routers=[explain_router()],
         models_responses=ERROR_RESPONSES,
     )
     return app

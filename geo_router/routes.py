@@ -18,20 +18,14 @@ from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.ops import router_state
 from geo_router.state import RouterState, intake
 
-__all__ = ["router"]
-
-router = APIRouter()
-
-
-def _state(request: Request) -> RouterState:
-    return router_state(request.app)
+__all__ = ["explain_router"]
 
 
 def _explainer(kind: Kind, path: str) -> Callable[[Request], Awaitable[Response]]:
     async def explain(request: Request) -> Response:
         """The routing decision for a body sent to ``path``: the completion path's own
         intake (no rate limit counted), no engine called."""
-        state = _state(request)
+        state: RouterState = router_state(request.app)
         raw = await request.body()  # bounded by the front door (413)
         peer = request.client.host if request.client else None
         taken = intake(state, kind, path, raw, request.headers, peer, limit=False)
@@ -45,14 +39,20 @@ _EXPLAINED: tuple[tuple[str, Kind, str, str], ...] = (
     ("/v1/route/explain", "chat", "/v1/chat/completions", "ChatCompletionRequest"),
     ("/v1/route/explain/completions", "completion", "/v1/completions", "CompletionRequest"),
 )
-for _at, _kind, _path, _schema in _EXPLAINED:
-    router.add_api_route(
-        _at,
-        _explainer(_kind, _path),
-        methods=["POST"],
-        name=f"explain_{_kind}",
-        summary=f"The routing decision for a {_path} body, without calling any engine",
-        openapi_extra=request_body(_schema),
-        responses=ERROR_RESPONSES,
-        tags=["router"],
-    )
+
+
+def explain_router() -> APIRouter:
+    """``/v1/route/explain`` and ``/v1/route/explain/completions``."""
+    router = APIRouter()
+    for at, kind, path, schema in _EXPLAINED:
+        router.add_api_route(
+            at,
+            _explainer(kind, path),
+            methods=["POST"],
+            name=f"explain_{kind}",
+            summary=f"The routing decision for a {path} body, without calling any engine",
+            openapi_extra=request_body(schema),
+            responses=ERROR_RESPONSES,
+            tags=["router"],
+        )
+    return router
