@@ -43,13 +43,8 @@ class CentralGateway:
     def __init__(self, settings: CentralSettings, engine_factory: EngineFactory) -> None:
         self.settings = settings
         self.pool = ReplicaPool(settings, engine_factory, on_capacity=self._resize)
-        self.admission = AdmissionQueue(
-            # Until replicas report in, admit as if all were up; health narrows it.
-            self.pool.capacity,
-            settings.admission.max_waiting,
-            batch_every=settings.admission.batch_every,
-            ttft_budget_ms=settings.admission.ttft_budget_ms,
-        )
+        # Until replicas report in, admit as if all were up; health narrows it.
+        self.admission = AdmissionQueue.from_settings(self.pool.capacity, settings.admission)
         self.registry = CollectorRegistry()
         self.metrics = ServingMetrics(
             self.registry,

@@ -47,12 +47,7 @@ class EdgeAgent:
         version = settings.instance.version
         engine = build(settings.engine, version)
         self.slot = ModelSlot(engine, version)
-        self.admission = AdmissionQueue(
-            engine.capacity,
-            settings.admission.max_waiting,
-            batch_every=settings.admission.batch_every,
-            ttft_budget_ms=settings.admission.ttft_budget_ms,
-        )
+        self.admission = AdmissionQueue.from_settings(engine.capacity, settings.admission)
         self.prometheus = CollectorRegistry()
         self.metrics = ServingMetrics(
             self.prometheus,
