@@ -8,23 +8,20 @@ center's queue like any edge's.
 from __future__ import annotations
 
 from central.settings import CentralSettings
+from servekit.registration import instance_entry
 from servekit.registry import InstanceInfo
-from servekit.settings import advertised_address
 
 __all__ = ["center_instance"]
 
 
 def center_instance(settings: CentralSettings, capacity: int) -> InstanceInfo:
     """The catalog entry for this gateway."""
-    return InstanceInfo(
-        id=settings.instance.id,
+    return instance_entry(
+        settings.instance,
+        settings.server,
         tier="center",
-        region=settings.instance.region,
-        address=advertised_address(settings.instance, settings.server),
-        port=settings.server.port,
         model=settings.model,
         version=settings.version,
         capacity=capacity,
         tags=tuple(sorted({r.kind for r in settings.replicas})),
-        meta=settings.server.instance_meta(),
     )

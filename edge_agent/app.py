@@ -28,10 +28,9 @@ from servekit.api import ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
 from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
-from servekit.registration import Registration
+from servekit.registration import Registration, instance_entry
 from servekit.registry import InstanceInfo
 from servekit.service_auth import TokenGate, warn_if_open
-from servekit.settings import advertised_address
 
 __all__ = ["EdgeAgent", "create_app"]
 
@@ -75,16 +74,13 @@ class EdgeAgent:
 
     def instance_info(self) -> InstanceInfo:
         s = self.settings
-        return InstanceInfo(
-            id=s.instance.id,
+        return instance_entry(
+            s.instance,
+            s.server,
             tier="edge",
-            region=s.instance.region,
-            address=advertised_address(s.instance, s.server),
-            port=s.server.port,
             model=s.engine.model_name,
             version=self.slot.version,
             capacity=self.admission.slots,
-            meta=s.server.instance_meta(),
         )
 
     async def register(self) -> None:

@@ -15,10 +15,37 @@ from collections.abc import Callable
 
 from servekit.engine.protocol import LoadReport
 from servekit.registry import Heartbeater, InstanceInfo, Registry, RegistrySettings, open_registry
+from servekit.registry.protocol import Tier
+from servekit.settings import InstanceSettings, ServiceServerSettings, advertised_address
 
-__all__ = ["Registration"]
+__all__ = ["Registration", "instance_entry"]
 
 log = logging.getLogger(__name__)
+
+
+def instance_entry(
+    instance: InstanceSettings,
+    server: ServiceServerSettings,
+    *,
+    tier: Tier,
+    model: str,
+    version: str,
+    capacity: int,
+    tags: tuple[str, ...] = (),
+) -> InstanceInfo:
+    """The catalog entry of a service served as its ``instance:`` and ``server:`` blocks say."""
+    return InstanceInfo(
+        id=instance.id,
+        tier=tier,
+        region=instance.region,
+        address=advertised_address(instance, server),
+        port=server.port,
+        model=model,
+        version=version,
+        capacity=capacity,
+        tags=tags,
+        meta=server.instance_meta(),
+    )
 
 
 class Registration:
