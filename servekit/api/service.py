@@ -20,11 +20,27 @@ from fastapi import APIRouter, FastAPI
 from servekit.api.endpoints import CompletionEndpoints, CompletionHandler, serve_completion
 from servekit.api.errors import install_error_handlers
 from servekit.api.ops import ServiceOps, ops_router
+from servekit.asgi import ASGIApp
 from servekit.errors import ServeError
 from servekit.serve_cli import ServiceHooks
 from servekit.service_auth import ServiceAuth, TokenGate
 
 __all__ = ["create_service_app"]
+
+
+class _ServiceApp(FastAPI):
+    """FastAPI with the service's front doors *outside* its middleware stack.
+
+    Every streamed chunk passes through each layer between the server and the
+    completion handler; Starlette's error middleware (outermost in its own
+    stack) would wrap every send. The completion endpoints render their own
+    errors, so they sit in front of it, behind only the service-token check.
+    """
+
+    front: Callable[[ASGIApp], ASGIApp] = staticmethod(lambda app: app)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self.front(super().build_middleware_stack())
 
 
 def create_service_app(
@@ -45,17 +61,21 @@ def create_service_app(
     """A service's app. ``ops`` answers the shared routes, ``document`` installs its
     OpenAPI document; ``auth`` (on ``app.state.token_gate``) guards every route but
     ``/health``, ``/ready`` and, unless protected, ``/metrics``."""
-    app = FastAPI(title=title, version=version, lifespan=lifespan)
+    app = _ServiceApp(title=title, version=version, lifespan=lifespan)
     install_error_handlers(app, on_error=on_error)
     for router in routers:
         app.include_router(router)
     app.include_router(ops_router(models_responses))
-    app.add_middleware(
-        CompletionEndpoints, max_body_bytes=max_body_bytes, complete=complete, on_error=on_error
-    )
+
+    def front(inner: ASGIApp) -> ASGIApp:
+        door: ASGIApp = CompletionEndpoints(inner, max_body_bytes, complete, on_error)
+        if auth is not None:
+            door = ServiceAuth(door, gate=auth)  # outermost: before any body is read
+        return door
+
+    app.front = front
     if auth is not None:
         app.state.token_gate = auth
-        app.add_middleware(ServiceAuth, gate=auth)  # outermost: before any body is read
     app.state.ops = ops(app)
     app.state.hooks = hooks
     document(app)
