@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from central.engines import http_engine_factory
 from central.pool import ReplicaPool
-from central.registration import Registration
+from central.registration import center_instance
 from central.replica import EngineFactory
 from central.settings import CentralSettings
 from central.telemetry import ReplicaCollector
@@ -29,6 +29,7 @@ from servekit.api import FixedEngine, ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
 from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
+from servekit.registration import Registration
 from servekit.service_auth import TokenGate, warn_if_open
 
 __all__ = ["CentralGateway", "create_app"]
@@ -42,13 +43,8 @@ class CentralGateway:
     def __init__(self, settings: CentralSettings, engine_factory: EngineFactory) -> None:
         self.settings = settings
         self.pool = ReplicaPool(settings, engine_factory, on_capacity=self._resize)
-        self.admission = AdmissionQueue(
-            # Until replicas report in, admit as if all were up; health narrows it.
-            self.pool.capacity,
-            settings.admission.max_waiting,
-            batch_every=settings.admission.batch_every,
-            ttft_budget_ms=settings.admission.ttft_budget_ms,
-        )
+        # Until replicas report in, admit as if all were up; health narrows it.
+        self.admission = AdmissionQueue.from_settings(self.pool.capacity, settings.admission)
         self.registry = CollectorRegistry()
         self.metrics = ServingMetrics(
             self.registry,
@@ -62,7 +58,10 @@ class CentralGateway:
         self.core = ServingCore(
             FixedEngine(self.pool), self.admission, self.metrics, version=settings.version
         )
-        self.registration = Registration(settings, self._load, self.pool.capacity)
+        capacity = self.pool.capacity
+        self.registration = Registration(
+            settings.registry, lambda: center_instance(settings, capacity), self._load
+        )
 
     def _load(self) -> LoadReport:
         return self.core.load()
@@ -106,7 +105,14 @@ def create_app(
         finally:
             await gateway.aclose()
 
-    app = build_serving_app(title="central", version="0.1.0", lifespan=lifespan, auth=gate)
+    def drain() -> None:
+        running = getattr(app.state, "gateway", None)
+        if running is not None:
+            running.drain()
+
+    app = build_serving_app(
+        title="central", version="0.1.0", lifespan=lifespan, auth=gate, drain=drain
+    )
 
     @app.get("/replicas", summary="Every replica's state, load and process (secret values as ***)")
     async def replicas(request: Request) -> dict[str, Any]:

@@ -8,12 +8,13 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+import servekit.settings
 from central.specs import ReplicaSpec
 from servekit.config import Section, load_settings
 from servekit.engine.process import ProcessSettings
 from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
-from servekit.serve import ServerSecurity
+from servekit.settings import ServiceServerSettings
 
 __all__ = [
     "AdmissionSettings",
@@ -26,9 +27,8 @@ __all__ = [
 ]
 
 
-class ServerSettings(ServerSecurity, Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8100, ge=0, le=65535)
+class ServerSettings(ServiceServerSettings):
+    port: int = Field(8100, ge=0, le=65535, description="Port to listen on.")
 
 
 class BalancingSettings(Section):
@@ -66,22 +66,13 @@ class SupervisionSettings(ProcessSettings):
     log_dir: Path = Field(Path("logs/central"), description="Replica logs and generated files.")
 
 
-class AdmissionSettings(Section):
+class AdmissionSettings(servekit.settings.AdmissionSettings):
     """The gateway's own queue in front of all replicas (interactive before batch)."""
 
     max_waiting: int = Field(512, ge=0, description="Requests that may wait; more get 429.")
-    batch_every: int = Field(
-        4, ge=1, description="One grant in N goes to waiting batch work, so it is never starved."
-    )
-    ttft_budget_ms: float | None = Field(
-        None,
-        gt=0,
-        description="Refuse at once (429) a request whose predicted wait exceeds this; "
-        "none: only a full queue refuses.",
-    )
 
 
-class InstanceSettings(Section):
+class InstanceSettings(servekit.settings.InstanceSettings):
     """Who this gateway is in the fleet registry."""
 
     id: str = Field(
@@ -89,9 +80,6 @@ class InstanceSettings(Section):
         description="Unique instance id.",
     )
     region: str = Field("center", min_length=1, description="Region label (metrics, registry).")
-    advertise_address: str | None = Field(
-        None, description="Address others reach this gateway at (default: server.host)."
-    )
 
 
 class CentralSettings(Section):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -29,12 +28,8 @@ from servekit.api import ServingCore, build_serving_app
 from servekit.engine.protocol import LoadReport
 from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
-from servekit.registry import (
-    Heartbeater,
-    InstanceInfo,
-    Registry,
-    open_registry,
-)
+from servekit.registration import Registration, instance_entry
+from servekit.registry import InstanceInfo
 from servekit.service_auth import TokenGate, warn_if_open
 
 __all__ = ["EdgeAgent", "create_app"]
@@ -51,12 +46,7 @@ class EdgeAgent:
         version = settings.instance.version
         engine = build(settings.engine, version)
         self.slot = ModelSlot(engine, version)
-        self.admission = AdmissionQueue(
-            engine.capacity,
-            settings.admission.max_waiting,
-            batch_every=settings.admission.batch_every,
-            ttft_budget_ms=settings.admission.ttft_budget_ms,
-        )
+        self.admission = AdmissionQueue.from_settings(engine.capacity, settings.admission)
         self.prometheus = CollectorRegistry()
         self.metrics = ServingMetrics(
             self.prometheus,
@@ -79,46 +69,28 @@ class EdgeAgent:
         ):
             self.prometheus.register(collector)
         self.load_error: BaseException | None = None
-        self.registry: Registry | None = None
-        self.heartbeater: Heartbeater | None = None
+        self.registration = Registration(settings.registry, self.instance_info, self._load)
         self.reconciling: asyncio.Task[None] | None = None
 
     def instance_info(self) -> InstanceInfo:
         s = self.settings
-        address = s.instance.advertise_address or s.server.host
-        if address in ("0.0.0.0", "::"):
-            address = socket.gethostname()
-        return InstanceInfo(
-            id=s.instance.id,
+        return instance_entry(
+            s.instance,
+            s.server,
             tier="edge",
-            region=s.instance.region,
-            address=address,
-            port=s.server.port,
             model=s.engine.model_name,
             version=self.slot.version,
             capacity=self.admission.slots,
-            meta=s.server.instance_meta(),
         )
 
     async def register(self) -> None:
         """Join the registry (when configured); heartbeats carry the load report."""
-        reg_settings = self.settings.registry
-        if reg_settings is None:
-            return
-        self.registry = await open_registry(reg_settings)
-        self.heartbeater = Heartbeater(
-            self.registry,
-            self.instance_info(),
-            self._load,
-            interval_s=reg_settings.heartbeat_interval_s,
-            ttl_s=reg_settings.ttl_s,
-        )
-        await self.heartbeater.start()
+        registry = await self.registration.start()
         sync = self.settings.model_sync
-        if sync is not None and sync.enabled:
+        if registry is not None and sync is not None and sync.enabled:
             reconciler = Reconciler.from_settings(
                 sync,
-                self.registry,
+                registry,
                 self.settings.instance.id,
                 self.swap_model,
                 model=self.settings.engine.model_name,
@@ -165,8 +137,7 @@ class EdgeAgent:
         self.settings = self.settings.model_copy(update={"engine": engine_settings})
         self.core.version = version
         self.metrics.set_version(version)
-        if self.heartbeater is not None:
-            self.heartbeater.update_info(self.instance_info())
+        self.registration.update_info()
 
     def engine_status(self) -> dict[str, Any]:
         current = self.slot.current()
@@ -183,8 +154,7 @@ class EdgeAgent:
     def drain(self) -> None:
         """Stop taking new work and tell the fleet, before connections close."""
         self.core.draining = True
-        if self.heartbeater is not None:
-            self.heartbeater.mark_draining()
+        self.registration.mark_draining()
 
     async def aclose(self) -> None:
         self.drain()
@@ -192,10 +162,7 @@ class EdgeAgent:
             self.reconciling.cancel()
             await asyncio.gather(self.reconciling, return_exceptions=True)
         await self.slot.aclose(self.settings.server.graceful_shutdown_s)
-        if self.heartbeater is not None:
-            await self.heartbeater.stop()
-        if self.registry is not None:
-            await self.registry.aclose()
+        await self.registration.aclose()
 
 
 def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_engine) -> FastAPI:
@@ -222,6 +189,11 @@ def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_
             await asyncio.gather(loading, return_exceptions=True)
             await agent.aclose()
 
+    def drain() -> None:
+        running = getattr(app.state, "agent", None)
+        if running is not None:
+            running.drain()
+
     app = build_serving_app(
         title="edge-agent",
         version="0.1.0",
@@ -230,6 +202,7 @@ def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_
         example_model=settings.engine.model_name,
         max_tokens_limit=settings.engine.context_window,
         auth=gate,
+        drain=drain,
     )
 
     @app.get("/engine", summary="The serving engine: kind, version and, for a process engine, "

@@ -8,16 +8,19 @@ default :func:`build_engine`; tests pass one that builds a scripted engine.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from prometheus_client.registry import Collector
 
 from edge_agent.settings import BatchingEngineSettings, EdgeEngineSettings, VllmEdgeEngineSettings
-from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
 from servekit.engine.batching_metrics import BatchingCollector
+from servekit.engine.batching_settings import BatchingSettings
 from servekit.engine.llama import LlamaCppEngine, LlamaSettings
 from servekit.engine.protocol import Engine
 from servekit.engine.vllm import VllmEngine, VllmEngineSettings
+
+if TYPE_CHECKING:
+    from servekit.engine.batching import BatchingLlamaEngine
 
 __all__ = ["EngineFactory", "build_engine", "engine_collectors"]
 
@@ -31,6 +34,9 @@ def build_engine(settings: EdgeEngineSettings, version: str) -> Engine:
     if isinstance(settings, VllmEdgeEngineSettings):
         return VllmEngine(VllmEngineSettings.model_validate(plain), version=version)
     if isinstance(settings, BatchingEngineSettings):
+        # Imported here: it loads llama.cpp, which a vLLM edge never needs.
+        from servekit.engine.batching import BatchingLlamaEngine
+
         return BatchingLlamaEngine(BatchingSettings.model_validate(plain), version=version)
     return LlamaCppEngine(LlamaSettings.model_validate(plain), version=version)
 
@@ -42,5 +48,5 @@ def engine_collectors(
 ) -> list[Collector]:
     """Scheduler metrics for engines that have them; ``current`` follows hot swaps."""
     if isinstance(settings, BatchingEngineSettings):
-        return [BatchingCollector(lambda: cast(BatchingLlamaEngine, current()).stats(), labels)]
+        return [BatchingCollector(lambda: cast("BatchingLlamaEngine", current()).stats(), labels)]
     return []

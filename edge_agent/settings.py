@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -14,13 +13,14 @@ from pydantic import (
     model_validator,
 )
 
+import servekit.settings
 from model_sync.agent import ReconcilerSettings
 from servekit.config import Section
-from servekit.engine.batching import BatchingSettings
+from servekit.engine.batching_settings import BatchingSettings
 from servekit.engine.llama import LlamaSettings
 from servekit.engine.vllm import VllmEngineSettings
 from servekit.registry import RegistrySettings
-from servekit.serve import ServerSecurity
+from servekit.settings import AdmissionSettings, ServiceServerSettings
 from servekit.sysinfo import fits_beside
 
 __all__ = [
@@ -35,32 +35,12 @@ __all__ = [
 ]
 
 
-class ServerSettings(ServerSecurity, Section):
-    host: str = Field("127.0.0.1", description="Address to listen on.")
+class ServerSettings(ServiceServerSettings):
     port: int = Field(8001, ge=0, le=65535, description="Port to listen on.")
-    max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger bodies get 413.")
-    graceful_shutdown_s: float = Field(30.0, ge=0, description="Time to finish in-flight work.")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-class InstanceSettings(Section):
-    id: str = Field(default_factory=socket.gethostname, description="Unique instance id.")
-    region: str = Field("local", min_length=1, description="Region this node serves.")
+class InstanceSettings(servekit.settings.InstanceSettings):
     version: str = Field("v1", description="Version label of the loaded model.")
-    advertise_address: str | None = Field(
-        None, description="Address others reach this node at (default: server.host)."
-    )
-
-
-class AdmissionSettings(Section):
-    max_waiting: int = Field(16, ge=0, description="Requests that may wait; more get 429.")
-    batch_every: int = Field(4, ge=1, description="One grant in N goes to waiting batch work.")
-    ttft_budget_ms: float | None = Field(
-        None,
-        gt=0,
-        description="Refuse at once (429) a request whose predicted wait exceeds this; "
-        "none: only a full queue refuses.",
-    )
 
 
 class EngineSettings(LlamaSettings):

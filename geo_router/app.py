@@ -33,21 +33,22 @@ from geo_router.http_client import UpstreamPool
 from geo_router.limits import build_buckets
 from geo_router.membership import Membership
 from geo_router.metrics import RouterMetrics
-from geo_router.openapi import install_openapi
+from geo_router.openapi import ERROR_RESPONSES, install_openapi
+from geo_router.ops import RouterOps, router_state
 from geo_router.peers import PeerBook
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
 from geo_router.region import RegionResolver, open_geoip
 from geo_router.routed import Routing
-from geo_router.routes import router as api_routes
+from geo_router.routes import explain_router
 from geo_router.scoring import Scorer
 from geo_router.settings import RouterSettings
 from geo_router.state import RouterState
 from geo_router.tracker import Tracker
-from servekit.api.endpoints import CompletionEndpoints
-from servekit.api.errors import install_error_handlers
+from servekit.api.service import create_service_app
 from servekit.asgi import DisconnectWatch, Scope, Send
 from servekit.errors import NotReady, ServeError
+from servekit.serve_cli import ServiceHooks
 
 __all__ = ["RouterState", "create_app"]
 
@@ -58,11 +59,12 @@ def create_app(
     candidates: CandidateSource | None = None,
     traffic: TrafficSource | None = None,
     rng: random.Random | None = None,
-) -> CompletionEndpoints:
+) -> FastAPI:
     """Build the router. ``candidates``/``traffic`` replace discovery (tests, simulators).
 
-    The returned ASGI app serves the completion endpoints itself and hands
-    everything else (and the lifespan) to the FastAPI app at ``.app``.
+    The completion endpoints are plain ASGI middleware in front of the
+    FastAPI routes (:class:`~servekit.api.endpoints.CompletionEndpoints`);
+    ``app.state.hooks`` drains it and reloads its API keys (``geo-router serve``).
     """
     metrics = RouterMetrics()
 
@@ -156,14 +158,8 @@ def create_app(
             stack.callback(gc.unfreeze)
             yield
 
-    app = FastAPI(title="hybrid-llm geo router", version="0.1.0", lifespan=lifespan)
-    app.include_router(api_routes)
-
     def state() -> RouterState:
-        found = getattr(app.state, "router", None)
-        if not isinstance(found, RouterState):
-            raise NotReady("router is starting", retry_after=1)
-        return found
+        return router_state(app)
 
     def refused(exc: ServeError) -> None:
         with contextlib.suppress(NotReady):
@@ -174,9 +170,28 @@ def create_app(
     ) -> None:
         await route_completion(state(), scope, kind, raw, send, watch)
 
-    install_error_handlers(app, on_error=refused)
-    install_openapi(app)
-    return CompletionEndpoints(app, settings.max_body_bytes, complete, on_error=refused)
+    def drain() -> None:
+        router_ops: RouterOps = app.state.ops
+        router_ops.draining = True  # /ready turns 503 while in-flight streams finish
+
+    def reload(fresh: RouterSettings) -> None:
+        with contextlib.suppress(NotReady):
+            state().auth.update(fresh.auth)
+
+    app = create_service_app(
+        title="hybrid-llm geo router",
+        version="0.1.0",
+        lifespan=lifespan,
+        ops=RouterOps,
+        hooks=ServiceHooks(drain=drain, reload=reload),
+        document=install_openapi,
+        max_body_bytes=settings.server.max_body_bytes,
+        complete=complete,
+        on_error=refused,
+        routers=[explain_router()],
+        models_responses=ERROR_RESPONSES,
+    )
+    return app
 
 
 def _traffic(

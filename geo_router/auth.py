@@ -3,9 +3,9 @@
 Keys are stored as sha256 digests; a presented key is hashed and compared
 against every configured digest in constant time (``servekit.service_auth``'s
 :class:`~servekit.service_auth.DigestSet`, which the services' own tokens use
-too). An accepted header is remembered (keys are fixed for the process's
-life), so a returning client skips the hashing; a rejected one is checked in
-full every time.
+too). An accepted header is remembered until the keys change (SIGHUP reloads
+them: :meth:`Authenticator.update`), so a returning client skips the hashing;
+a rejected one is checked in full every time.
 """
 
 from __future__ import annotations
@@ -33,22 +33,37 @@ class Tenant:
     burst_s: float = 60.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Keys:
+    required: bool
+    anonymous: Tenant
+    digests: DigestSet
+    tenants: list[Tenant]
+
+
 class Authenticator:
     """Maps an ``Authorization: Bearer`` header to a :class:`Tenant`."""
 
     def __init__(self, settings: AuthSettings) -> None:
-        self._required = settings.required
-        self._anonymous = Tenant("anonymous", settings.anonymous_priority, "anonymous")
-        self._digests = DigestSet(k.sha256 for k in settings.keys)
-        self._tenants = [_tenant(k) for k in settings.keys]
+        self.update(settings)
+
+    def update(self, settings: AuthSettings) -> None:
+        """Accept these keys from now on (SIGHUP); one swap, so no request sees a mix."""
+        self._keys = _Keys(
+            settings.required,
+            Tenant("anonymous", settings.anonymous_priority, "anonymous"),
+            DigestSet(k.sha256 for k in settings.keys),
+            [_tenant(k) for k in settings.keys],
+        )
 
     def authenticate(self, authorization: str | None) -> Tenant:
-        index = self._digests.match_header(authorization)
+        keys = self._keys
+        index = keys.digests.match_header(authorization)
         if index is not None:
-            return self._tenants[index]
+            return keys.tenants[index]
         if bearer_token(authorization) is None:
-            if not self._required:
-                return self._anonymous
+            if not keys.required:
+                return keys.anonymous
             raise AuthenticationFailed(
                 "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key"
             )

@@ -17,7 +17,7 @@ history. So the classifier reads (:func:`read`):
 A logistic model scores it: character n-grams (2-4) of the ask, each present
 n-gram adding its weight scaled by 1/sqrt(n-grams in the ask), plus dense
 features (keyword, structure and context figures computed by compiled regular
-expressions). Weights are fitted by ``geo_router/train_classifier.py`` on the
+expressions). Weights are fitted by ``studies/train_classifier.py`` on the
 train split of ``geo_router/data/difficulty.jsonl`` and shipped in
 ``data/classifier_weights.json``; inference is plain Python over a dict (no
 model hub, no numpy), tens of microseconds a call.

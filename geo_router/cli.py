@@ -1,6 +1,6 @@
 """``geo-router``: serve the router, classify prompts, evaluate the classifier.
 
-geo-router serve --config configs/router.yaml [--host H] [--port P]
+geo-router serve --config configs/router.yaml [--host H] [--port P] [--log-level L] ...
 geo-router classify [--config FILE] < requests.jsonl > difficulties.jsonl
 geo-router eval-classifier [--threshold T]
 """
@@ -17,38 +17,19 @@ from typing import Any, TextIO
 from geo_router import eval_classifier
 from geo_router.classifier import DifficultyClassifier
 from geo_router.settings import RouterSettings
-from servekit.config import ConfigError, load_settings
+from servekit.config import load_settings
+from servekit.serve_cli import Service, add_serve_command, run_command
 
-__all__ = ["classify_lines", "main"]
+__all__ = ["SERVICE", "classify_lines", "main"]
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _create_app(settings: RouterSettings) -> Any:
     from geo_router.app import create_app
-    from servekit.serve import run_service
-    from servekit.tls import ServerTLSSettings
 
-    settings = load_settings(RouterSettings, args.config, host=args.host, port=args.port)
-    app = create_app(settings)
-    front: Any = app.app  # the FastAPI app behind the completion endpoints
+    return create_app(settings)
 
-    def reload() -> ServerTLSSettings | None:
-        """SIGHUP: the certificate files of the file as it is now (API keys need a restart)."""
-        return load_settings(RouterSettings, args.config, host=args.host, port=args.port).tls
 
-    def drain() -> None:
-        front.state.draining = True  # /ready turns 503 while in-flight streams finish
-
-    run_service(
-        app,
-        host=settings.host,
-        port=settings.port,
-        on_drain=drain,
-        log_level=args.log_level,
-        graceful_s=settings.graceful_shutdown_s,
-        tls=settings.tls,
-        on_reload=reload,
-    )
-    return 0
+SERVICE = Service("geo-router", RouterSettings, _create_app, config_required=False)
 
 
 def classify_lines(clf: DifficultyClassifier, lines: TextIO, out: TextIO) -> None:
@@ -82,12 +63,7 @@ def _classify(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="geo-router", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the router")
-    serve.add_argument("--config", type=Path, default=None)
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
-    serve.add_argument("--log-level", default="warning")
-    serve.set_defaults(func=_serve)
+    add_serve_command(sub, SERVICE, help="run the router")
     classify = sub.add_parser("classify", help="JSON lines of request bodies → difficulty")
     classify.add_argument("--config", type=Path, default=None)
     classify.add_argument("--threshold", type=float, default=None)
@@ -95,13 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     evaluate = sub.add_parser("eval-classifier", help="accuracy and latency on held-out data")
     eval_classifier.add_arguments(evaluate)
     evaluate.set_defaults(func=eval_classifier.run)
-    args = parser.parse_args(argv)
-    try:
-        code: int = args.func(args)
-    except ConfigError as exc:
-        print(f"geo-router: {exc}", file=sys.stderr)
-        return 2
-    return code
+    return run_command("geo-router", parser, argv)
 
 
 if __name__ == "__main__":

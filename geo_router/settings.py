@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+import servekit.settings
 from geo_router.limits import LimitsSettings
 from servekit import rtt
 from servekit.config import Section
@@ -16,7 +17,6 @@ from servekit.registry.protocol import Tier
 from servekit.registry.settings import RegistrySettings, StaticEntry
 from servekit.service_auth import check_sha256_hex
 from servekit.service_auth import hash_token as hash_key
-from servekit.tls import ServerTLSSettings
 
 __all__ = [
     "ApiKeySettings",
@@ -30,6 +30,7 @@ __all__ = [
     "RegionSettings",
     "RouterSettings",
     "RoutingSettings",
+    "ServerSettings",
     "TrimSettings",
     "UpstreamSettings",
     "hash_key",
@@ -224,10 +225,24 @@ class PeersSettings(Section):
         return (self.edge if tier == "edge" else self.center) or self.default
 
 
+class ServerSettings(servekit.settings.ServerSettings):
+    """The router's ``server:`` block: the shared one with the router's defaults."""
+
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger bodies get 413.")
+    log_level: servekit.settings.LogLevel = Field(
+        "warning", description="Log level of the service's own logger."
+    )
+
+
+# Keys of the server block that older router files set at the top level.
+_LEGACY_SERVER_KEYS = ("host", "port", "max_body_bytes", "tls", "graceful_shutdown_s")
+
+
 class RouterSettings(Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    max_body_bytes: int = Field(1_000_000, ge=1024)
+    server: ServerSettings = Field(
+        default_factory=ServerSettings,
+        description="Where and how the router listens (older files: these keys at the top).",
+    )
     auth: AuthSettings = Field(default_factory=AuthSettings)
     region: RegionSettings = Field(default_factory=RegionSettings)
     classifier: ClassifierSettings = Field(default_factory=ClassifierSettings)
@@ -243,11 +258,24 @@ class RouterSettings(Section):
         default_factory=PeersSettings,
         description="Credentials and TLS trust for the upstream hop (per tier).",
     )
-    tls: ServerTLSSettings | None = Field(None, description="Serve HTTPS with this certificate.")
     poll_interval_s: float = Field(1.0, gt=0, description="Static probe and KV poll period.")
     traffic: dict[str, dict[str, float]] = Field(
         default_factory=dict,
         description="Static canary shares per model ({model: {version: share}}); KV wins.",
     )
     connect_timeout_s: float = Field(2.0, gt=0)
-    graceful_shutdown_s: float = Field(30.0, ge=0, description="Time for in-flight streams.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_server_keys(cls, data: Any) -> Any:
+        """Files written before the ``server:`` block still load; where a key is in both,
+        ``server:`` wins (it is where a ``serve`` flag such as ``--port`` lands)."""
+        if not isinstance(data, dict) or not any(k in data for k in _LEGACY_SERVER_KEYS):
+            return data
+        data = dict(data)
+        server = dict(data.get("server") or {})
+        for key in _LEGACY_SERVER_KEYS:
+            if key in data:
+                server.setdefault(key, data.pop(key))
+        data["server"] = server
+        return data

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from servekit.config import Section, load_settings
 from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
-from servekit.serve import ServerSecurity
+from servekit.settings import ServerSecurity
 
 __all__ = ["ControllerSettings", "ModelSyncSettings", "PrometheusSettings", "load"]
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
+from servekit.settings import AdmissionSettings
 
 __all__ = ["AdmissionQueue", "Ticket"]
 
@@ -96,6 +97,16 @@ class AdmissionQueue:
         }
         self._grants = 0
         self._service_s: float | None = None  # moving average of how long a slot is held
+
+    @classmethod
+    def from_settings(cls, slots: int, settings: AdmissionSettings) -> AdmissionQueue:
+        """The queue an ``admission:`` block describes, in front of ``slots`` slots."""
+        return cls(
+            slots,
+            settings.max_waiting,
+            batch_every=settings.batch_every,
+            ttft_budget_ms=settings.ttft_budget_ms,
+        )
 
     @property
     def running(self) -> int:

@@ -34,34 +34,16 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from pydantic import Field
 
-from servekit.config import Section
 from servekit.http_protocol import HeadWithBodyProtocol
 from servekit.secrets import RedactingFilter
-from servekit.service_auth import ServiceAuthSettings
 from servekit.tls import ServerTLSSettings, reload_server_context, server_context
 
-__all__ = ["ReloadFn", "ServerSecurity", "run_service"]
+__all__ = ["ReloadFn", "run_service"]
 
 log = logging.getLogger(__name__)
 
 ReloadFn = Callable[[], ServerTLSSettings | None]
-
-
-class ServerSecurity(Section):
-    """Who may call a service and how it is reached: part of its ``server:`` block."""
-
-    auth: ServiceAuthSettings = Field(
-        default_factory=ServiceAuthSettings,
-        description="Service tokens callers must send (tokens_file, tokens_env, sha256); "
-        "none configured: anyone who reaches the port may call.",
-    )
-    tls: ServerTLSSettings | None = Field(None, description="Serve HTTPS with this certificate.")
-
-    def instance_meta(self) -> dict[str, str]:
-        """Catalog meta of an instance served this way (readers build its URL from it)."""
-        return {"scheme": "https"} if self.tls is not None else {}
 
 
 class _Server(uvicorn.Server):

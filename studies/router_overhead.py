@@ -345,7 +345,7 @@ def main() -> int:
     tls_upstream = f"https://127.0.0.1:{tls_port}"
     router = f"http://127.0.0.1:{router_port}"
     config: dict[str, Any] = {
-        "port": router_port,
+        "server": {"port": router_port},
         "auth": {"keys": [{"sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": "b"}]},
         "upstreams": [{"url": upstream, "tier": "edge", "region": "local", "id": "fake"}],
         "region": {"default": "local"},

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
-
+from servekit.engine.llama_lib import llama_cpp
 from servekit.engine.llama_vocab import LlamaVocab
 from servekit.errors import EngineFailure
 

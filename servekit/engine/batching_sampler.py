@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import llama_cpp
 import numpy as np
 
+from servekit.engine.llama_lib import llama_cpp
 from servekit.engine.protocol import SamplingParams
 
 __all__ = ["SamplerChain"]

@@ -151,7 +151,7 @@ class LlamaCppEngine:
 
     def _load(self) -> None:
         try:
-            import llama_cpp
+            from servekit.engine.llama_lib import llama_cpp
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise EngineFailure(f"llama-cpp-python is not installed: {exc}") from None
         s = self.settings

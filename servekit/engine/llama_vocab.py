@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-import llama_cpp
+from servekit.engine.llama_lib import llama_cpp
 
 __all__ = ["LlamaVocab"]
 

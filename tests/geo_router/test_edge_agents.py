@@ -45,7 +45,7 @@ def fleet(
         port = free_port()
         cfg = tmp_path_factory.mktemp("router") / "router.yaml"
         data = settings.model_dump(mode="json")
-        data["port"] = port
+        data["server"]["port"] = port
         cfg.write_text(json.dumps(data))
         router_url = f"http://127.0.0.1:{port}"
         stack.enter_context(

@@ -124,7 +124,7 @@ def test_local_topology_config_is_valid_and_renders_edge_settings(tmp_path: Path
 @pytest.mark.parametrize(
     ("service", "module", "model", "port_field"),
     [
-        ("router", "geo_router.settings", "RouterSettings", "port"),
+        ("router", "geo_router.settings", "RouterSettings", "server.port"),
         ("center", "central.settings", "CentralSettings", "server.port"),
     ],
 )

@@ -73,7 +73,7 @@ async def edge(
     agent = app.state.agent
     reconciler = Reconciler.from_settings(
         ReconcilerSettings(model_dir=root / node, watch_timeout_s=0.3, report_interval_s=0.3),
-        agent.registry,
+        agent.registration.registry,
         node,
         agent.swap_model,
         model="smollm2",

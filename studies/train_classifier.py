@@ -1,11 +1,11 @@
 """Fit the classifier's weights on the train split of the labelled set.
 
-    python -m geo_router.train_classifier [--out geo_router/data/classifier_weights.json]
+    python -m studies.train_classifier [--out geo_router/data/classifier_weights.json]
 
 Logistic regression with L2 over the classifier's own features
 (``geo_router.classifier``: character n-grams of the ask, dense context
-figures), full-batch gradient descent with Adam in NumPy (a development
-dependency: inference needs none). The L2 strength is chosen by 3-fold
+figures), full-batch gradient descent with Adam in NumPy (the `tools` extra; the
+router's inference needs none). The L2 strength is chosen by 3-fold
 cross-validation on the train split; the held-out split is never read, so
 ``eval_classifier`` reports an honest figure. N-grams seen in fewer than
 ``--min-count`` train examples get no weight.

@@ -1,0 +1,168 @@
+"""The one ``serve`` command of every service, its flags generated from the settings model.
+
+A service describes itself once as a :class:`Service` (its settings model and
+how to build its app); :func:`add_serve_command` gives its CLI a ``serve``
+subcommand with ``--config`` and one flag per plain field of the settings'
+``server:`` and ``instance:`` blocks (``--port`` sets ``server.port``,
+``--region`` sets ``instance.region``; help from the field's description).
+
+The app :func:`serve` runs is built by the service's ``create_app`` and
+carries :class:`ServiceHooks` on ``app.state.hooks``: what draining means
+for it (called on SIGTERM before connections close) and what a reload
+applies live. On SIGHUP the settings file is read again with the same flags
+and handed to ``reload`` (API keys, service tokens), and the certificates it
+names are loaded into the listening socket (:mod:`servekit.serve`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar, cast
+
+from pydantic import BaseModel
+
+from servekit.config import ConfigError, load_settings
+from servekit.settings import ServerSettings
+from servekit.tls import ServerTLSSettings
+
+__all__ = [
+    "FLAG_BLOCKS",
+    "Service",
+    "ServiceHooks",
+    "ServiceSettings",
+    "add_serve_command",
+    "run_command",
+    "serve",
+    "serve_overrides",
+]
+
+# The blocks whose plain fields become flags of ``serve``.
+FLAG_BLOCKS = ("server", "instance")
+
+
+class ServiceSettings(Protocol):
+    """A service's settings tree: it has a ``server:`` block."""
+
+    @property
+    def server(self) -> ServerSettings: ...
+
+
+S = TypeVar("S", bound=ServiceSettings)
+
+
+@dataclass
+class ServiceHooks:
+    """What the kit calls on a running service: ``drain`` (SIGTERM, before connections
+    close) and ``reload`` (SIGHUP, with the settings file as it is now)."""
+
+    drain: Callable[[], None]
+    reload: Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class Service(Generic[S]):
+    """One service as its CLI serves it."""
+
+    name: str
+    settings: type[S]
+    create_app: Callable[[S], Any]
+    config_required: bool = True
+    graceful_s: Callable[[S], float] = lambda settings: settings.server.graceful_shutdown_s
+
+
+def _flag_type(annotation: Any) -> tuple[Callable[[str], Any] | None, list[Any] | None]:
+    """(argparse type, choices) for a plain field; (None, None) for anything else."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return str, list(typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _flag_type(args[0])
+    if annotation in (str, int, float):
+        return cast(Callable[[str], Any], annotation), None
+    return None, None
+
+
+def add_serve_command(
+    sub: Any, service: Service[Any], help: str = "run the service"
+) -> argparse.ArgumentParser:
+    """Add ``serve`` to a CLI's subparsers: ``--config`` and the generated flags."""
+    parser: argparse.ArgumentParser = sub.add_parser("serve", help=help)
+    parser.add_argument(
+        "--config", type=Path, required=service.config_required, help="YAML settings file"
+    )
+    for block in FLAG_BLOCKS:
+        field = cast(type[BaseModel], service.settings).model_fields.get(block)
+        model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        for name, spec in model.model_fields.items():
+            kind, choices = _flag_type(spec.annotation)
+            if kind is None:
+                continue
+            about = (spec.description or "").rstrip(".")
+            parser.add_argument(
+                "--" + name.replace("_", "-"),
+                dest=f"{block}.{name}",
+                type=kind,
+                choices=choices,
+                default=None,
+                help=f"{about} (sets {block}.{name})",
+            )
+    parser.set_defaults(func=lambda args: serve(service, args))
+    return parser
+
+
+def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The dotted settings keys the generated flags set (unset flags are None: skipped)."""
+    return {key: value for key, value in vars(args).items() if "." in key}
+
+
+def serve(service: Service[S], args: argparse.Namespace) -> int:
+    """Load the settings, build the app, run it until a signal stops it."""
+    from servekit.serve import run_service
+
+    overrides = serve_overrides(args)
+
+    def load() -> S:
+        model = cast(type[BaseModel], service.settings)
+        return cast(S, load_settings(model, args.config, **overrides))
+
+    settings = load()
+    app = service.create_app(settings)
+    hooks: ServiceHooks = app.state.hooks
+
+    def reload() -> ServerTLSSettings | None:
+        fresh = load()
+        hooks.reload(fresh)
+        return fresh.server.tls
+
+    server = settings.server
+    run_service(
+        app,
+        host=server.host,
+        port=server.port,
+        on_drain=hooks.drain,
+        log_level=server.log_level,
+        graceful_s=service.graceful_s(settings),
+        tls=server.tls,
+        on_reload=reload,
+    )
+    return 0
+
+
+def run_command(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv``, run the chosen subcommand; a bad settings file exits 2 with its message."""
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    return code

@@ -1,0 +1,96 @@
+"""The settings blocks every service shares: ``server:``, ``instance:``, ``admission:``.
+
+Router, edge agent and central gateway read the same block shapes; a service
+subclasses a block only to give it other defaults (its port, its queue). The
+``serve`` command's flags are generated from the ``server:`` and
+``instance:`` blocks (:mod:`servekit.serve_cli`), so a field added here is a
+flag everywhere.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import Field
+
+from servekit.config import Section
+from servekit.service_auth import ServiceAuthSettings
+from servekit.tls import ServerTLSSettings
+
+__all__ = [
+    "AdmissionSettings",
+    "InstanceSettings",
+    "LogLevel",
+    "ServerSecurity",
+    "ServerSettings",
+    "ServiceServerSettings",
+    "advertised_address",
+]
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class ServerSecurity(Section):
+    """Who may call a service and how it is reached: service tokens and TLS."""
+
+    auth: ServiceAuthSettings = Field(
+        default_factory=ServiceAuthSettings,
+        description="Service tokens callers must send (tokens_file, tokens_env, sha256); "
+        "none configured: anyone who reaches the port may call.",
+    )
+    tls: ServerTLSSettings | None = Field(None, description="Serve HTTPS with this certificate.")
+
+    def instance_meta(self) -> dict[str, str]:
+        """Catalog meta of an instance served this way (readers build its URL from it)."""
+        return {"scheme": "https"} if self.tls is not None else {}
+
+
+class ServerSettings(Section):
+    """Where and how a service listens (``server:``); the router's block."""
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger bodies get 413.")
+    graceful_shutdown_s: float = Field(30.0, ge=0, description="Time to finish in-flight work.")
+    log_level: LogLevel = Field("info", description="Log level of the service's own logger.")
+    tls: ServerTLSSettings | None = Field(None, description="Serve HTTPS with this certificate.")
+
+
+class ServiceServerSettings(ServerSettings, ServerSecurity):
+    """The ``server:`` block of a service called by other services (edge, center):
+    it also takes service tokens."""
+
+
+class InstanceSettings(Section):
+    """Who this instance is in the fleet registry (``instance:``)."""
+
+    id: str = Field(default_factory=socket.gethostname, description="Unique instance id.")
+    region: str = Field("local", min_length=1, description="Region this instance serves.")
+    advertise_address: str | None = Field(
+        None, description="Address others reach this instance at (default: server.host)."
+    )
+
+
+class AdmissionSettings(Section):
+    """The bounded two-priority queue in front of an engine (``admission:``)."""
+
+    max_waiting: int = Field(16, ge=0, description="Requests that may wait; more get 429.")
+    batch_every: int = Field(
+        4, ge=1, description="One grant in N goes to waiting batch work, so it is never starved."
+    )
+    ttft_budget_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Refuse at once (429) a request whose predicted wait exceeds this; "
+        "none: only a full queue refuses.",
+    )
+
+
+def advertised_address(instance: InstanceSettings, server: ServerSettings) -> str:
+    """The address the registry gives others: the advertised one, else the bound host,
+    else (bound to every interface) this machine's name."""
+    address = instance.advertise_address or server.host
+    if address in ("0.0.0.0", "::", ""):
+        address = socket.gethostname()
+    return address

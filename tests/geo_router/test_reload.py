@@ -1,0 +1,71 @@
+"""SIGHUP makes a running router accept the API keys its settings file lists now.
+
+A real ``geo-router serve`` process: the new key is refused before the
+reload and accepted after it, the removed one the other way round, and a
+file that no longer loads changes nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from geo_router.settings import hash_key
+from hybrid_llm.local.servers import free_port, service_process
+from tests.geo_router.conftest import serve_fake, upstream
+from tests.geo_router.fake_upstream import Behavior
+
+OLD, NEW = "sk-reload-old", "sk-reload-new"
+
+
+def _config(path: Path, up: str, keys: list[str], port: int) -> None:
+    data: dict[str, Any] = {
+        # The listening block the old way (top level) and a flag on top (--log-level).
+        "host": "127.0.0.1",
+        "port": port,
+        "auth": {"keys": [{"sha256": hash_key(k), "tenant": k} for k in keys]},
+        "upstreams": [upstream(up)],
+        "poll_interval_s": 0.2,
+    }
+    path.write_text(yaml.safe_dump(data))
+
+
+def _status(url: str, key: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.get(url + "/v1/models", headers=headers, timeout=5).status_code
+
+
+def _until(url: str, key: str, status: int) -> int:
+    deadline = time.monotonic() + 10
+    got = _status(url, key)
+    while got != status and time.monotonic() < deadline:
+        time.sleep(0.1)
+        got = _status(url, key)
+    return got
+
+
+def test_sighup_reloads_the_api_keys(tmp_path: Path) -> None:
+    cfg = tmp_path / "router.yaml"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serve_fake(Behavior()) as up:
+        _config(cfg, up, [OLD], port)
+        args = ["geo_router", "serve", "--config", str(cfg), "--log-level", "info"]
+        with service_process(args, url) as proc:
+            assert (_status(url, OLD), _status(url, NEW)) == (200, 401)
+
+            _config(cfg, up, [NEW], port)
+            proc.send_signal(signal.SIGHUP)
+            assert _until(url, NEW, 200) == 200
+            assert _status(url, OLD) == 401
+
+            cfg.write_text("auth: {keys: [{sha256: not-hex, tenant: x}]}\n")
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.5)
+            assert (_status(url, NEW), _status(url, OLD)) == (200, 401)
+            assert proc.poll() is None
