@@ -252,6 +252,7 @@ class Attempt:
         if not self._release():
             return
         response, chunks = self._response, self._chunks
+        self._response = None
         if response is None or chunks is None:
             return
         try:
@@ -276,8 +277,9 @@ class Attempt:
         self._close()
 
     def _close(self) -> None:
-        if self._response is not None:
-            self._response.close()
+        response, self._response = self._response, None
+        if response is not None:
+            response.close()
 
     def _release(self) -> bool:
         if self._ended:
