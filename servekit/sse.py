@@ -163,7 +163,7 @@ class EventReader:
 
 def event_error(event: dict[str, Any]) -> ServeError | None:
     """The error an OpenAI error event carries (``None``: not one)."""
-    if isinstance(event.get("error"), dict):
+    if event.get("error"):
         return error_from_body(502, event)
     return None
 
