@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from fastapi import FastAPI
 
+from geo_router.attempt import Routing
 from geo_router.auth import Authenticator, RateLimiter
 from geo_router.catalog import (
     CandidateSource,
@@ -29,7 +30,6 @@ from geo_router.catalog import (
 from geo_router.classifier import DifficultyClassifier
 from geo_router.completions import route_completion
 from geo_router.continuation import Kind
-from geo_router.http_client import UpstreamPool
 from geo_router.limits import build_buckets
 from geo_router.membership import Membership
 from geo_router.metrics import RouterMetrics
@@ -39,7 +39,6 @@ from geo_router.peers import PeerBook
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
 from geo_router.region import RegionResolver, open_geoip
-from geo_router.routed import Routing
 from geo_router.routes import explain_router
 from geo_router.scoring import Scorer
 from geo_router.settings import RouterSettings
@@ -48,6 +47,7 @@ from geo_router.tracker import Tracker
 from servekit.api.service import create_service_app
 from servekit.asgi import DisconnectWatch, Scope, Send
 from servekit.errors import NotReady, ServeError
+from servekit.http_client import UpstreamPool
 from servekit.serve_cli import ServiceHooks
 
 __all__ = ["RouterState", "create_app"]

@@ -50,10 +50,10 @@ async def route_completion(
             pass
     finally:
         await stream.aclose()
-    if stream.state.error is not None:
-        raise stream.state.error
+    if stream.transcript.error is not None:
+        raise stream.transcript.error
     watch.finish()
-    await send_json(send, 200, assemble(stream.state), route_headers)
+    await send_json(send, 200, assemble(stream.transcript), route_headers)
 
 
 async def _stream(

@@ -1,32 +1,38 @@
-"""What a relayed stream has said so far, and how to continue it elsewhere.
+"""What a routed answer has said so far, and splicing a continuation into it.
 
-When an upstream dies mid-stream, the answer goes on from the partial text
-on another instance, by ``servekit.continuation``'s rule (the one the central
-gateway follows too): the partial text ends the prompt, and ``max_tokens``
-shrinks by the tokens already sent, counted from the upstream's usage and
-token ids. The continuation's chunks are rewritten to the original stream's
-id, model and created time (and its usage to the whole answer's) so the
-client sees one well-formed stream.
+A :class:`Transcript` belongs to one routed stream (``geo_router.routed``).
+Passed-through events are kept raw and parsed only when someone asks (a
+continuation, a non-streamed answer). When an upstream dies mid-stream the
+answer goes on elsewhere from :meth:`Transcript.partial` (the request is
+extended by ``geo_router.request.continued``); the continuation's chunks are
+rewritten to the original stream's id, model and created time (and its usage
+to the whole answer's) so the client sees one well-formed stream.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servekit.continuation import TokenCount, continued_messages, continued_prompt, tokens_left
+from servekit.continuation import TokenCount
 from servekit.errors import ServeError
-from servekit.sse import DONE, SSEDecoder, encode_data
+from servekit.sse import DONE_FRAME, EventReader, encode_data
 
-__all__ = ["Kind", "StreamState", "assemble", "continuation_body"]
+__all__ = ["Kind", "Partial", "Transcript", "assemble"]
 
 Kind = Literal["chat", "completion"]
 
 
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """What the client already has of the answer."""
+
+    text: str
+    tokens: int  # completion tokens, as the upstream counted them
+
+
 @dataclass(slots=True)
-class StreamState:
+class Transcript:
     kind: Kind
     id: str | None = None
     model: str | None = None
@@ -49,15 +55,13 @@ class StreamState:
             return
         data = b"".join(self.raw)
         self.raw.clear()
-        for chunk in SSEDecoder().feed(data):
-            if chunk == DONE:
-                continue
-            try:
-                event = json.loads(chunk)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                self.observe(event)
+        for event in EventReader().parse(data):
+            self.observe(event)
+
+    def partial(self) -> Partial:
+        """What the client has so far: the text and its completion tokens."""
+        self.sync()
+        return Partial(self.text, self.tokens)
 
     @property
     def text(self) -> str:
@@ -95,6 +99,13 @@ class StreamState:
         reason = choice.get("finish_reason")
         if isinstance(reason, str):
             self.finish_reason = reason
+
+    def splice_events(self, complete: bytes, sent_before: int) -> bytes:
+        """A continuation's complete events as frames of the original stream."""
+        reader = EventReader()
+        frames = [self.splice(event, sent_before) for event in reader.parse(complete)]
+        out = b"".join(f for f in frames if f)
+        return out + DONE_FRAME if reader.done else out
 
     def splice(self, event: dict[str, Any], sent_before: int) -> bytes | None:
         """A continuation's event as a frame of the original stream, observed as
@@ -153,31 +164,7 @@ class StreamState:
         )
 
 
-def continuation_body(body: dict[str, Any], state: StreamState) -> dict[str, Any] | None:
-    """The request that resumes ``body`` after ``state``; ``None`` if the budget is spent."""
-    state.sync()
-    out = copy.deepcopy(body)
-    for key in ("max_completion_tokens", "max_tokens"):
-        limit = out.get(key)
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            left = tokens_left(limit, state.tokens)
-            if left == 0:
-                return None
-            out[key] = left
-    partial = state.text
-    if not partial:
-        return out  # nothing reached the client yet: a plain retry
-    if state.kind == "chat":
-        continuing = out.get("continue_final_message") is True
-        out["messages"] = continued_messages(out["messages"], partial, continuing=continuing)
-        out["continue_final_message"] = True
-        out["add_generation_prompt"] = False
-    else:
-        out["prompt"] = continued_prompt(out["prompt"], partial)
-    return out
-
-
-def assemble(state: StreamState) -> dict[str, Any]:
+def assemble(state: Transcript) -> dict[str, Any]:
     """The non-streamed response equivalent to a finished stream."""
     state.sync()
     reason = state.finish_reason or "stop"

@@ -1,59 +1,39 @@
-"""One attempt at one candidate: acquired, judged and released exactly once.
+"""The one dispatch loop: the first primed attempt of a try order.
 
-An :class:`Attempt` takes the candidate's in-flight slot when it is made and
-gives it back through exactly one verdict: :meth:`~Attempt.failed` (it never
-primed), :meth:`~Attempt.finished` (the stream ended), :meth:`~Attempt.broke`
-(it died mid-stream) or :meth:`~Attempt.abandon` (a lost hedge, a client that
-left). ``geo_router.routed`` decides which attempts to make; the tracker
-bookkeeping of each is here and nowhere else.
+:func:`first_primed` tries a plan's candidates in order, one
+:class:`~geo_router.attempt.Attempt` each, and returns the first to prime
+(200 and a first token). Everything before the first byte happens in this
+one loop:
 
-Two refusals move on without counting as failures: a 429 (the instance is
-busy: it ranks last for ``shed_backoff_s``, its circuit stays closed) and a
-``context_length_exceeded`` 400 (the request is too long *there*: only
-candidates with a larger context window are tried after it).
+* an attempt that fails moves on to the next candidate (a non-retryable
+  error ends the loop; a ``context_length_exceeded`` skips every candidate
+  whose window is no larger);
+* an attempt that misses its first-token deadline is cut, while anybody is
+  left to try; the last one waits for the whole request's timeout;
+* without a hedge, an attempt is awaited in place (a task costs about 0.1 ms
+  on the cold caches a request usually meets); with one, attempts are tasks;
+* a hedge is a second attempt started after a delay (the instance's recent
+  P95 TTFT) while the first is still waiting; the first to prime wins and the
+  other is abandoned;
+* a continuation (``geo_router.routed``) is a re-plan of the extended
+  request through this same loop.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
+import time
 from collections.abc import Sequence
-from typing import Any
 
+from geo_router.attempt import Attempt, Routing
+from geo_router.request import RouteRequest
 from geo_router.scoring import Scored
-from geo_router.settings import HedgeSettings, RoutingSettings
+from geo_router.settings import HedgeSettings
 from geo_router.tracker import Tracker
-from geo_router.upstream import Primed
-from servekit.errors import (
-    ContextLengthExceeded,
-    RateLimited,
-    ServeError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-)
+from servekit.errors import ContextLengthExceeded, NotReady, ServeError
 
-__all__ = [
-    "Attempt",
-    "after_overflow",
-    "first_token_deadline_s",
-    "hedge_delay_s",
-    "larger_window",
-    "payload",
-]
-
-
-def first_token_deadline_s(routing: RoutingSettings, cand: Scored, last: bool = False) -> float:
-    """How long an attempt at ``cand`` may wait for its first token: the fixed
-    deadline, or a multiple of what the planner predicted there when that is
-    longer (a long prompt's prefill), never past the whole request's timeout.
-
-    The ``last`` candidate of the try order waits for the whole timeout (the
-    upstream's silence is still cut at ``idle_timeout_s``): the deadline is
-    there to fail over, and with nobody left, cutting an instance that admitted
-    the request would turn a slow answer into a 504."""
-    if last:
-        return routing.request_timeout_s
-    predicted = routing.ttft_deadline_factor * cand.predicted_ms / 1000.0
-    return min(max(routing.ttft_deadline_s, predicted), routing.request_timeout_s)
+__all__ = ["first_primed", "hedge_delay_s", "larger_window"]
 
 
 def hedge_delay_s(hedge: HedgeSettings, tracker: Tracker, cand: Scored) -> float:
@@ -71,95 +51,110 @@ def larger_window(failed: Scored, cand: Scored) -> bool:
     return failed.tier == "edge" and cand.tier == "center"
 
 
-def after_overflow(cands: Sequence[Scored], nxt: int, failed: Scored) -> list[Scored]:
-    """The try order after ``failed`` overflowed: untried ones with a larger window only."""
-    return [*cands[:nxt], *(c for c in cands[nxt:] if larger_window(failed, c))]
+async def first_primed(
+    routing: Routing, req: RouteRequest, plan: Sequence[Scored], *, hedge: bool
+) -> tuple[Attempt, bool]:
+    """The first attempt of ``plan`` to prime, and whether it is a winning hedge.
+
+    Raises the last attempt's error when none primes (at once for an error no
+    other instance would answer differently)."""
+    if not plan:
+        raise NotReady("no healthy upstream can serve this request", retry_after=1)
+    settings, metrics = routing.settings, routing.metrics
+    hedge = hedge and len(plan) > 1
+    order, nxt, hedged = list(plan), 0, False
+    racing: dict[asyncio.Task[None], Attempt] = {}
+    last_err: ServeError | None = None
+
+    def launch() -> None:
+        nonlocal nxt
+        attempt = Attempt(routing, req, order[nxt], nxt)
+        racing[asyncio.create_task(attempt.prime())] = attempt
+        nxt += 1
+
+    def judge(attempt: Attempt, exc: BaseException) -> None:
+        nonlocal order, last_err
+        last_err = attempt.failed(exc)  # raises when nobody else may try
+        if isinstance(last_err, ContextLengthExceeded):
+            # Only untried candidates with a larger window may hold it.
+            cand = attempt.cand
+            order = [*order[:nxt], *(c for c in order[nxt:] if larger_window(cand, c))]
+
+    try:
+        while True:
+            if not racing:
+                if nxt >= len(order):
+                    assert last_err is not None
+                    raise last_err
+                if not hedge:
+                    # Nothing can race it: awaited in place, its deadline as a timeout
+                    # while somebody is left (no task to schedule on the hot path).
+                    attempt = Attempt(routing, req, order[nxt], nxt)
+                    nxt += 1
+                    left = nxt < len(order)
+                    try:
+                        async with asyncio.timeout(
+                            attempt.deadline - time.perf_counter() if left else None
+                        ) as timer:
+                            await attempt.prime()
+                    except Exception as failure:
+                        if timer.expired():
+                            last_err = attempt.missed()
+                        else:
+                            judge(attempt, failure)
+                        continue
+                    except BaseException:  # cancelled: the client went away
+                        await attempt.abandon()
+                        raise
+                    attempt.won()
+                    return attempt, False
+                launch()
+            timers: list[float] = []
+            if nxt < len(order):  # somebody is left: deadlines and the hedge apply
+                timers += [a.deadline for a in racing.values()]
+                if hedge and not hedged and len(racing) == 1:
+                    (only,) = racing.values()
+                    timers.append(
+                        only.started + hedge_delay_s(settings.hedge, routing.tracker, only.cand)
+                    )
+            timeout = None if not timers else max(0.0, min(timers) - time.perf_counter())
+            done, _ = await asyncio.wait(
+                racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                now = time.perf_counter()
+                late = [(t, a) for t, a in racing.items() if now >= a.deadline]
+                for task, attempt in late:  # missed its first token: move on
+                    del racing[task]
+                    await _cancelled(task)
+                    last_err = attempt.missed()
+                if not late:
+                    hedged = True
+                    metrics.hedges.labels("started").inc()
+                    launch()
+                continue
+            winner: Attempt | None = None
+            for task in done:
+                attempt = racing.pop(task)
+                exc = task.exception()
+                if exc is not None:
+                    judge(attempt, exc)
+                elif winner is None:
+                    winner = attempt
+                    attempt.won()
+                else:  # a tie: keep the first, drop the other
+                    await attempt.abandon()
+            if winner is not None:
+                if hedged:
+                    metrics.hedges.labels("won" if winner.index > 0 else "lost").inc()
+                return winner, hedged and winner.index > 0
+    finally:
+        for task, attempt in racing.items():
+            await _cancelled(task)
+            await attempt.abandon()
 
 
-def payload(body: dict[str, Any], cand: Scored) -> bytes:
-    """The request body as ``cand`` gets it: its model name, its trimmed messages."""
-    out = dict(body)
-    out["model"] = cand.state.info.model
-    if cand.trim is not None and "messages" in out:
-        out["messages"] = cand.trim.messages
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def cause(err: ServeError) -> str:
-    """The ``cause`` label of a fallback."""
-    if isinstance(err, ContextLengthExceeded):
-        return "context_length"
-    if isinstance(err, UpstreamTimeout):
-        return "timeout"
-    if isinstance(err, UpstreamUnavailable):
-        return "unavailable"
-    if isinstance(err, RateLimited):
-        return "rate_limited"
-    return "error"
-
-
-class Attempt:
-    """``cand``'s in-flight slot from creation until its one verdict."""
-
-    __slots__ = ("_ended", "_tracker", "cand", "index", "primed")
-
-    def __init__(self, tracker: Tracker, cand: Scored, index: int) -> None:
-        self._tracker = tracker
-        self.cand = cand
-        self.index = index  # its place in the try order
-        self.primed: Primed | None = None
-        self._ended = False
-        tracker.acquire(cand.id)
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    def won(self, primed: Primed) -> None:
-        """It primed first: the TTFT counts; the slot stays taken while it streams."""
-        self.primed = primed
-        self._tracker.success(self.cand.id, primed.ttft_s * 1000.0)
-
-    def failed(self, err: ServeError, shed_backoff_s: float) -> bool:
-        """It never primed; whether the next candidate may be tried."""
-        if not self._release():
-            return True
-        iid = self.cand.id
-        if isinstance(err, ContextLengthExceeded):
-            self._tracker.abandoned(iid)
-            return True
-        if not err.retryable:
-            self._tracker.abandoned(iid)
-            return False
-        if isinstance(err, RateLimited):
-            self._tracker.refused(iid, shed_backoff_s)
-        else:
-            self._tracker.failure(iid)
-        return True
-
-    async def finished(self) -> None:
-        """The stream ended well: read its tail so the connection is reused."""
-        if self._release() and self.primed is not None:
-            await self.primed.finish()
-
-    async def broke(self) -> None:
-        """It died mid-stream: a failure of the instance."""
-        if self._release():
-            self._tracker.failure(self.cand.id)
-            if self.primed is not None:
-                await self.primed.aclose()
-
-    async def abandon(self, primed: Primed | None = None) -> None:
-        """Ended without a verdict (a lost hedge or tie, a client that left)."""
-        primed = primed or self.primed
-        if self._release():
-            self._tracker.abandoned(self.cand.id)
-        if primed is not None:
-            await primed.aclose()
-
-    def _release(self) -> bool:
-        if self._ended:
-            return False
-        self._ended = True
-        self._tracker.release(self.cand.id)
-        return True
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from geo_router.attempt import Routing
 from geo_router.auth import Authenticator, RateLimiter
 from geo_router.bodycheck import validated_body
 from geo_router.classifier import DifficultyClassifier
@@ -23,7 +24,7 @@ from geo_router.conversation import estimate_prompt_tokens
 from geo_router.metrics import RouterMetrics
 from geo_router.planner import Decision, Planner
 from geo_router.region import RegionResolver
-from geo_router.routed import RouteRequest, Routing
+from geo_router.request import RouteRequest
 from geo_router.settings import RouterSettings
 from geo_router.tracker import Tracker
 from servekit.errors import ServeError
@@ -93,15 +94,11 @@ async def intake(
     user = body.get("user")
     sticky = user if isinstance(user, str) and user else req_id
     decision = state.planner.plan(body, region, sticky)
-    upstream = dict(body)
-    upstream["stream"] = True
-    if not body["stream"]:
-        upstream["stream_options"] = {"include_usage": True}
     up_headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
         "x-priority": tenant.priority,
         "x-request-id": req_id,
     }
-    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, upstream)
+    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived)
     return Intake(req, decision)

@@ -76,19 +76,25 @@ class Tracker:
                 del self._stats[iid]
 
     def available(self, instance_id: str, now: float | None = None) -> bool:
-        """May a request go there now? (A half-open circuit admits one probe at a time.)"""
-        s = self.stats(instance_id)
-        now = time.monotonic() if now is None else now
-        if s.circuit is Circuit.OPEN and now - s.opened_at >= s.open_for:
-            s.circuit = Circuit.HALF_OPEN
-            s.probing = False
+        """May a request go there now? A pure read (``/v1/route/explain`` asks too):
+        an open circuit past its open time admits one probe, and only the probe's
+        :meth:`acquire` turns it half-open."""
+        s = self._stats.get(instance_id)
+        if s is None:
+            return True
         if s.circuit is Circuit.OPEN:
-            return False
+            now = time.monotonic() if now is None else now
+            return now - s.opened_at >= s.open_for
         return not (s.circuit is Circuit.HALF_OPEN and s.probing)
 
-    def acquire(self, instance_id: str) -> None:
+    def acquire(self, instance_id: str, now: float | None = None) -> None:
+        """A request goes there; through an open circuit past its time, it is the probe."""
         s = self.stats(instance_id)
         s.inflight += 1
+        if s.circuit is Circuit.OPEN:
+            now = time.monotonic() if now is None else now
+            if now - s.opened_at >= s.open_for:
+                s.circuit = Circuit.HALF_OPEN
         if s.circuit is Circuit.HALF_OPEN:
             s.probing = True
 

@@ -13,15 +13,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from servekit.errors import ServeError
+from servekit.errors import ServeError, UpstreamError, error_from_body
 
 __all__ = [
     "DONE",
     "DONE_FRAME",
+    "EventReader",
     "SSEDecoder",
     "aiter_events",
     "encode_data",
     "encode_error",
+    "event_error",
 ]
 
 DONE = "[DONE]"
@@ -96,6 +98,74 @@ class SSEDecoder:
         if field == "data":
             self._data.append(value)
         return None
+
+
+class EventReader:
+    """The JSON events of one OpenAI stream, fed its raw bytes as they arrive.
+
+    :meth:`split` cuts the complete events off what arrived (a relay forwards
+    them untouched, never half an event); :meth:`parse` decodes complete
+    events into JSON objects; :meth:`feed` does both. :attr:`done` turns true
+    at ``[DONE]``. An event that is not a JSON object is skipped, or raises
+    :class:`~servekit.errors.UpstreamError` with ``strict``. The router's
+    relay, its continuation, the central gateway's HTTP engine and the bench
+    client all read streams with it.
+    """
+
+    __slots__ = ("_decoder", "_pending", "done", "strict")
+
+    def __init__(self, *, strict: bool = False) -> None:
+        self._decoder = SSEDecoder()
+        self._pending = b""
+        self.strict = strict
+        self.done = False
+
+    def split(self, chunk: bytes) -> bytes:
+        """The complete events among what arrived so far (the rest waits)."""
+        buffer = self._pending + chunk if self._pending else chunk
+        cut = max(buffer.rfind(b"\n\n") + 2, buffer.rfind(b"\r\n\r\n") + 4)
+        if cut < 2:
+            self._pending = buffer
+            return b""
+        self._pending = buffer[cut:]
+        return buffer[:cut]
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes of an event not complete yet."""
+        return self._pending
+
+    def parse(self, complete: bytes) -> list[dict[str, Any]]:
+        """The JSON objects of complete events (``[DONE]`` sets :attr:`done`)."""
+        out: list[dict[str, Any]] = []
+        for data in self._decoder.feed(complete):
+            if data == DONE:
+                self.done = True
+                continue
+            try:
+                obj = json.loads(data)
+            except ValueError:
+                if self.strict:
+                    raise UpstreamError(f"upstream sent a malformed event: {data[:80]!r}") from None
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        return self.parse(self.split(chunk))
+
+    def flush(self) -> list[dict[str, Any]]:
+        """End of stream: an event without its closing blank line still counts."""
+        rest, self._pending = self._pending, b""
+        return self.parse(rest + b"\n\n") if rest.strip() else []
+
+
+def event_error(event: dict[str, Any]) -> ServeError | None:
+    """The error an OpenAI error event carries (``None``: not one)."""
+    if event.get("error"):
+        return error_from_body(502, event)
+    return None
 
 
 async def aiter_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:

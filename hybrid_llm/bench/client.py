@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from servekit.sse import DONE, SSEDecoder
+from servekit.sse import EventReader
 
 __all__ = ["RequestRecord", "send_streaming"]
 
@@ -112,15 +112,10 @@ async def send_streaming(
                     except ValueError:
                         record.retry_after = None
                 return record
-            decoder = SSEDecoder()
-            done = False
+            reader = EventReader()
             async for chunk in response.aiter_bytes():
                 now = time.perf_counter()
-                for data in decoder.feed(chunk):
-                    if data == DONE:
-                        done = True
-                        continue
-                    event = json.loads(data)
+                for event in reader.feed(chunk):
                     if "error" in event:
                         record.error = f"stream error: {event['error'].get('message', event)}"
                         continue
@@ -143,7 +138,7 @@ async def send_streaming(
                         record.itl.append(now - last)
                     last = now
             record.e2e = time.perf_counter() - t0
-            if not done and record.error is None:
+            if not reader.done and record.error is None:
                 record.error = "stream ended without [DONE]"
     except httpx.HTTPError as exc:
         record.error = f"{type(exc).__name__}: {exc}"

@@ -3,8 +3,9 @@
 vLLM (``vllm serve``), TensorRT-LLM (``trtllm-serve``), llama.cpp's server
 and this project's own edge agent and central gateway all qualify. Every
 request is sent streaming with ``include_usage`` so token accounting comes
-from the upstream itself. :func:`translate_httpx_error` is the one place
-where httpx failures become project errors.
+from the upstream itself. Failures, error answers and events are read as
+everywhere else (``servekit.transport.map_failure``,
+``servekit.transport.error_from_response``, ``servekit.sse.EventReader``).
 
 Load is learned by a :class:`LoadProbe` polled in the background: by default
 the project's ``/load`` JSON; the central tier plugs in probes that scrape
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
@@ -32,23 +32,16 @@ from servekit.engine.protocol import (
     Priority,
     TextDelta,
 )
-from servekit.errors import (
-    ServeError,
-    UpstreamError,
-    UpstreamRejected,
-    error_from_body,
-    parse_retry_after,
-    upstream_failure,
-)
+from servekit.errors import UpstreamError, UpstreamRejected
 from servekit.peers import PeerCredentials, async_client
-from servekit.sse import DONE, SSEDecoder
+from servekit.sse import EventReader, event_error
+from servekit.transport import error_from_response, map_failure
 
 __all__ = [
     "LoadProbe",
     "OpenAIHTTPEngine",
     "OpenAIHTTPSettings",
     "probe_load_json",
-    "translate_httpx_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,17 +67,6 @@ class OpenAIHTTPSettings(BaseModel):
         description="The upstream answers its own failures with 400 too (trtllm-serve): "
         "a 400 is retried elsewhere before it is blamed on the request.",
     )
-
-
-def translate_httpx_error(exc: httpx.HTTPError, where: str) -> ServeError:
-    """The single mapping from httpx failures to the project's errors."""
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return upstream_failure("connect", where, str(exc))
-    if isinstance(exc, httpx.TimeoutException):
-        return upstream_failure("timeout", where, type(exc).__name__)
-    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
-        return upstream_failure("broken", where, str(exc))
-    return UpstreamError(f"{where} failed: {type(exc).__name__}: {exc}")
 
 
 async def probe_load_json(client: httpx.AsyncClient, base_url: str) -> LoadReport:
@@ -235,56 +217,36 @@ class OpenAIHTTPEngine:
             ) as resp:
                 if resp.status_code != 200:
                     raw = await resp.aread()
-                    error = _error_from_response(
-                        resp.status_code, raw, parse_retry_after(resp.headers.get("retry-after"))
-                    )
+                    retry = resp.headers.get("retry-after")
+                    error = error_from_response(resp.status_code, raw, retry, where)
                     if resp.status_code == 400 and self.settings.engine_errors_as_400:
                         raise UpstreamRejected(error)
                     raise error
                 async for event in _events(resp, request.kind):
                     yield event
         except httpx.HTTPError as exc:
-            raise translate_httpx_error(exc, where) from None
+            raise map_failure(exc, where) from None
         finally:
             self._in_flight -= 1
-
-
-def _error_from_response(status: int, raw: bytes, retry_after: float | None) -> ServeError:
-    if status in (401, 403):  # our credentials, not the client's: another replica may do
-        return UpstreamError(f"upstream refused our service token (HTTP {status})")
-    try:
-        payload: Any = json.loads(raw)
-    except ValueError:
-        payload = None
-    return error_from_body(status, payload, retry_after=retry_after)
 
 
 async def _events(
     resp: httpx.Response, kind: Literal["chat", "completion"]
 ) -> AsyncIterator[GenerationEvent]:
-    decoder = SSEDecoder()
+    reader = EventReader(strict=True)
     reason: str | None = None
     usage: dict[str, Any] = {}
     produced = TokenCount()  # from the upstream's usage and token ids, not its chunks
-    finished = False
     async for chunk in resp.aiter_bytes():
-        if finished:
+        if reader.done:
             # Read the body to its end (the chunked terminator follows [DONE] at once):
             # a response left unread closes its connection, and the next request to
             # this upstream would pay a new TCP connect on its TTFT.
             continue
-        for data in decoder.feed(chunk):
-            if data == DONE:
-                finished = True
-                break
-            try:
-                obj = json.loads(data)
-            except ValueError:
-                raise UpstreamError(f"upstream sent a malformed event: {data[:80]!r}") from None
-            if not isinstance(obj, dict):
-                continue
-            if "error" in obj:
-                raise error_from_body(502, obj)
+        for obj in reader.feed(chunk):
+            error = event_error(obj)
+            if error is not None:
+                raise error
             if isinstance(obj.get("usage"), dict):
                 usage = obj["usage"]
             choices = obj.get("choices") or []
@@ -297,6 +259,7 @@ async def _events(
                     before = produced.tokens
                 if choice.get("finish_reason"):
                     reason = choice["finish_reason"]
+    finished = reader.done
     if not finished and reason is None:
         raise UpstreamError(
             "upstream closed the stream before it finished", code="upstream_disconnected"

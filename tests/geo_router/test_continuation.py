@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import json
 
-from geo_router.continuation import StreamState, assemble, continuation_body
+from geo_router.continuation import Transcript, assemble
+from geo_router.region import ResolvedRegion
+from geo_router.request import RouteRequest, continued
 
 
 def _chunk(text: str | None = None, role: bool = False, finish: str | None = None) -> dict:  # type: ignore[type-arg]
@@ -13,8 +15,18 @@ def _chunk(text: str | None = None, role: bool = False, finish: str | None = Non
     return {"id": "orig", "model": "m", "created": 5, "choices": [choice]}
 
 
+def _request(body: dict, kind: str = "chat") -> RouteRequest:  # type: ignore[type-arg]
+    region = ResolvedRegion("east", "default", None)
+    return RouteRequest(body, kind, "/v1/chat/completions", region, "u", {}, 0.0)  # type: ignore[arg-type]
+
+
+def continuation_body(body: dict, s: Transcript, kind: str = "chat") -> dict | None:  # type: ignore[type-arg]
+    req = continued(_request(body, kind), s.partial())
+    return None if req is None else req.body
+
+
 def test_chat_continuation_appends_partial_and_shrinks_the_budget() -> None:
-    s = StreamState("chat")
+    s = Transcript("chat")
     for e in (_chunk(role=True), _chunk("Hello"), _chunk(" world")):
         s.observe(e)
     body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
@@ -28,15 +40,15 @@ def test_chat_continuation_appends_partial_and_shrinks_the_budget() -> None:
 
 
 def test_completion_continuation_extends_the_prompt() -> None:
-    s = StreamState("completion")
+    s = Transcript("completion")
     s.observe({"id": "x", "choices": [{"text": " two"}]})
-    out = continuation_body({"model": "m", "prompt": ["one"]}, s)
+    out = continuation_body({"model": "m", "prompt": ["one"]}, s, "completion")
     assert out is not None
     assert out["prompt"] == "one two"
 
 
 def test_rewrite_makes_the_continuation_part_of_the_original_stream() -> None:
-    s = StreamState("chat")
+    s = Transcript("chat")
     s.observe(_chunk("a"))
     other = {**_chunk(role=True), "id": "new", "model": "other", "created": 9}
     assert s.splice(other, 1) is None  # the continuation's role chunk is dropped
@@ -55,7 +67,7 @@ def test_rewrite_makes_the_continuation_part_of_the_original_stream() -> None:
 
 
 def test_assemble_builds_the_non_streamed_shape() -> None:
-    s = StreamState("chat")
+    s = Transcript("chat")
     for e in (_chunk(role=True), _chunk("ok"), _chunk(finish="length")):
         s.observe(e)
     out = assemble(s)

@@ -108,7 +108,7 @@ def test_500_and_429_fall_over_and_all_429_keeps_retry_after() -> None:
 
 
 def test_a_shedding_edge_is_busy_not_broken_its_circuit_stays_closed() -> None:
-    shedding = Behavior(status=429, retry_after="1")
+    shedding = Behavior(status=429)  # no Retry-After: shed_backoff_s is the back-off
     with serve_fake(shedding) as a, serve_fake(Behavior(words=2)) as b:
         states = [state(a, "a"), state(b, "b", region="west")]
         body = chat(False, model="edge")
@@ -392,3 +392,109 @@ def test_streams_that_end_with_done_keep_the_upstream_connection_alive() -> None
                 assert r.json()["choices"][0]["message"]["content"] == "w0 w1 w2"
     assert len(up.seen) == 5
     assert len({s["client_port"] for s in up.seen}) == 1  # one connection, read out and reused
+
+
+# -- bugs the split dispatcher hid (issue 25) -------------------------------------
+
+
+def test_a_trimmed_continuation_keeps_the_partial_answer() -> None:
+    """On a tier that trims, the continuation is trimmed from the *continued*
+    messages: the partial answer stays the open final assistant turn."""
+    dying = Behavior(words=8, die_after=3, token_delay_s=0.01)
+    other = Behavior(words=8)
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "x " * 60}
+        for i in range(8)
+    ]
+    body = chat(messages=[{"role": "system", "content": "be brief"}, *history, *chat()["messages"]])
+    trimming = {"edge": {"enabled": True, "max_prompt_tokens": 120}}
+    with ExitStack() as stack:
+        a, b = stack.enter_context(serve_fake(dying)), stack.enter_context(serve_fake(other))
+        states = [state(a, "dies"), state(b, "rescue", region="west")]
+        url = stack.enter_context(routed(states, trimming=trimming))
+        headers, events = read_stream(url, body)
+        assert "x-route-trimmed" in headers
+        assert text_of(events) == "w0 w1 w2 w3 w4 w5 w6 w7"
+    first, sent = dying.seen[0]["body"], other.seen[0]["body"]
+    assert first["messages"][-1] == {"role": "user", "content": "hi"}
+    assert len(first["messages"]) < len(body["messages"])  # trimmed
+    assert sent["messages"][0] == {"role": "system", "content": "be brief"}
+    assert sent["messages"][-2:] == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "w0 w1 w2"},
+    ]
+    assert sent["continue_final_message"] is True
+
+
+@contextmanager
+def unanswered_url() -> Iterator[str]:
+    """A port whose accept queue is full: a connect hangs until it times out."""
+    import socket
+
+    with ExitStack() as stack:
+        listener = stack.enter_context(socket.socket())
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued = stack.enter_context(socket.socket())
+        queued.connect(("127.0.0.1", port))  # fills the queue; nobody accepts
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_a_connect_timeout_is_unavailable_as_in_the_central_gateway() -> None:
+    """Nothing was sent: 503 ``upstream_unavailable`` (retryable), not a 504."""
+    with unanswered_url() as hung, serve_fake(Behavior(words=2)) as center:
+        settings = {"connect_timeout_s": 0.2}
+        states = [state(hung, "hung"), state(center, "c", "center", "center")]
+        with routed_with(states, settings) as app_url:
+            headers, events = read_stream(app_url, chat())
+            assert headers["x-route-instance"] == "c"
+            assert text_of(events) == "w0 w1"
+            assert metric(app_url, 'router_fallbacks_total{cause="unavailable",tier="edge"}') == 1
+        with routed_with([state(hung, "hung")], settings) as stack_url:
+            r = httpx.post(stack_url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "upstream_unavailable"
+
+
+@contextmanager
+def routed_with(states: list[InstanceState], top: dict[str, Any]) -> Iterator[str]:
+    settings = router_settings([], routing={"ttft_deadline_s": 1.0, "slow_start_s": 0}, **top)
+    app = create_app(settings, candidates=lambda: states)
+    with UvicornThread(app, http=HeadWithBodyProtocol) as server:
+        yield server.url
+
+
+def test_an_upstreams_retry_after_is_its_back_off() -> None:
+    """A 429 with ``Retry-After: 30`` ranks the instance last for 30 s, whatever
+    ``shed_backoff_s`` (the back-off when an upstream gives none) says."""
+    busy = Behavior(status=429, retry_after="30")
+    with serve_fake(busy) as a, serve_fake(Behavior(words=2)) as b:
+        states = [state(a, "busy"), state(b, "b", region="west")]
+        with routed(states, shed_backoff_s=0.0) as url:
+            for _ in range(3):
+                r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+                assert r.headers["x-route-instance"] == "b"
+    assert len(busy.seen) == 1
+
+
+def test_explain_does_not_half_open_a_circuit() -> None:
+    """Explain is a read: an open circuit past its open time stays open until a
+    request actually probes it."""
+    bad = Behavior(status=500)
+    with serve_fake(bad) as a, serve_fake(Behavior(words=1)) as ctr:
+        states = [state(a, "bad"), state(ctr, "c", "center", "center")]
+        breaker = {"failures": 1, "open_s": 0.3}
+        with routed(states, breaker=breaker, center_bias_ms=0) as url:
+            r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+            assert r.headers["x-route-instance"] == "c"
+            assert metric(url, 'router_circuit_state{instance="bad"}') == 2
+            time.sleep(0.4)
+            for _ in range(2):
+                r = httpx.post(url + "/v1/route/explain", json=chat(False), headers=AUTH)
+                assert r.status_code == 200
+                assert metric(url, 'router_circuit_state{instance="bad"}') == 2
+            bad.status = 200
+            r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+            assert r.headers["x-route-instance"] == "bad"  # the probe
+            assert metric(url, 'router_circuit_state{instance="bad"}') == 0

@@ -209,13 +209,15 @@ def test_breaker_opens_half_opens_for_one_probe_and_closes() -> None:
     t.failure("a", now=0)
     assert t.stats("a").circuit is Circuit.OPEN
     assert not t.available("a", now=5)
-    assert t.available("a", now=10.5)  # half-open
-    t.acquire("a")
+    assert t.available("a", now=10.5)  # a probe may go; reading it changes nothing
+    assert t.stats("a").circuit is Circuit.OPEN
+    t.acquire("a", now=10.5)
+    assert t.stats("a").circuit is Circuit.HALF_OPEN
     assert not t.available("a", now=10.6)  # one probe at a time
     t.failure("a", now=11)
     assert t.stats("a").open_for == 20  # reopened for twice as long
     assert t.available("a", now=31.5)
-    t.acquire("a")
+    t.acquire("a", now=31.5)
     t.success("a", 12.0)
     assert t.stats("a").circuit is Circuit.CLOSED
     assert t.available("a")

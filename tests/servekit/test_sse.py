@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import json
 
-from servekit.errors import QueueFull
-from servekit.sse import DONE_FRAME, SSEDecoder, encode_data, encode_error
+import pytest
+
+from servekit.errors import QueueFull, UpstreamError
+from servekit.sse import DONE_FRAME, EventReader, SSEDecoder, encode_data, encode_error
 
 
 def test_encode_frames() -> None:
@@ -38,3 +40,18 @@ def test_utf8_split_across_chunks() -> None:
     decoder = SSEDecoder()
     out = decoder.feed(raw[:12]) + decoder.feed(raw[12:])
     assert json.loads(out[0]) == {"t": "中文"}
+
+
+def test_event_reader_cuts_at_event_boundaries_across_chunks() -> None:
+    reader = EventReader()
+    assert reader.split(b'data: {"a": 1}\n\ndata: {"b"') == b'data: {"a": 1}\n\n'
+    assert reader.pending == b'data: {"b"'
+    assert reader.feed(b": 2}\r\n\r\ndata: [DONE]\n\n") == [{"b": 2}]
+    assert reader.done
+    assert EventReader().feed(b"data: not json\n\n") == []
+    with pytest.raises(UpstreamError):
+        EventReader(strict=True).feed(b"data: not json\n\n")
+    assert EventReader().flush() == []
+    tail = EventReader()
+    assert tail.feed(b'data: {"c": 3}') == []
+    assert tail.flush() == [{"c": 3}]

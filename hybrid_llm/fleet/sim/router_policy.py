@@ -169,7 +169,7 @@ class RouterPolicy:
         return hedge_delay_s(self.routing.hedge, self.tracker, scored)
 
     def sent(self, target: Target) -> None:
-        self.tracker.acquire(target.name)
+        self.tracker.acquire(target.name, self.clock())
 
     def primed(self, target: Target, ttft_s: float) -> None:
         self.tracker.success(target.name, ttft_s * 1000.0)

@@ -1,4 +1,7 @@
-"""A lean HTTP/1.1 client for the router's one hot hop: POST a body, stream the answer.
+"""A lean HTTP/1.1 client for the data path's hot hop: POST a body, stream the answer.
+
+It is the data-path :class:`~servekit.transport.Transport` (the router's hop to
+its upstreams).
 
 Every routed request crosses this hop before its first byte, so it is kept
 small: a pooled keep-alive connection per origin, the request head and body
@@ -17,10 +20,11 @@ request picks the TLS context (CA bundle, client certificate) and the
 headers (the service token) of its connections, pre-encoded once per origin;
 an ``https://`` URL is only ever spoken to over TLS, and with ``require_tls``
 an ``http://`` one is refused before connecting. Failures raise
-:class:`ConnectError` (could not connect, or the TLS handshake failed),
+:class:`ConnectError` (could not connect within ``connect_timeout_s``, or
+the TLS handshake failed: nothing was sent),
 :class:`ConnectionBroken` (closed or malformed mid-response) or
 :class:`TimeoutError` (no byte within ``read_timeout_s`` while reading);
-``geo_router.upstream.translate_error`` maps them onto the project's errors.
+``servekit.transport.map_failure`` maps them onto the project's errors.
 A reused keep-alive connection that the server closed before answering is
 retried once on a fresh connection (nothing of the answer was seen).
 """
@@ -375,7 +379,8 @@ class UpstreamPool:
                     server_hostname=origin.host if origin.ssl else None,
                 )
         except TimeoutError:
-            raise
+            reason = TimeoutError(f"no connection within {self._connect_timeout_s:g}s")
+            raise ConnectError(url, reason) from None
         except OSError as exc:  # ssl.SSLError too: a refused certificate is never retried
             raise ConnectError(url, exc) from None
         self._conns.add(conn)

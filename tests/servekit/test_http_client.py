@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from geo_router.http_client import ConnectError, ConnectionBroken, UpstreamPool
 from hybrid_llm.local.servers import free_port
+from servekit.http_client import ConnectError, ConnectionBroken, UpstreamPool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

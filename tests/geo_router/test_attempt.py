@@ -1,0 +1,146 @@
+"""An attempt acquires, judges and releases its instance exactly once, through a fake transport."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import cast
+
+import pytest
+
+from geo_router.attempt import Attempt, Routing
+from geo_router.dispatch import first_primed
+from geo_router.metrics import RouterMetrics
+from geo_router.planner import Planner
+from geo_router.region import ResolvedRegion
+from geo_router.request import RouteRequest
+from geo_router.scoring import Scored
+from geo_router.settings import BreakerSettings, RoutingSettings
+from geo_router.tracker import Circuit, Tracker
+from servekit.engine.protocol import LoadReport
+from servekit.errors import RateLimited, UpstreamError
+from servekit.peers import PeerCredentials
+from servekit.registry.protocol import InstanceInfo, InstanceState
+
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+
+
+class FakeResponse:
+    def __init__(self, status: int, parts: list[bytes], headers: dict[str, str]) -> None:
+        self.status = status
+        self.headers = headers
+        self._parts = parts
+        self.closed = self.released = 0
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for part in self._parts:
+            yield part
+
+    async def read(self) -> bytes:
+        return b"".join(self._parts)
+
+    def release(self) -> None:
+        self.released += 1
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeTransport:
+    """Answers each POST with the next scripted response."""
+
+    def __init__(self, *responses: FakeResponse) -> None:
+        self.responses = list(responses)
+        self.sent: list[dict[str, object]] = []
+
+    async def post(
+        self,
+        url: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        peer: PeerCredentials | None = None,
+    ) -> FakeResponse:
+        self.sent.append(json.loads(payload))
+        return self.responses.pop(0)
+
+    async def close(self) -> None:
+        pass
+
+
+def cand(iid: str) -> Scored:
+    info = InstanceInfo(iid, "edge", "east", "127.0.0.1", 9, "m")
+    state = InstanceState(info, LoadReport(ready=True, capacity=4), True, time.time())
+    return Scored(state, 10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, Circuit.CLOSED)
+
+
+def routing(transport: FakeTransport, **settings: object) -> Routing:
+    return Routing(
+        transport,
+        cast(Planner, None),  # no re-plan in these tests
+        Tracker(BreakerSettings(failures=1)),
+        RouterMetrics(),
+        RoutingSettings.model_validate(settings),
+    )
+
+
+REQ = RouteRequest(
+    {"model": "auto", "messages": [{"role": "user", "content": "x"}], "stream": False},
+    "chat",
+    "/v1/chat/completions",
+    ResolvedRegion("east", "default", None),
+    "u",
+    {},
+    0.0,
+)
+
+
+def test_every_verdict_after_the_first_is_a_no_op() -> None:
+    async def run() -> None:
+        done = FakeResponse(200, [TOKEN, b"data: [DONE]\n\n"], {})
+        r = routing(FakeTransport(done))
+        attempt = Attempt(r, REQ, cand("a"), 0)
+        stats = r.tracker.stats("a")
+        assert stats.inflight == 1
+        await attempt.prime()
+        attempt.won()
+        assert [c async for c in attempt.relay()] == [b"data: [DONE]\n\n"]
+        await attempt.finished()
+        await attempt.broke()  # too late: judged already
+        await attempt.abandon()
+        assert attempt.failed(UpstreamError("late")).message == "late"
+        assert (stats.inflight, len(stats.released), stats.failures) == (0, 1, 0)
+        assert stats.circuit is Circuit.CLOSED
+        assert (done.released, done.closed) == (1, 0)
+
+    asyncio.run(run())
+
+
+def test_a_429s_retry_after_is_the_back_off_and_the_next_candidate_answers() -> None:
+    async def run() -> None:
+        busy = FakeResponse(429, [b'{"error":{"message":"busy"}}'], {"retry-after": "30"})
+        ok = FakeResponse(200, [TOKEN], {})
+        transport = FakeTransport(busy, ok)
+        r = routing(transport, shed_backoff_s=0.0)
+        attempt, hedged = await first_primed(r, REQ, [cand("a"), cand("b")], hedge=False)
+        assert (attempt.cand.id, hedged) == ("b", False)
+        assert r.tracker.stats("a").refused_until > time.monotonic() + 25
+        assert r.tracker.stats("a").inflight == 0
+        assert transport.sent[0]["stream"] is True  # always streamed upstream
+        assert transport.sent[0]["stream_options"] == {"include_usage": True}
+        await attempt.abandon()
+        assert r.tracker.stats("b").inflight == 0
+
+    asyncio.run(run())
+
+
+def test_the_last_candidates_refusal_reaches_the_client() -> None:
+    async def run() -> None:
+        busy = FakeResponse(429, [b"{}"], {"retry-after": "3"})
+        r = routing(FakeTransport(busy))
+        with pytest.raises(RateLimited) as caught:
+            await first_primed(r, REQ, [cand("a")], hedge=False)
+        assert caught.value.retry_after == 3
+
+    asyncio.run(run())
