@@ -15,11 +15,10 @@ against the model on generated bodies.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from geo_router.continuation import Kind
-from servekit.errors import InvalidRequest
+from servekit import jsonlimits
 from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request
 
 __all__ = ["plainly_valid", "validated_body"]
@@ -32,12 +31,7 @@ _BIG = 2**63
 
 def validated_body(kind: Kind, raw: bytes) -> dict[str, Any]:
     """The client's body as a dict (its own fields kept, to forward) once it validates."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-        parse_request(model, raw)  # raises the wire types' invalid_json error
-        raise InvalidRequest("request body is not valid JSON", code="invalid_json") from None
+    body = jsonlimits.loads(raw)  # hostile JSON (depth, numbers, NaN) is a 400 here
     if isinstance(body, dict):
         for key in _INT_FIELDS:
             value = body.get(key)

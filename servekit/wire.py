@@ -9,13 +9,13 @@ the offending parameter.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from servekit import jsonlimits
 from servekit.errors import InvalidRequest
 
 __all__ = [
@@ -269,19 +269,12 @@ _M = TypeVar("_M", bound=BaseModel)
 def parse_request(model: type[_M], raw: bytes | str | dict[str, Any] | Any) -> _M:
     """Validate a request body; raise :class:`InvalidRequest` naming the parameter.
 
-    Raw bodies are decoded by the ``json`` module first and validated as
-    Python data, as FastAPI does: JSON that escapes a lone surrogate is still
-    JSON, which pydantic's own JSON parser would refuse. Anything else is
-    taken as already decoded JSON.
+    Raw bodies are decoded by :func:`servekit.jsonlimits.loads` first (depth,
+    number and NaN limits) and validated as Python data, as FastAPI does:
+    JSON that escapes a lone surrogate is still JSON, which pydantic's own
+    JSON parser would refuse. Anything else is taken as already decoded JSON.
     """
-    data: Any = raw
-    if isinstance(raw, bytes | str):
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:  # UnicodeDecodeError is one too
-            raise InvalidRequest(
-                f"request body is not valid JSON: {exc}", code="invalid_json"
-            ) from None
+    data: Any = jsonlimits.loads(raw) if isinstance(raw, bytes | str) else raw
     try:
         return model.model_validate(data)
     except ValidationError as exc:
