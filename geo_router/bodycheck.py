@@ -6,10 +6,13 @@ on every request costs little warm but a few hundred microseconds when the
 request lands on cold caches (the common case for a front door between
 bursts). :func:`plainly_valid` is a short check that accepts only bodies the
 wire type certainly accepts (exact types, in-range values, the usual message
-shapes; unknown fields pass, as they do there); anything it is unsure about
+shapes); anything it is unsure about
 goes through the full model, which accepts it or raises the 400 that names
 the parameter. So the outcome is the wire type's either way; only the cost
-differs. ``tests/geo_router/test_bodycheck.py`` checks the "certainly" part
+differs. A top-level field outside the OpenAI surface is refused first
+(``servekit.wire.unknown_fields``: 400 ``unknown_parameter``), so what the
+router forwards holds no engine-native field a client chose.
+``tests/geo_router/test_bodycheck.py`` checks the "certainly" part
 against the model on generated bodies.
 """
 
@@ -19,7 +22,7 @@ from typing import Any
 
 from geo_router.continuation import Kind
 from servekit import jsonlimits
-from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request
+from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request, unknown_fields
 
 __all__ = ["plainly_valid", "validated_body"]
 
@@ -39,12 +42,19 @@ def validated_body(kind: Kind, raw: bytes) -> dict[str, Any]:
                 body[key] = int(value)
         if plainly_valid(kind, body):
             body["stream"] = body.get("stream", False)
-            return body
+            return _known(kind, body)
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
     parsed = parse_request(model, body)
     out: dict[str, Any] = body  # the wire type accepted it, so it is an object
     out["stream"] = parsed.stream
-    return out
+    return _known(kind, out)
+
+
+def _known(kind: Kind, body: dict[str, Any]) -> dict[str, Any]:
+    refused = unknown_fields(kind, body)  # engine-native fields are ours to set, not clients'
+    if refused is not None:
+        raise refused
+    return body
 
 
 def _number(value: Any, low: float, high: float) -> bool:

@@ -1,7 +1,12 @@
 """OpenAI wire types: requests and responses for chat completions and completions.
 
-Requests tolerate unknown fields the way OpenAI-compatible servers do (they are
-kept, so a proxy forwards them) and reject invalid values of known fields.
+Requests drop fields they do not declare (``extra="ignore"``): an
+engine-native field a client slips in (vLLM's ``ignore_eos``, ``min_tokens``,
+``guided_regex``, ``chat_template``, ``priority``, ...) never reaches an
+engine through an edge or the center; what an engine should get beyond the
+OpenAI surface is the service's setting, not the client's. The router refuses
+such fields outright (:func:`unknown_fields`, 400 ``unknown_parameter``).
+Invalid values of known fields are refused.
 Types are strict: ``"5"`` is not an integer. :func:`parse_request` turns
 pydantic's errors into one :class:`~servekit.errors.InvalidRequest` that names
 the offending parameter.
@@ -19,6 +24,7 @@ from servekit import jsonlimits
 from servekit.errors import InvalidRequest
 
 __all__ = [
+    "OPENAI_IGNORED",
     "ChatCompletion",
     "ChatCompletionChunk",
     "ChatCompletionRequest",
@@ -41,6 +47,7 @@ __all__ = [
     "now",
     "param_path",
     "parse_request",
+    "unknown_fields",
 ]
 
 FinishReason = Literal["stop", "length"]
@@ -65,7 +72,7 @@ OnlyOne = Annotated[int, Field(ge=1, le=1), BeforeValidator(_integral)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="ignore")
 
 
 class StreamOptions(_Strict):
@@ -128,6 +135,14 @@ class _SamplingFields(_Strict):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveInt | None = None
+    continue_final_message: bool = Field(
+        False,
+        description="Continue the final assistant message instead of starting a new turn "
+        "(vLLM's parameter; the router resumes a broken stream with it).",
+    )
+    add_generation_prompt: bool = Field(
+        True, description="Accepted with continue_final_message (which implies false)."
+    )
 
     def token_limit(self) -> int | None:
         # max_completion_tokens supersedes the deprecated max_tokens.
@@ -299,6 +314,55 @@ def invalid_from_validation(exc: ValidationError) -> InvalidRequest:
     where = f"'{param}'" if param else "request body"
     code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
     return InvalidRequest(f"invalid {where}: {first['msg']}", param=param, code=code)
+
+
+OPENAI_IGNORED = frozenset(
+    {
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "metadata",
+        "store",
+        "service_tier",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "best_of",
+        "suffix",
+    }
+)
+"""OpenAI request parameters this system accepts and does not implement (dropped)."""
+
+_ALLOWED = {
+    "chat": frozenset(ChatCompletionRequest.model_fields) | OPENAI_IGNORED,
+    "completion": frozenset(CompletionRequest.model_fields) | OPENAI_IGNORED,
+}
+
+
+def unknown_fields(
+    kind: Literal["chat", "completion"], body: dict[str, Any]
+) -> InvalidRequest | None:
+    """The 400 for a top-level field outside the OpenAI surface, or ``None``.
+
+    An engine-native field (``ignore_eos``, ``guided_regex``, ``priority``,
+    ``cache_salt``, KV-transfer parameters, ...) is only ever set by this
+    system's own services, never taken from a client.
+    """
+    allowed = _ALLOWED[kind]
+    for key in body:
+        if key not in allowed:
+            return InvalidRequest(
+                f"unknown parameter '{key}'", param=str(key), code="unknown_parameter"
+            )
+    return None
 
 
 def now() -> int:

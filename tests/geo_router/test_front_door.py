@@ -110,3 +110,21 @@ async def test_hostile_json_is_a_400_before_the_rate_limit(auth: dict[str, str])
         r = await c.post("/v1/route/explain", json=CHAT, headers=auth)
         assert r.status_code == 200  # the key's one request a minute is still unspent
         assert 'router_rejected_total{code="400"} 6.0' in (await c.get("/metrics")).text
+
+
+@pytest.mark.parametrize(
+    "field", ["ignore_eos", "min_tokens", "guided_regex", "chat_template", "priority", "cache_salt"]
+)
+async def test_engine_native_fields_are_an_unknown_parameter(
+    auth: dict[str, str], field: str
+) -> None:
+    async with router(router_settings([]), BrokenCatalog()) as c:
+        for path, body in (
+            ("/v1/chat/completions", CHAT),
+            ("/v1/completions", {"model": "auto", "prompt": "hi"}),
+            ("/v1/route/explain", CHAT),
+        ):
+            r = await c.post(path, json={**body, field: 1}, headers=auth)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "unknown_parameter"
+            assert r.json()["error"]["param"] == field
