@@ -24,7 +24,7 @@ from geo_router.continuation import Kind
 from servekit import jsonlimits
 from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request, unknown_fields
 
-__all__ = ["plainly_valid", "validated_body"]
+__all__ = ["capped_max_tokens", "plainly_valid", "validated_body"]
 
 # JSON Schema counts 2.0 as an integer; the strict wire types do not.
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
@@ -48,6 +48,27 @@ def validated_body(kind: Kind, raw: bytes) -> dict[str, Any]:
     out: dict[str, Any] = body  # the wire type accepted it, so it is an object
     out["stream"] = parsed.stream
     return _known(kind, out)
+
+
+def capped_max_tokens(body: dict[str, Any], default: int, cap: int) -> int:
+    """Write the output budget into ``body``: the client's, at most ``cap``, else ``default``.
+
+    Engines default to the rest of the context window, so a request without
+    ``max_tokens`` would generate more than the tokens-per-minute limiter
+    charged it. Returns the budget written (what the limiter charges).
+    """
+    budget = min(default, cap)
+    for key in ("max_completion_tokens", "max_tokens"):
+        asked = body.get(key)
+        if isinstance(asked, int):
+            body[key] = min(asked, cap)
+    asked = body.get("max_completion_tokens")
+    if not isinstance(asked, int):
+        asked = body.get("max_tokens")
+    if isinstance(asked, int):
+        return int(asked)
+    body["max_tokens"] = budget
+    return budget
 
 
 def _known(kind: Kind, body: dict[str, Any]) -> dict[str, Any]:
