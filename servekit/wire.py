@@ -19,6 +19,7 @@ import uuid
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 from servekit import jsonlimits
 from servekit.errors import InvalidRequest
@@ -42,6 +43,7 @@ __all__ = [
     "StreamOptions",
     "TextPart",
     "Usage",
+    "closed_schema",
     "invalid_from_validation",
     "new_id",
     "now",
@@ -132,17 +134,50 @@ class _SamplingFields(_Strict):
         return self.max_tokens
 
 
+OPENAI_IGNORED = frozenset(
+    {
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "metadata",
+        "store",
+        "service_tier",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "best_of",
+        "suffix",
+    }
+)
+"""OpenAI request parameters this system accepts and does not implement (dropped)."""
+
+
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A request model's JSON schema as the router accepts it: the declared fields plus
+    :data:`OPENAI_IGNORED`, nothing else (``unknown_fields`` answers 400 for the rest).
+    Edges and the center document the model as is: they ignore unknown fields."""
+    properties = schema.setdefault("properties", {})
+    for name in sorted(OPENAI_IGNORED):
+        properties.setdefault(name, {"description": "OpenAI parameter; accepted and ignored."})
+    schema["additionalProperties"] = False
+    return schema
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveInt | None = None
-    continue_final_message: bool = Field(
-        False,
-        description="Continue the final assistant message instead of starting a new turn "
-        "(vLLM's parameter; the router resumes a broken stream with it).",
-    )
-    add_generation_prompt: bool = Field(
-        True, description="Accepted with continue_final_message (which implies false)."
-    )
+    # vLLM's parameters, which the router sends to resume a broken stream; kept out of
+    # the documented schema (a request that continues needs a final assistant turn).
+    continue_final_message: SkipJsonSchema[bool] = False
+    add_generation_prompt: SkipJsonSchema[bool] = True
 
     def token_limit(self) -> int | None:
         # max_completion_tokens supersedes the deprecated max_tokens.
@@ -315,31 +350,6 @@ def invalid_from_validation(exc: ValidationError) -> InvalidRequest:
     code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
     return InvalidRequest(f"invalid {where}: {first['msg']}", param=param, code=code)
 
-
-OPENAI_IGNORED = frozenset(
-    {
-        "logprobs",
-        "top_logprobs",
-        "logit_bias",
-        "response_format",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "functions",
-        "function_call",
-        "metadata",
-        "store",
-        "service_tier",
-        "modalities",
-        "audio",
-        "prediction",
-        "reasoning_effort",
-        "web_search_options",
-        "best_of",
-        "suffix",
-    }
-)
-"""OpenAI request parameters this system accepts and does not implement (dropped)."""
 
 _ALLOWED = {
     "chat": frozenset(ChatCompletionRequest.model_fields) | OPENAI_IGNORED,
