@@ -6,23 +6,25 @@ on every request costs little warm but a few hundred microseconds when the
 request lands on cold caches (the common case for a front door between
 bursts). :func:`plainly_valid` is a short check that accepts only bodies the
 wire type certainly accepts (exact types, in-range values, the usual message
-shapes; unknown fields pass, as they do there); anything it is unsure about
+shapes); anything it is unsure about
 goes through the full model, which accepts it or raises the 400 that names
 the parameter. So the outcome is the wire type's either way; only the cost
-differs. ``tests/geo_router/test_bodycheck.py`` checks the "certainly" part
+differs. A top-level field outside the OpenAI surface is refused first
+(``servekit.wire.unknown_fields``: 400 ``unknown_parameter``), so what the
+router forwards holds no engine-native field a client chose.
+``tests/geo_router/test_bodycheck.py`` checks the "certainly" part
 against the model on generated bodies.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from geo_router.continuation import Kind
-from servekit.errors import InvalidRequest
-from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request
+from servekit import jsonlimits
+from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request, unknown_fields
 
-__all__ = ["plainly_valid", "validated_body"]
+__all__ = ["capped_max_tokens", "plainly_valid", "validated_body"]
 
 # JSON Schema counts 2.0 as an integer; the strict wire types do not.
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed")
@@ -32,12 +34,7 @@ _BIG = 2**63
 
 def validated_body(kind: Kind, raw: bytes) -> dict[str, Any]:
     """The client's body as a dict (its own fields kept, to forward) once it validates."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        model = ChatCompletionRequest if kind == "chat" else CompletionRequest
-        parse_request(model, raw)  # raises the wire types' invalid_json error
-        raise InvalidRequest("request body is not valid JSON", code="invalid_json") from None
+    body = jsonlimits.loads(raw)  # hostile JSON (depth, numbers, NaN) is a 400 here
     if isinstance(body, dict):
         for key in _INT_FIELDS:
             value = body.get(key)
@@ -45,12 +42,40 @@ def validated_body(kind: Kind, raw: bytes) -> dict[str, Any]:
                 body[key] = int(value)
         if plainly_valid(kind, body):
             body["stream"] = body.get("stream", False)
-            return body
+            return _known(kind, body)
     model = ChatCompletionRequest if kind == "chat" else CompletionRequest
     parsed = parse_request(model, body)
     out: dict[str, Any] = body  # the wire type accepted it, so it is an object
     out["stream"] = parsed.stream
-    return out
+    return _known(kind, out)
+
+
+def capped_max_tokens(body: dict[str, Any], default: int, cap: int) -> int:
+    """Write the output budget into ``body``: the client's, at most ``cap``, else ``default``.
+
+    Engines default to the rest of the context window, so a request without
+    ``max_tokens`` would generate more than the tokens-per-minute limiter
+    charged it. Returns the budget written (what the limiter charges).
+    """
+    budget = min(default, cap)
+    for key in ("max_completion_tokens", "max_tokens"):
+        asked = body.get(key)
+        if isinstance(asked, int):
+            body[key] = min(asked, cap)
+    asked = body.get("max_completion_tokens")
+    if not isinstance(asked, int):
+        asked = body.get("max_tokens")
+    if isinstance(asked, int):
+        return int(asked)
+    body["max_tokens"] = budget
+    return budget
+
+
+def _known(kind: Kind, body: dict[str, Any]) -> dict[str, Any]:
+    refused = unknown_fields(kind, body)  # engine-native fields are ours to set, not clients'
+    if refused is not None:
+        raise refused
+    return body
 
 
 def _number(value: Any, low: float, high: float) -> bool:

@@ -11,6 +11,7 @@ body through :func:`~geo_router.state.intake`, opens a
 from __future__ import annotations
 
 from geo_router.continuation import Kind, assemble
+from geo_router.request_ids import CLIENT_ID_HEADER
 from geo_router.routed import RoutedStream
 from geo_router.state import RouterState, intake
 from servekit.asgi import DisconnectWatch, Scope, Send, raw_headers, send_json
@@ -40,6 +41,9 @@ async def route_completion(
         "X-Route-Cached-Tokens": str(cand.cached_tokens),
         "X-Request-Id": req.headers["x-request-id"],
     }
+    client_id = req.headers.get(CLIENT_ID_HEADER)
+    if client_id is not None:
+        route_headers["X-Client-Request-Id"] = client_id
     if cand.trim is not None:
         route_headers["X-Route-Trimmed"] = cand.trim.header()
     try:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from servekit.api.openapi import ERROR_SCHEMA
-from servekit.wire import ChatCompletionRequest, CompletionRequest
+from servekit.wire import ChatCompletionRequest, CompletionRequest, closed_schema
 
 __all__ = ["ERROR_RESPONSES", "STREAM_RESPONSES", "install_openapi", "request_body"]
 
@@ -63,7 +63,7 @@ def install_openapi(app: FastAPI) -> None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         for model in (ChatCompletionRequest, CompletionRequest):
-            schema = model.model_json_schema(ref_template=_REF)
+            schema = closed_schema(model.model_json_schema(ref_template=_REF))
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
         # The wire type rejects echo=true (unsupported); say so in the schema.

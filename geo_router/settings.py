@@ -190,7 +190,12 @@ class RoutingSettings(Section):
         default_factory=lambda: {"edge": 3000.0, "center": 1500.0},
         description="Typical request duration, for queue wait when no rate is reported.",
     )
-    default_max_tokens: int = Field(256, ge=1, description="Assumed output when unset (tpm).")
+    default_max_tokens: int = Field(
+        256, ge=1, description="max_tokens written into a forwarded body that has none."
+    )
+    max_tokens_cap: int = Field(
+        4096, ge=1, description="A larger max_tokens is lowered to this before forwarding."
+    )
     shed_backoff_s: float = Field(
         0.5,
         ge=0,

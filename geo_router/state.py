@@ -9,15 +9,13 @@ alike. This module imports no handler, so both can import it.
 
 from __future__ import annotations
 
-import itertools
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from geo_router.attempt import Routing
 from geo_router.auth import Authenticator, RateLimiter
-from geo_router.bodycheck import validated_body
+from geo_router.bodycheck import capped_max_tokens, validated_body
 from geo_router.classifier import DifficultyClassifier
 from geo_router.continuation import Kind
 from geo_router.conversation import estimate_prompt_tokens
@@ -25,20 +23,12 @@ from geo_router.metrics import RouterMetrics
 from geo_router.planner import Decision, Planner
 from geo_router.region import RegionResolver
 from geo_router.request import RouteRequest
+from geo_router.request_ids import CLIENT_ID_HEADER, client_request_id, new_request_id
 from geo_router.settings import RouterSettings
 from geo_router.tracker import Tracker
 from servekit.errors import ServeError
 
-__all__ = ["Intake", "RouterState", "intake", "request_id"]
-
-# Request ids: a random per-process prefix and a counter (uuid4 reads the OS
-# entropy pool on every call, a system call on the request path).
-_ID_PREFIX = "req-" + secrets.token_hex(6)
-_ID_COUNTER = itertools.count(1)
-
-
-def request_id() -> str:
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):012x}"
+__all__ = ["Intake", "RouterState", "intake"]
 
 
 @dataclass(slots=True)
@@ -85,12 +75,12 @@ async def intake(
     arrived = time.perf_counter()
     tenant = state.auth.authenticate(headers.get("authorization"))
     body = validated_body(kind, raw)
+    routing = state.settings.routing
+    budget = capped_max_tokens(body, routing.default_max_tokens, routing.max_tokens_cap)
     if limit:
-        cap = body.get("max_completion_tokens") or body.get("max_tokens")
-        budget = cap if isinstance(cap, int) else state.settings.routing.default_max_tokens
         await state.limiter.check(tenant, estimate_prompt_tokens(body) + budget)
     region = state.resolver.resolve(peer, headers)
-    req_id = headers.get("x-request-id") or request_id()
+    req_id = new_request_id()  # never the client's: vLLM takes it as its own id
     user = body.get("user")
     sticky = user if isinstance(user, str) and user else req_id
     decision = state.planner.plan(body, region, sticky)
@@ -100,5 +90,8 @@ async def intake(
         "x-priority": tenant.priority,
         "x-request-id": req_id,
     }
+    client_id = client_request_id(headers)
+    if client_id is not None:
+        up_headers[CLIENT_ID_HEADER] = client_id
     req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived)
     return Intake(req, decision)

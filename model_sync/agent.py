@@ -60,6 +60,11 @@ class ReconcilerSettings(BaseModel):
         description="Token and TLS trust for downloading artifacts (model-sync serve-artifacts "
         "or any HTTP store).",
     )
+    local_roots: list[Path] = Field(
+        default_factory=lambda: [Path("models")],
+        description="Directories a file:// or plain-path artifact may be copied from (relative "
+        "to the working directory); any other local source is refused. Empty: none.",
+    )
 
 
 class Reconciler:
@@ -132,6 +137,7 @@ class Reconciler:
                 client=client,
                 peer=settings.artifacts.credentials(),
                 reserve_bytes=settings.reserve_bytes,
+                local_roots=tuple(settings.local_roots),
             ),
             stats=stats,
             keep_versions=settings.keep_versions,

@@ -4,7 +4,10 @@
 ``Range`` support (Starlette's ``FileResponse`` answers single and multiple
 ranges, ``206``/``416``), so edge nodes can resume interrupted downloads.
 Paths are resolved and must stay inside the root: ``..``, absolute paths and
-symlinks that point elsewhere are answered with 404, like a missing file.
+symlinks that point elsewhere are answered with 404, like a missing file,
+and so is any path with a part that starts with a dot (a cloned model's
+``.git/config`` can hold a hub token) and any path the token gate leaves
+open (a root file named ``metrics`` would otherwise be served without one).
 With service tokens configured (``artifact_server.auth``) every file needs
 ``Authorization: Bearer <token>``; ``/health`` and ``/ready`` stay open.
 """
@@ -28,7 +31,7 @@ def resolve_artifact(root: Path, relative: str) -> Path | None:
     """The file ``relative`` names inside ``root``, or ``None`` if missing or outside it."""
     root = root.resolve()
     parts = [p for p in relative.split("/") if p]
-    if not parts or any(p in (".", "..") or "\\" in p or "\x00" in p for p in parts):
+    if not parts or any(p.startswith(".") or "\\" in p or "\x00" in p for p in parts):
         return None
     candidate = root.joinpath(*parts).resolve()
     if root not in candidate.parents or not candidate.is_file():
@@ -39,12 +42,16 @@ def resolve_artifact(root: Path, relative: str) -> Path | None:
 def create_app(root: Path, auth: TokenGate | None = None) -> ASGIApp:
     """Serve the files below ``root`` (read-only) to callers ``auth`` admits."""
     root = Path(root)
+    gate = auth or TokenGate()
 
     async def health(request: Request) -> Response:
         return PlainTextResponse("ok")
 
     async def artifact(request: Request) -> Response:
-        path = resolve_artifact(root, request.path_params["path"])
+        relative = request.path_params["path"]
+        # A path the gate lets through without a token never names a file.
+        hidden = gate.enabled and gate.is_open("/" + relative)
+        path = None if hidden else resolve_artifact(root, relative)
         if path is None:
             return PlainTextResponse("not found", status_code=404)
         return FileResponse(path, filename=path.name, content_disposition_type="attachment")
@@ -56,4 +63,4 @@ def create_app(root: Path, auth: TokenGate | None = None) -> ASGIApp:
             Route("/{path:path}", artifact, methods=["GET", "HEAD"]),
         ]
     )
-    return ServiceAuth(app, auth or TokenGate())
+    return ServiceAuth(app, gate)

@@ -28,6 +28,7 @@ from model_sync import ops, render
 from model_sync.controller import Controller
 from model_sync.download import DownloadError
 from model_sync.gates import PrometheusGate
+from model_sync.keys import InvalidName
 from model_sync.plan import build_plan, parse_duration
 from model_sync.records import GateSettings
 from model_sync.settings import ModelSyncSettings, load
@@ -124,6 +125,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tokens-env", help="environment variable holding the accepted tokens")
     s.add_argument("--tls-cert", help="serve HTTPS with this certificate (artifact_server.tls)")
     s.add_argument("--tls-key", help="the certificate's key")
+    s.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback address without tokens (refused otherwise)",
+    )
+    s = sub.add_parser("node-policy", help="print a node's own Consul ACL policy")
+    s.add_argument("node_id", help="the instance / node id (nodes/<id>/ in the KV)")
+    s.add_argument("--consul-node", required=True, help="the Consul agent's node_name")
     return p
 
 
@@ -339,7 +348,7 @@ async def _run(args: argparse.Namespace, cfg: ModelSyncSettings, console: Consol
 def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
     from model_sync.artifacts import create_app
     from servekit.serve import run_service
-    from servekit.service_auth import TokenGate, warn_if_open
+    from servekit.service_auth import TokenGate, is_loopback, warn_if_open
     from servekit.tls import ServerTLSSettings
 
     overrides = {
@@ -357,6 +366,13 @@ def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
         err.print(f"[red]{args.directory} is not a directory")
         return 2
     gate = TokenGate(server.auth)
+    if not gate.enabled and not is_loopback(args.host) and not args.allow_unauthenticated:
+        err.print(
+            f"[red]error:[/] refusing to serve {args.directory} on {args.host} without tokens "
+            "(--tokens-file / --tokens-env); --allow-unauthenticated to do it anyway",
+            highlight=False,
+        )
+        return 2
     warn_if_open(gate, "artifact server", args.host, args.port)
 
     def reload() -> ServerTLSSettings | None:
@@ -366,6 +382,17 @@ def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
 
     app = create_app(args.directory, gate)
     run_service(app, host=args.host, port=args.port, tls=server.tls, on_reload=reload)
+    return 0
+
+
+def _node_policy(args: argparse.Namespace, err: Console) -> int:
+    from model_sync.consul_policy import render_node_policy
+
+    try:
+        sys.stdout.write(render_node_policy(args.node_id, args.consul_node))
+    except InvalidName as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
     return 0
 
 
@@ -383,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     err = Console(stderr=True)
     if args.command == "serve-artifacts":
         return _serve_artifacts(args, err)
+    if args.command == "node-policy":
+        return _node_policy(args, err)
     try:
         cfg = load(args.config, args.registry_db)
         return asyncio.run(_run(args, cfg, console))

@@ -5,7 +5,11 @@ The order is what makes it safe: check free space first, stream into a
 size and sha256, and only then rename into ``<root>/<name>/<version>/<file>``.
 A file that fails verification is deleted and never reaches the versioned
 directory, so nothing can load it. Sources: ``http(s)://`` (any server with
-range support), ``file://`` URLs and plain local paths.
+range support), ``file://`` URLs and plain local paths. A local source must
+lie under one of ``local_roots`` (a record that names ``/etc/shadow`` or a
+credentials file is refused, not copied into a model directory), and an HTTP
+redirect is followed only to the same scheme, host and port (a token or a
+trusted source is never traded for another host's bytes).
 
 A model directory (a record with a manifest) is fetched file by file into
 ``<root>/.partial/<name>--<version>--<dir>/``: each file resumes on its own,
@@ -13,7 +17,10 @@ is verified on its own (a corrupt or missing file fails the version, naming
 it), and only when every file is verified does the whole directory move into
 ``<root>/<name>/<version>/<dir>`` with one rename. Manifest paths were checked
 when the record was read and are resolved inside the partial directory again
-before anything is written.
+before anything is written. An installed directory is trusted only after
+every file hashes to its manifest again (its marker alone proves nothing),
+and a replaced directory is moved aside before the new one is renamed in, so
+the path never holds a half-deleted tree.
 
 httpx errors are translated into :class:`DownloadError` here and nowhere else.
 """
@@ -116,6 +123,9 @@ class Downloader:
     attempts: int = 6
     retry_delay_s: float = 0.25
     chunk_size: int = 1 << 20
+    local_roots: tuple[Path, ...] | None = None
+    """Directories local sources may come from; ``None`` (library default): any."""
+    max_redirects: int = 5
 
     async def fetch(self, record: ArtifactRecord, progress: ProgressFn | None = None) -> Path:
         """Return the verified file's (or directory's) path, downloading or resuming it."""
@@ -135,7 +145,7 @@ class Downloader:
     async def _fetch_directory(self, record: ArtifactRecord, progress: ProgressFn | None) -> Path:
         assert record.files is not None
         final = self.model_dir.file_path(record.name, record.version, record.filename)
-        if _installed_manifest(final) == record.sha256:
+        if _installed_manifest(final) == record.sha256 and await self._all_verified(record, final):
             return final
         staging = self.model_dir.partial_path(record.name, record.version, record.filename)
         staging.mkdir(parents=True, exist_ok=True)
@@ -193,6 +203,27 @@ class Downloader:
                 f"{part.sha256[:12]}…; rejected"
             )
 
+    async def _all_verified(self, record: ArtifactRecord, directory: Path) -> bool:
+        assert record.files is not None
+        for entry in record.files:
+            part = _Part("", entry.size, entry.sha256, entry.path)
+            path = self.model_dir.inside(directory, directory / entry.path)
+            if not await self._verified(path, part):
+                return False
+        return True
+
+    def _local_allowed(self, source: Path) -> Path:
+        if self.local_roots is None:
+            return source
+        resolved = source.resolve()
+        for root in self.local_roots:
+            top = root.resolve()
+            if resolved == top or top in resolved.parents:
+                return resolved
+        raise SourceUnavailable(
+            f"{source}: local artifact outside the allowed local_roots; refused"
+        )
+
     def _check_space(self, needed: int) -> None:
         self.model_dir.root.mkdir(parents=True, exist_ok=True)
         free = self.free_space(self.model_dir.root)
@@ -214,13 +245,13 @@ class Downloader:
         if offset >= part.size:
             return
         if source is not None:
+            source = self._local_allowed(source)
             await self._copy_local(source, part, partial, offset, progress)
         elif self.client is not None:
             await self._get(self.client, part, partial, offset, progress)
         else:
             timeout = httpx.Timeout(30.0, connect=10.0)
-            # httpx drops the Authorization header on a redirect to another host.
-            client = async_client(self.peer, timeout=timeout, follow_redirects=True)
+            client = async_client(self.peer, timeout=timeout)
             async with client:
                 await self._get(client, part, partial, offset, progress)
 
@@ -233,22 +264,41 @@ class Downloader:
         progress: ProgressFn | None,
     ) -> None:
         headers = {"Range": f"bytes={offset}-"} if offset else {}
-        async with client.stream("GET", record.uri, headers=headers) as resp:
-            if resp.status_code == 416:
-                return  # nothing past what we have: verification decides
-            if resp.status_code == 206:
-                if not resp.headers.get("content-range", "").startswith(f"bytes {offset}-"):
-                    raise SourceUnavailable(f"{record.uri}: server answered a different range")
-            elif resp.status_code == 200:
-                offset = 0  # no range support: start over
-            elif resp.status_code >= 500:
-                raise httpx.RemoteProtocolError(f"HTTP {resp.status_code}", request=resp.request)
-            else:
-                raise SourceUnavailable(f"GET {record.uri}: HTTP {resp.status_code}")
-            with _open_at(partial, offset) as fh:
-                done = offset
-                async for chunk in resp.aiter_bytes():
-                    done = await self._write(fh, chunk, done, record, progress)
+        url = httpx.URL(record.uri)
+        for _ in range(self.max_redirects + 1):
+            async with client.stream("GET", url, headers=headers, follow_redirects=False) as resp:
+                if not resp.is_redirect:
+                    await self._read(resp, record, partial, offset, progress)
+                    return
+                target = url.join(resp.headers["location"])
+            if (target.scheme, target.host, target.port) != (url.scheme, url.host, url.port):
+                raise SourceUnavailable(f"{record.uri}: redirected to another host ({target.host})")
+            url = target
+        raise SourceUnavailable(f"{record.uri}: more than {self.max_redirects} redirects")
+
+    async def _read(
+        self,
+        resp: httpx.Response,
+        record: _Part,
+        partial: Path,
+        offset: int,
+        progress: ProgressFn | None,
+    ) -> None:
+        if resp.status_code == 416:
+            return  # nothing past what we have: verification decides
+        if resp.status_code == 206:
+            if not resp.headers.get("content-range", "").startswith(f"bytes {offset}-"):
+                raise SourceUnavailable(f"{record.uri}: server answered a different range")
+        elif resp.status_code == 200:
+            offset = 0  # no range support: start over
+        elif resp.status_code >= 500:
+            raise httpx.RemoteProtocolError(f"HTTP {resp.status_code}", request=resp.request)
+        else:
+            raise SourceUnavailable(f"GET {record.uri}: HTTP {resp.status_code}")
+        with _open_at(partial, offset) as fh:
+            done = offset
+            async for chunk in resp.aiter_bytes():
+                done = await self._write(fh, chunk, done, record, progress)
 
     async def _copy_local(
         self,
@@ -328,9 +378,12 @@ def _install_directory(staging: Path, final: Path) -> None:
             with path.open("rb") as fh:
                 os.fsync(fh.fileno())
     final.parent.mkdir(parents=True, exist_ok=True)
+    old = final.with_name(f".replaced-{final.name}-{os.getpid()}")
     if final.exists():  # an incomplete or different copy of this version: replaced whole
-        shutil.rmtree(final)
+        os.replace(final, old)  # aside in one rename: final is never half deleted
     os.replace(staging, final)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def _installed_manifest(directory: Path) -> str | None:

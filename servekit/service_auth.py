@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 from collections.abc import Iterable
 
@@ -37,6 +38,7 @@ __all__ = [
     "bearer_token",
     "check_sha256_hex",
     "hash_token",
+    "is_loopback",
     "warn_if_open",
 ]
 
@@ -195,6 +197,16 @@ class ServiceAuth:
             await send_json(send, exc.status, exc.body(), headers)
             return
         await self.app(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address to bind) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
 
 
 def warn_if_open(gate: TokenGate, service: str, host: str, port: int) -> None:

@@ -1,7 +1,12 @@
 """OpenAI wire types: requests and responses for chat completions and completions.
 
-Requests tolerate unknown fields the way OpenAI-compatible servers do (they are
-kept, so a proxy forwards them) and reject invalid values of known fields.
+Requests drop fields they do not declare (``extra="ignore"``): an
+engine-native field a client slips in (vLLM's ``ignore_eos``, ``min_tokens``,
+``guided_regex``, ``chat_template``, ``priority``, ...) never reaches an
+engine through an edge or the center; what an engine should get beyond the
+OpenAI surface is the service's setting, not the client's. The router refuses
+such fields outright (:func:`unknown_fields`, 400 ``unknown_parameter``).
+Invalid values of known fields are refused.
 Types are strict: ``"5"`` is not an integer. :func:`parse_request` turns
 pydantic's errors into one :class:`~servekit.errors.InvalidRequest` that names
 the offending parameter.
@@ -9,16 +14,18 @@ the offending parameter.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
+from servekit import jsonlimits
 from servekit.errors import InvalidRequest
 
 __all__ = [
+    "OPENAI_IGNORED",
     "ChatCompletion",
     "ChatCompletionChunk",
     "ChatCompletionRequest",
@@ -36,11 +43,13 @@ __all__ = [
     "StreamOptions",
     "TextPart",
     "Usage",
+    "closed_schema",
     "invalid_from_validation",
     "new_id",
     "now",
     "param_path",
     "parse_request",
+    "unknown_fields",
 ]
 
 FinishReason = Literal["stop", "length"]
@@ -65,7 +74,7 @@ OnlyOne = Annotated[int, Field(ge=1, le=1), BeforeValidator(_integral)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="ignore")
 
 
 class StreamOptions(_Strict):
@@ -125,9 +134,50 @@ class _SamplingFields(_Strict):
         return self.max_tokens
 
 
+OPENAI_IGNORED = frozenset(
+    {
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "metadata",
+        "store",
+        "service_tier",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "best_of",
+        "suffix",
+    }
+)
+"""OpenAI request parameters this system accepts and does not implement (dropped)."""
+
+
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A request model's JSON schema as the router accepts it: the declared fields plus
+    :data:`OPENAI_IGNORED`, nothing else (``unknown_fields`` answers 400 for the rest).
+    Edges and the center document the model as is: they ignore unknown fields."""
+    properties = schema.setdefault("properties", {})
+    for name in sorted(OPENAI_IGNORED):
+        properties.setdefault(name, {"description": "OpenAI parameter; accepted and ignored."})
+    schema["additionalProperties"] = False
+    return schema
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: PositiveInt | None = None
+    # vLLM's parameters, which the router sends to resume a broken stream; kept out of
+    # the documented schema (a request that continues needs a final assistant turn).
+    continue_final_message: SkipJsonSchema[bool] = False
+    add_generation_prompt: SkipJsonSchema[bool] = True
 
     def token_limit(self) -> int | None:
         # max_completion_tokens supersedes the deprecated max_tokens.
@@ -269,19 +319,12 @@ _M = TypeVar("_M", bound=BaseModel)
 def parse_request(model: type[_M], raw: bytes | str | dict[str, Any] | Any) -> _M:
     """Validate a request body; raise :class:`InvalidRequest` naming the parameter.
 
-    Raw bodies are decoded by the ``json`` module first and validated as
-    Python data, as FastAPI does: JSON that escapes a lone surrogate is still
-    JSON, which pydantic's own JSON parser would refuse. Anything else is
-    taken as already decoded JSON.
+    Raw bodies are decoded by :func:`servekit.jsonlimits.loads` first (depth,
+    number and NaN limits) and validated as Python data, as FastAPI does:
+    JSON that escapes a lone surrogate is still JSON, which pydantic's own
+    JSON parser would refuse. Anything else is taken as already decoded JSON.
     """
-    data: Any = raw
-    if isinstance(raw, bytes | str):
-        try:
-            data = json.loads(raw)
-        except ValueError as exc:  # UnicodeDecodeError is one too
-            raise InvalidRequest(
-                f"request body is not valid JSON: {exc}", code="invalid_json"
-            ) from None
+    data: Any = jsonlimits.loads(raw) if isinstance(raw, bytes | str) else raw
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -306,6 +349,30 @@ def invalid_from_validation(exc: ValidationError) -> InvalidRequest:
     where = f"'{param}'" if param else "request body"
     code = "missing_required_parameter" if first["type"] == "missing" else "invalid_value"
     return InvalidRequest(f"invalid {where}: {first['msg']}", param=param, code=code)
+
+
+_ALLOWED = {
+    "chat": frozenset(ChatCompletionRequest.model_fields) | OPENAI_IGNORED,
+    "completion": frozenset(CompletionRequest.model_fields) | OPENAI_IGNORED,
+}
+
+
+def unknown_fields(
+    kind: Literal["chat", "completion"], body: dict[str, Any]
+) -> InvalidRequest | None:
+    """The 400 for a top-level field outside the OpenAI surface, or ``None``.
+
+    An engine-native field (``ignore_eos``, ``guided_regex``, ``priority``,
+    ``cache_salt``, KV-transfer parameters, ...) is only ever set by this
+    system's own services, never taken from a client.
+    """
+    allowed = _ALLOWED[kind]
+    for key in body:
+        if key not in allowed:
+            return InvalidRequest(
+                f"unknown parameter '{key}'", param=str(key), code="unknown_parameter"
+            )
+    return None
 
 
 def now() -> int:

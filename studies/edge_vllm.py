@@ -13,7 +13,7 @@ ratio of the two sides' medians.
 
 Part 2, 8 streams (closed loop, each stream sends its next request when the
 previous one ends, fresh chat prompts, at most `--tokens` each, no forced
-length: the llama.cpp engines do not know vLLM's `min_tokens`) for
+length) for
 `--seconds`: raw vLLM (direct port), then the agent on vLLM, then the agent's
 best llama.cpp engine (`llama-batching`, 8 slots, both cores) in a fresh
 process. Printed per row: aggregate decode tokens/s (tokens after each
@@ -121,15 +121,15 @@ def edge_agent(engine: dict[str, Any], tmp: Path, name: str) -> Iterator[str]:
 
 
 def body(prompt: str, tokens: int) -> dict[str, Any]:
-    """Part 1's completion, both sides vLLM: every answer exactly ``tokens`` long."""
+    """Part 1's completion, both sides vLLM: at most ``tokens``, the same on both sides."""
     return {
         "model": MODEL,
         "prompt": prompt,
         "max_tokens": tokens,
-        # vLLM's: no early end of text. The llama.cpp engines ignore it, and a raw
-        # completion of most of these prompts there ends at once (greedy picks
-        # end-of-text first): part 2 sends chat instead.
-        "min_tokens": tokens,
+        # No min_tokens: the agent drops engine-native fields from clients. Greedy
+        # decoding of the same prompt on the same server gives both sides of a pair
+        # the same answer, so the pair still matches. (A raw completion on the
+        # llama.cpp engines mostly ends at once: part 2 sends chat instead.)
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},

@@ -5,7 +5,7 @@
 
 Starts, as separate processes on loopback: a fast fake OpenAI upstream (raw
 ASGI under uvicorn; first token at once, then ``max_tokens - 1`` more every
-``bench_interval_ms``, so streams stay open and concurrency is real) and
+``metadata.bench_interval_ms``, so streams stay open and concurrency is real) and
 ``geo-router serve`` in front of it. For each concurrency level it keeps
 that many streams open at once, each worker alternating between the upstream
 directly and the router, and prints TTFT p50/p99 of both and their
@@ -121,7 +121,8 @@ async def upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
         raw += message.get("body", b"")
         more = message.get("more_body", False)
     body = json.loads(raw)
-    tokens, interval_s = body.get("max_tokens", 4), body.get("bench_interval_ms", 5) / 1000
+    pace = float((body.get("metadata") or {}).get("bench_interval_ms", 5))
+    tokens, interval_s = body.get("max_tokens", 4), pace / 1000
     headers = [(b"content-type", b"text/event-stream")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": _chunk(0, "Hello"), "more_body": True})
@@ -136,7 +137,8 @@ def request_body(tokens: int, interval_ms: float, model: str = "bench") -> bytes
     """A chat request; the fake upstream streams ``tokens`` chunks ``interval_ms`` apart."""
     messages = [{"role": "user", "content": "hi"}]
     body = {"model": model, "stream": True, "messages": messages, "max_tokens": tokens}
-    body["bench_interval_ms"] = interval_ms
+    # In OpenAI's free-form metadata: the router refuses fields outside the OpenAI surface.
+    body["metadata"] = {"bench_interval_ms": str(interval_ms)}
     return json.dumps(body).encode()
 
 

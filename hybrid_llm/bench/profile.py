@@ -73,7 +73,10 @@ async def _one(
 ) -> RequestRecord:
     bucket = Bucket(prompt, output)
     body = workload.body(bucket)
-    body["ignore_eos"] = True  # servers that honour it keep decoding to max_tokens
+    # A raw engine that honours it keeps decoding to max_tokens. Edge agents and the
+    # center drop engine-native fields from clients (the router refuses them): there
+    # the engine's own ``request_fields: {ignore_eos: true}`` setting forces lengths.
+    body["ignore_eos"] = True
     start = time.perf_counter() if run_start is None else run_start
     return await send_streaming(client, workload.path, body, bucket=bucket.label, run_start=start)
 

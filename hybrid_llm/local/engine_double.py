@@ -11,11 +11,13 @@ with ``HOLD`` block until ``POST /release``; ``POST /fail?n=N`` makes the
 next N generations fail before their first token; prompts starting with
 ``BREAK`` fail after two tokens.
 Every prompt is recorded, in arrival order, at ``/arrivals``,
-and the body's ``priority`` field (vLLM's) at ``/priorities``.
+and the body's ``priority`` field (vLLM's) at ``/priorities``: read off the
+raw body, since the serving layer drops fields the OpenAI surface lacks.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +28,8 @@ from prometheus_client import CollectorRegistry
 from hybrid_llm.local.scripted_engine import ScriptedEngine
 from servekit.admission import AdmissionQueue
 from servekit.api import FixedEngine, ServingCore, build_serving_app
+from servekit.api.endpoints import PATHS
+from servekit.asgi import ASGIApp, Message, Receive, Scope, Send
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
 from servekit.service_auth import ServiceAuthSettings, TokenGate
@@ -83,8 +87,46 @@ def create_double(model: str, tokens: list[str] | None = None) -> FastAPI:
             for r in engine.requests
         ]
 
+    seen: list[Any] = []
+
     @app.get("/priorities")
     async def priorities() -> list[Any]:
-        return engine.priorities
+        return seen
 
+    app.add_middleware(_BodyPriority, seen=seen)
     return app
+
+
+class _BodyPriority:
+    """Records each completion body's ``priority`` (as vLLM would read it), then replays it."""
+
+    def __init__(self, app: ASGIApp, seen: list[Any]) -> None:
+        self.app = app
+        self.seen = seen
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in PATHS:
+            await self.app(scope, receive, send)
+            return
+        parts: list[bytes] = []
+        more = True
+        while more:
+            message = await receive()
+            parts.append(message.get("body", b""))
+            more = bool(message.get("more_body", False))
+        raw = b"".join(parts)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        self.seen.append(body.get("priority") if isinstance(body, dict) else None)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

@@ -62,6 +62,11 @@ class OpenAIHTTPSettings(BaseModel):
     read_timeout_s: float = Field(120.0, gt=0, description="Longest silence between chunks.")
     health_path: str = Field("/health", description="GET path that answers 200 when alive.")
     probe_interval_s: float = Field(1.0, gt=0)
+    request_fields: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Engine-native body fields sent with every request (e.g. vLLM's "
+        "ignore_eos or min_tokens for a benchmark deployment); clients cannot set them.",
+    )
     engine_errors_as_400: bool = Field(
         False,
         description="The upstream answers its own failures with 400 too (trtllm-serve): "
@@ -173,7 +178,7 @@ class OpenAIHTTPEngine:
 
     def request_body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         sp = request.sampling
-        body: dict[str, Any] = dict(request.extra)
+        body: dict[str, Any] = {**self.settings.request_fields, **request.extra}
         body.update(model=self.settings.model, stream=True)
         body["stream_options"] = {"include_usage": True}
         if request.messages is not None:

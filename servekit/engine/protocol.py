@@ -69,8 +69,9 @@ class GenerationRequest:
     """One generation, independent of wire format and engine.
 
     Exactly one of ``messages`` (chat: the engine applies the model's chat
-    template) or ``prompt`` (raw completion) is set. ``extra`` carries unknown
-    client fields that an HTTP engine forwards verbatim.
+    template) or ``prompt`` (raw completion) is set. ``extra`` carries body
+    fields this system's own services add (vLLM's ``priority``); the wire
+    types drop a client's unknown fields, so none of them reach it.
     ``continue_final_message`` renders a trailing assistant message as an
     unfinished turn to be continued (vLLM's parameter of the same name); the
     router uses it to resume a stream on another instance.
@@ -96,16 +97,13 @@ class GenerationRequest:
         request_id: str,
         priority: Priority = Priority.INTERACTIVE,
     ) -> GenerationRequest:
-        extra = dict(body.model_extra or {})
-        cont = bool(extra.pop("continue_final_message", False))
         return cls(
             request_id=request_id,
             sampling=_sampling(body, body.token_limit()),
             messages=tuple(Message(m.role, m.text()) for m in body.messages),
             model=body.model,
             priority=priority,
-            continue_final_message=cont,
-            extra=extra,
+            continue_final_message=body.continue_final_message,
         )
 
     @classmethod
@@ -121,7 +119,6 @@ class GenerationRequest:
             prompt=body.prompt_text(),
             model=body.model,
             priority=priority,
-            extra=dict(body.model_extra or {}),
         )
 
 

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import Field
@@ -72,6 +73,11 @@ class VllmEngineSettings(VllmServeArgs):
     probe_interval_s: float = Field(0.5, gt=0.0, description="Metrics scrape / health period.")
     read_timeout_s: float = Field(120.0, gt=0.0, description="Longest silence between chunks.")
     warmup: bool = Field(True, description="Answer one one-token request before ready.")
+    request_fields: dict[str, Any] = Field(
+        default_factory=dict,
+        description="vLLM body fields sent with every request (e.g. ignore_eos or min_tokens "
+        "for a benchmark); clients cannot set engine-native fields.",
+    )
 
     @property
     def context_window(self) -> int | None:
@@ -115,6 +121,7 @@ class VllmEngine:
                 served_name=settings.model_name,
                 capacity=settings.capacity,
                 read_timeout_s=settings.read_timeout_s,
+                request_fields=settings.request_fields,
             ),
             probe=None,
             version=version,

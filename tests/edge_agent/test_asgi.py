@@ -241,3 +241,21 @@ async def test_a_ttft_budget_sheds_at_once_and_shows_in_load_and_metrics(
         assert (await long).status_code == 200
         assert (await c.get("/load")).json()["predicted_wait_ms"] == 0.0  # a free slot
         assert "servekit:predicted_wait_seconds" in (await c.get("/metrics")).text
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "messages": '
+        + b"[" * 1500
+        + b"]" * 1500
+        + b"}",  # past Python's recursion limit
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}',
+    ],
+    ids=["deep", "infinity"],
+)
+async def test_hostile_json_is_a_400_not_a_500(client: httpx.AsyncClient, raw: bytes) -> None:
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        r = await client.post(path, content=raw, headers={"content-type": "application/json"})
+        assert_openai_error(r, 400)
+        assert r.json()["error"]["code"] == "invalid_json"

@@ -86,3 +86,45 @@ async def test_explain_validates_as_its_path_says(auth: dict[str, str]) -> None:
         r = await c.post("/v1/route/explain", json=text, headers=auth)  # chat: no messages
         assert r.status_code == 400
         assert r.json()["error"]["param"] == "messages"
+
+
+DEEP = b'{"model": "auto", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+HOSTILE_BODIES = (
+    DEEP,
+    b'{"model": "auto", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+    b'{"model": "auto", "messages": [{"role": "user", "content": "hi"}], "seed": 1'
+    + b"0" * 4000
+    + b"}",
+)
+
+
+async def test_hostile_json_is_a_400_before_the_rate_limit(auth: dict[str, str]) -> None:
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0]["rpm"] = 1  # one routed request a minute, and hostile bodies must not spend it
+    async with router(router_settings([], auth={"keys": keys}), BrokenCatalog()) as c:
+        for raw in HOSTILE_BODIES:
+            for path in ("/v1/chat/completions", "/v1/route/explain"):
+                r = await c.post(path, content=raw, headers=auth)
+                assert r.status_code == 400, r.text
+                assert r.json()["error"]["code"] == "invalid_json"
+        r = await c.post("/v1/route/explain", json=CHAT, headers=auth)
+        assert r.status_code == 200  # the key's one request a minute is still unspent
+        assert 'router_rejected_total{code="400"} 6.0' in (await c.get("/metrics")).text
+
+
+@pytest.mark.parametrize(
+    "field", ["ignore_eos", "min_tokens", "guided_regex", "chat_template", "priority", "cache_salt"]
+)
+async def test_engine_native_fields_are_an_unknown_parameter(
+    auth: dict[str, str], field: str
+) -> None:
+    async with router(router_settings([]), BrokenCatalog()) as c:
+        for path, body in (
+            ("/v1/chat/completions", CHAT),
+            ("/v1/completions", {"model": "auto", "prompt": "hi"}),
+            ("/v1/route/explain", CHAT),
+        ):
+            r = await c.post(path, json={**body, field: 1}, headers=auth)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "unknown_parameter"
+            assert r.json()["error"]["param"] == field

@@ -72,7 +72,12 @@ async def edge(
                 await anyio.sleep(0.1)
     agent = app.state.agent
     reconciler = Reconciler.from_settings(
-        ReconcilerSettings(model_dir=root / node, watch_timeout_s=0.3, report_interval_s=0.3),
+        ReconcilerSettings(
+            model_dir=root / node,
+            local_roots=[Path("models"), root.parent],  # the test's own artifacts too
+            watch_timeout_s=0.3,
+            report_interval_s=0.3,
+        ),
         agent.registration.registry,
         node,
         agent.swap_model,

@@ -134,6 +134,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         },
         model_sync={
             "model_dir": str(tmp / "node-models"),
+            "local_roots": [str(HF_MODEL.parent), str(tmp / "published")],
             "watch_timeout_s": 0.5,
             "report_interval_s": 0.5,
         },

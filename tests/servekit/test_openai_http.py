@@ -53,10 +53,14 @@ def chunk(text: str | None = None, finish: str | None = None) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
-def engine_for(handler: Callable[[httpx.Request], httpx.Response]) -> OpenAIHTTPEngine:
+def engine_for(
+    handler: Callable[[httpx.Request], httpx.Response], **settings: Any
+) -> OpenAIHTTPEngine:
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     return OpenAIHTTPEngine(
-        OpenAIHTTPSettings(base_url="http://upstream:9/v1", model="up-model", served_name="mine"),
+        OpenAIHTTPSettings(
+            base_url="http://upstream:9/v1", model="up-model", served_name="mine", **settings
+        ),
         client=client,
         probe=None,
     )
@@ -95,6 +99,20 @@ async def test_request_shape_and_stream_parsing() -> None:
     assert body["top_k"] == 3
     assert body["messages"] == [{"role": "user", "content": "hi"}]
     assert events == [TextDelta("Hel", 1), TextDelta("lo", 1), Finish("length", 7, 2, 3)]
+
+
+async def test_request_fields_are_the_services_setting() -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        content = sse(chunk("a", "stop"), b"[DONE]")
+        return httpx.Response(200, content=content, headers={"content-type": "text/event-stream"})
+
+    fields = {"ignore_eos": True, "max_tokens": 999}
+    [e async for e in engine_for(handler, request_fields=fields).generate(REQ)]
+    assert bodies[0]["ignore_eos"] is True
+    assert bodies[0]["max_tokens"] == 4  # the request's own fields win
 
 
 @pytest.mark.parametrize(

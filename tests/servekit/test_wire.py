@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from servekit.engine.protocol import GenerationRequest
 from servekit.errors import InvalidRequest
-from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request
+from servekit.wire import ChatCompletionRequest, CompletionRequest, parse_request, unknown_fields
 
 
 def chat(**fields: object) -> dict[str, object]:
@@ -12,9 +13,42 @@ def chat(**fields: object) -> dict[str, object]:
     return body
 
 
-def test_valid_request_keeps_unknown_fields_for_proxies() -> None:
-    req = parse_request(ChatCompletionRequest, chat(top_k=5, logit_bias={"1": 2}))
-    assert req.model_extra == {"top_k": 5, "logit_bias": {"1": 2}}
+ENGINE_NATIVE = {
+    "ignore_eos": True,
+    "min_tokens": 500,
+    "guided_regex": "(a+)+$",
+    "chat_template": "{{ 7 * 7 }}",
+    "priority": -100,
+    "cache_salt": "victim",
+    "kv_transfer_params": {"remote_host": "10.0.0.1"},
+}
+
+
+def test_engine_native_fields_are_dropped_not_forwarded() -> None:
+    body = chat(**ENGINE_NATIVE)
+    body["messages"] = [{"role": "user", "content": "hi", "chat_template": "x"}]
+    req = parse_request(ChatCompletionRequest, body)
+    assert req.model_extra is None
+    assert req.messages[0].model_extra is None
+    generation = GenerationRequest.from_chat(req, "r")
+    assert generation.extra == {}
+    text = parse_request(CompletionRequest, {"model": "m", "prompt": "x", **ENGINE_NATIVE})
+    assert GenerationRequest.from_completion(text, "r").extra == {}
+
+
+@pytest.mark.parametrize("field", ENGINE_NATIVE)
+def test_the_router_refuses_engine_native_fields(field: str) -> None:
+    for kind in ("chat", "completion"):
+        refused = unknown_fields(kind, {"model": "m", field: ENGINE_NATIVE[field]})
+        assert refused is not None
+        assert (refused.status, refused.code, refused.param) == (400, "unknown_parameter", field)
+
+
+def test_the_openai_surface_passes_the_field_check() -> None:
+    body = chat(stream=True, stream_options={"include_usage": True}, logprobs=False, user="u")
+    assert unknown_fields("chat", body) is None
+    assert unknown_fields("chat", chat(continue_final_message=True)) is None
+    assert unknown_fields("completion", {"model": "m", "prompt": "p", "echo": False}) is None
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,216 @@
+"""Issue 26's findings tried as a tenant (and a careless operator) would, against a
+running ``hybrid-llm up``: what was sent, what came back, closed or still open.
+
+    flock /tmp/bench.lock .venv/bin/python -m studies.attack [--router URL] [--key KEY]
+
+Needs the local topology up (``scripts/run.sh`` or ``hybrid-llm up``; the router
+on 127.0.0.1:8080 with the example key ``sk-local-dev``). The artifact-server
+and Consul-policy rows run on their own (a throw-away ``model-sync
+serve-artifacts`` and the rendered policy). Each row is one finding: ``closed``
+when the answer is the hardened one, ``OPEN`` for findings this branch does not
+close yet (listed so the gap stays visible), ``REGRESSED`` when a closed one
+answers the old way. The exit status is 1 on any regression, so CI can run it
+against a topology it started. Results: ``studies/attack.results.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from hybrid_llm.local.servers import REPO, free_port
+from model_sync import keys
+from model_sync.consul_policy import allowed, render_node_policy, rules
+
+CHAT: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "Say hi."}]}
+
+
+@dataclass
+class Row:
+    finding: str
+    tried: str
+    got: str
+    closed: bool | None  # None: a finding this branch leaves open
+
+
+Check = Callable[[httpx.Client], Row]
+
+
+def _err(r: httpx.Response) -> str:
+    try:
+        code = r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = None
+    return f"{r.status_code} {code}" if code else str(r.status_code)
+
+
+def deep_json(c: httpx.Client) -> Row:
+    depth = 100_000
+    raw = b'{"model": "auto", "messages": ' + b"[" * depth + b"]" * depth + b"}"
+    r = c.post("/v1/chat/completions", content=raw)
+    return Row("hostile JSON: depth", f"body nested {depth:,} deep", _err(r), r.status_code == 400)
+
+
+def nan_json(c: httpx.Client) -> Row:
+    raw = json.dumps(CHAT)[:-1] + ', "temperature": NaN}'
+    r = c.post("/v1/chat/completions", content=raw.encode())
+    return Row("hostile JSON: NaN", '"temperature": NaN', _err(r), r.status_code == 400)
+
+
+def long_number(c: httpx.Client) -> Row:
+    raw = json.dumps(CHAT)[:-1] + ', "seed": 1' + "0" * 4000 + "}"
+    r = c.post("/v1/chat/completions", content=raw.encode())
+    return Row("hostile JSON: number", "a 4,001-digit seed", _err(r), r.status_code == 400)
+
+
+def big_body(c: httpx.Client) -> Row:
+    body = {**CHAT, "messages": [{"role": "user", "content": "x" * (8 << 20)}]}
+    r = c.post("/v1/chat/completions", json=body)
+    return Row("body size", "an 8 MiB message", _err(r), r.status_code == 413)
+
+
+def engine_fields(c: httpx.Client) -> list[Row]:
+    out = []
+    for field, value in (
+        ("ignore_eos", True),
+        ("min_tokens", 200),
+        ("guided_regex", "(a+)+$"),
+        ("chat_template", "{{ 7 * 7 }}"),
+        ("priority", -100),
+        ("cache_salt", "victim"),
+        ("kv_transfer_params", {"remote_host": "10.0.0.1"}),
+    ):
+        r = c.post("/v1/chat/completions", json={**CHAT, field: value, "max_tokens": 4})
+        ok = r.status_code == 400 and _err(r).endswith("unknown_parameter")
+        out.append(Row("engine-native field", f"{field}: {json.dumps(value)}", _err(r), ok))
+    return out
+
+
+def default_output(c: httpx.Client) -> Row:
+    body = {**CHAT, "messages": [{"role": "user", "content": "Write a very long story."}]}
+    r = c.post("/v1/chat/completions", json=body)
+    got = r.json().get("usage", {}).get("completion_tokens") if r.status_code == 200 else None
+    ok = isinstance(got, int) and got <= 256
+    return Row("output budget", "no max_tokens (default 256)", f"{r.status_code}, {got} tokens", ok)
+
+
+def request_id(c: httpx.Client) -> list[Row]:
+    r = c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2},
+               headers={"X-Request-Id": "victim-123"})  # fmt: skip
+    rid, echoed = r.headers.get("x-request-id"), r.headers.get("x-client-request-id")
+    rows = [
+        Row(
+            "client request id",
+            "X-Request-Id: victim-123",
+            f"X-Request-Id {rid}, X-Client-Request-Id {echoed}",
+            rid != "victim-123" and echoed == "victim-123",
+        )
+    ]
+    ids = [
+        c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1}).headers.get(
+            "x-request-id", ""
+        )
+        for _ in range(2)
+    ]
+    shared = len(_common_prefix(*ids))
+    rows.append(
+        Row(
+            "request id leaks volume",
+            "two ids in a row",
+            f"{ids[0]} / {ids[1]} (common prefix {shared})",
+            shared <= len("req-") + 2,
+        )
+    )
+    return rows
+
+
+def cache_probe(c: httpx.Client) -> Row:
+    r = c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1})
+    header = r.headers.get("x-route-cached-tokens")
+    return Row("cross-tenant cache probe", "read X-Route-Cached-Tokens", f"{header!r}", None)
+
+
+def explain_unlimited(c: httpx.Client) -> Row:
+    r = c.post("/v1/route/explain", json=CHAT)
+    urls = "url" in r.text or "http://" in r.text
+    return Row("explain: no rate limit, internals", "POST /v1/route/explain",
+               f"{r.status_code}, internal URLs shown: {urls}", None)  # fmt: skip
+
+
+def artifact_server_open() -> Row:
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, "-m", "model_sync", "serve-artifacts", tmp,
+                "--host", "0.0.0.0", "--port", str(free_port())]  # fmt: skip
+        try:
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=30)
+            got = f"exit {done.returncode}"
+            ok = done.returncode == 2
+        except subprocess.TimeoutExpired:
+            got, ok = "served (still running after 30 s)", False
+    return Row("artifact server", "serve-artifacts on 0.0.0.0, no tokens", got, ok)
+
+
+def artifact_dotfiles() -> Row:
+    from model_sync.artifacts import resolve_artifact
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / ".git").mkdir()
+        (root / ".git" / "config").write_text("token")
+        found = resolve_artifact(root, ".git/config")
+    return Row("artifact server", "GET /.git/config", "served" if found else "404", found is None)
+
+
+def consul_policy() -> Row:
+    policy = rules(render_node_policy("edge-a", "edge-a"))
+    other = keys.desired_key("edge-b")
+    can = allowed(policy, "key", other, "write")
+    return Row("compromised node", f"edge-a's token writes {other}", "allowed" if can else "denied",
+               not can)  # fmt: skip
+
+
+def run(router: str, key: str) -> list[Row]:
+    rows: list[Row] = []
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=router, headers=headers, timeout=120) as c:
+        for check in (deep_json, nan_json, long_number, big_body):
+            rows.append(check(c))
+        rows += engine_fields(c)
+        rows.append(default_output(c))
+        rows += request_id(c)
+        rows += [cache_probe(c), explain_unlimited(c)]
+    rows += [artifact_server_open(), artifact_dotfiles(), consul_policy()]
+    return rows
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--router", default="http://127.0.0.1:8080")
+    p.add_argument("--key", default="sk-local-dev")
+    args = p.parse_args()
+    rows = run(args.router, args.key)
+    verdict = {True: "closed", False: "REGRESSED", None: "OPEN"}
+    print(f"{'finding':<34}{'tried':<58}{'verdict':<10}got")
+    for row in rows:
+        print(f"{row.finding:<34}{row.tried[:56]:<58}{verdict[row.closed]:<10}{row.got}")
+    return 1 if any(row.closed is False for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

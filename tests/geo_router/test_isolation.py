@@ -1,0 +1,119 @@
+"""What the router forwards is its own: the output budget always written and capped,
+request ids it makes (the client's kept apart), against a real fake upstream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+from asgi_lifespan import LifespanManager
+
+from geo_router.app import create_app
+from geo_router.bodycheck import capped_max_tokens
+from geo_router.request_ids import client_request_id, new_request_id
+from geo_router.settings import RouterSettings
+from tests.geo_router.conftest import router_settings, serve_fake, upstream
+from tests.geo_router.fake_upstream import Behavior
+
+pytestmark = pytest.mark.anyio
+
+CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+@asynccontextmanager
+async def router(settings: RouterSettings) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings)
+    async with LifespanManager(app) as manager:
+        transport = httpx.ASGITransport(app=manager.app, client=("127.0.0.1", 5555))
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+            yield client
+
+
+async def test_max_tokens_is_always_forwarded_and_capped(auth: dict[str, str]) -> None:
+    edge = Behavior()
+    routing = {"default_max_tokens": 200, "max_tokens_cap": 1000}
+    with serve_fake(edge) as url:
+        async with router(router_settings([upstream(url)], routing=routing)) as c:
+            for extra in ({}, {"max_tokens": 50_000}, {"max_completion_tokens": 9_999}):
+                r = await c.post("/v1/chat/completions", json={**CHAT, **extra}, headers=auth)
+                assert r.status_code == 200, r.text
+            r = await c.post("/v1/completions", json={"model": "auto", "prompt": "x"}, headers=auth)
+            assert r.status_code == 200, r.text
+    sent = [s["body"] for s in edge.seen]
+    assert sent[0]["max_tokens"] == 200  # engines default to the rest of the window
+    assert sent[1]["max_tokens"] == 1000
+    assert sent[2]["max_completion_tokens"] == 1000
+    assert sent[3]["max_tokens"] == 200
+
+
+async def test_the_token_limit_charges_what_is_forwarded(auth: dict[str, str]) -> None:
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(tpm=1000, burst_s=60)
+    edge = Behavior()
+    routing = {"default_max_tokens": 300, "max_tokens_cap": 400}
+    with serve_fake(edge) as url:
+        settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
+        async with router(settings) as c:
+            codes = []
+            for _ in range(4):  # a capped 50,000 costs 400, as forwarded: two fit in 1000
+                body = {**CHAT, "max_tokens": 50_000}
+                codes.append(
+                    (await c.post("/v1/chat/completions", json=body, headers=auth)).status_code
+                )
+    assert codes == [200, 200, 429, 429]
+
+
+async def test_a_clients_request_id_is_never_the_requests_id(auth: dict[str, str]) -> None:
+    edge = Behavior()
+    with serve_fake(edge) as url:
+        async with router(router_settings([upstream(url)])) as c:
+            headers = {**auth, "X-Request-Id": "victim-123"}
+            first = await c.post("/v1/chat/completions", json=CHAT, headers=headers)
+            second = await c.post("/v1/chat/completions", json=CHAT, headers=auth)
+    assert first.status_code == second.status_code == 200
+    sent = [s["headers"] for s in edge.seen]
+    assert sent[0]["x-request-id"] != "victim-123"
+    assert sent[0]["x-client-request-id"] == "victim-123"
+    assert "x-client-request-id" not in sent[1]
+    assert first.headers["x-request-id"] == sent[0]["x-request-id"]
+    assert first.headers["x-client-request-id"] == "victim-123"
+    ids = [first.headers["x-request-id"], second.headers["x-request-id"]]
+    assert ids[0] != ids[1]
+    # Nothing shared beyond the fixed "req-": no per-process prefix, no visible counter.
+    assert ids[0][:8] != ids[1][:8] or ids[0][-8:] != ids[1][-8:]
+
+
+def test_ids_are_unique_and_carry_no_counter() -> None:
+    ids = [new_request_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    assert all(i.startswith("req-") and len(i) == 28 for i in ids)
+    assert len({i[4:10] for i in ids}) > 1900  # no common prefix
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [("abc-123", True), ("a" * 128, True), ("a" * 129, False), ("a b", False), ("x\u00e9", False)],
+)
+def test_only_plain_client_ids_are_kept(value: str, kept: bool) -> None:
+    assert (client_request_id({"x-request-id": value}) == value) is kept
+
+
+@pytest.mark.parametrize(
+    ("body", "budget", "forwarded"),
+    [
+        ({}, 256, {"max_tokens": 256}),
+        ({"max_tokens": 10}, 10, {"max_tokens": 10}),
+        ({"max_tokens": 10**6}, 4096, {"max_tokens": 4096}),
+        (
+            {"max_tokens": 10**6, "max_completion_tokens": 5},
+            5,
+            {"max_tokens": 4096, "max_completion_tokens": 5},
+        ),
+    ],
+)
+def test_capped_max_tokens(body: dict[str, Any], budget: int, forwarded: dict[str, Any]) -> None:
+    assert capped_max_tokens(body, 256, 4096) == budget
+    assert body == forwarded
