@@ -19,7 +19,10 @@ an ``https://`` URL is only ever spoken to over TLS, and with ``require_tls``
 an ``http://`` one is refused before connecting. Failures raise
 :class:`ConnectError` (could not connect, or the TLS handshake failed),
 :class:`ConnectionBroken` (closed or malformed mid-response) or
-:class:`TimeoutError` (no byte within ``read_timeout_s`` while reading);
+:class:`TimeoutError` (no byte within ``read_timeout_s`` while reading a
+response the caller said is flowing (:meth:`Response.flowing`): the wait for
+the head and the first token is the caller's to bound, since a long prompt's
+prefill comes before them);
 ``geo_router.upstream.translate_error`` maps them onto the project's errors.
 A reused keep-alive connection that the server closed before answering is
 retried once on a fresh connection (nothing of the answer was seen).
@@ -210,12 +213,13 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class Response:
     """A response whose head has arrived; read its body with :meth:`chunks` or :meth:`read`."""
 
-    __slots__ = ("_conn", "_done", "_read_timeout_s", "headers", "status")
+    __slots__ = ("_conn", "_done", "_read_timeout_s", "_started", "headers", "status")
 
     def __init__(self, conn: _Conn, read_timeout_s: float | None) -> None:
         self._conn = conn
         self._read_timeout_s = read_timeout_s
         self._done = False
+        self._started = False  # see flowing()
         self.status = conn.status
         self.headers = conn.headers  # lower-case names
 
@@ -231,9 +235,16 @@ class Response:
                 return
             if conn.error is not None:
                 raise conn.error
-            await conn.wait(self._read_timeout_s)
+            await conn.wait(self._read_timeout_s if self._started else None)
+
+    def flowing(self) -> None:
+        """From now on, silence past ``read_timeout_s`` is an error. Until then the
+        caller bounds the wait: an engine may send a role chunk at once and its
+        first token only after a long prefill."""
+        self._started = True
 
     async def read(self) -> bytes:
+        self.flowing()
         parts = [part async for part in self.chunks()]
         return b"".join(parts)
 
@@ -323,7 +334,7 @@ class UpstreamPool:
             while not conn.headers_done:
                 if conn.error is not None:
                     raise conn.error
-                await conn.wait(self._read_timeout_s)
+                await conn.wait(None)  # the head may wait for a prefill: the caller's timer
         except BaseException:
             conn.close()
             raise

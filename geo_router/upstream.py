@@ -181,6 +181,7 @@ async def open_stream(
                     if isinstance(event.get("error"), dict):
                         raise error_from_body(502, event)
                 if done or any(_has_token(e) for e in new):
+                    response.flowing()  # silence is timed from the first token on
                     ttft = time.perf_counter() - start
                     return Primed(url, response, chunks, head, events, ttft, done, pending, decoder)
             raise upstream_failure("broken", url, "the stream ended before the first token")
