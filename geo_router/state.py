@@ -92,7 +92,7 @@ def intake(
     req_id = headers.get("x-request-id") or request_id()
     user = body.get("user")
     sticky = user if isinstance(user, str) and user else req_id
-    decision = state.planner.plan(body, region, sticky)
+    decision = state.planner.plan(body, region, sticky, tenant=tenant.name)
     upstream = dict(body)
     upstream["stream"] = True
     if not body["stream"]:
