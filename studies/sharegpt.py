@@ -120,7 +120,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as out:
         for messages, _ in found:
-            out.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+            out.write(json.dumps({"messages": messages}) + "\n")
     sizes = sorted(tokens for _, tokens in found)
     print(f"{len(found)} conversations -> {args.out}; estimated prompt tokens {sizes}")
 
