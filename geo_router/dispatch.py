@@ -81,7 +81,7 @@ def payload(body: dict[str, Any], cand: Scored) -> bytes:
     out = dict(body)
     out["model"] = cand.state.info.model
     if cand.trim is not None and "messages" in out:
-        out["messages"] = cand.trim.messages
+        out["messages"] = cand.trim.apply(out["messages"])
     return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
 
 

@@ -38,6 +38,12 @@ class Trim:
     dropped: int
     tokens: int  # estimated prompt tokens of what is kept
     budget: int = 0  # the prompt tokens it was trimmed to fit
+    source_len: int = 0  # messages in the conversation it was made from
+
+    def apply(self, messages: list[Any]) -> list[Any]:
+        """``messages`` trimmed: the kept ones, then whatever was appended after the
+        conversation this trim was made from (a continuation's partial answer)."""
+        return [*self.messages, *messages[self.source_len :]]
 
     def header(self) -> str:
         return f"dropped={self.dropped}; tokens={self.tokens}; budget={self.budget}"
@@ -79,7 +85,7 @@ def trim_messages(messages: Sequence[Any], budget_tokens: int) -> Trim | None:
     if start >= len(messages) or used > budget_tokens or start == head:
         return None
     kept = [*messages[:head], *messages[start:]]
-    return Trim(kept, start - head, used, budget_tokens)
+    return Trim(kept, start - head, used, budget_tokens, len(messages))
 
 
 def _role(message: Any) -> str:

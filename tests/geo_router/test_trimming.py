@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from geo_router.dispatch import payload
 from geo_router.settings import RoutingSettings
 from geo_router.trimming import trim_messages
 from tests.geo_router.test_placement import EAST, inst, planner
@@ -116,3 +118,17 @@ def test_a_tier_pinned_too_small_is_offered_anyway_so_its_own_400_answers() -> N
 def test_window_share_is_a_share(share: float) -> None:
     with pytest.raises(ValueError, match="window_share"):
         RoutingSettings.model_validate({"trimming": {"edge": {"window_share": share}}})
+
+
+def test_a_continuation_of_a_trimmed_conversation_keeps_its_partial_answer() -> None:
+    """The body of a continuation is the conversation plus the partial answer: the
+    trim keeps what it kept and the answer after it, not the bare trimmed list."""
+    messages = _conversation(12)
+    p, _, _ = planner(EDGE_AND_CENTER, trimming={"edge": {"enabled": True}})
+    chosen = p.plan(_body(messages), EAST, "u").candidates[0]
+    assert chosen.trim is not None
+    partial = {"role": "assistant", "content": "So far I"}
+    body = {**_body([*messages, partial]), "continue_final_message": True}
+    sent = json.loads(payload(body, chosen))
+    assert sent["messages"] == [*chosen.trim.messages, partial]
+    assert json.loads(payload(_body(messages), chosen))["messages"] == chosen.trim.messages
