@@ -58,6 +58,7 @@ class RouteRequest:
     headers: dict[str, str]  # sent upstream (priority, request id)
     arrived: float  # perf_counter at arrival
     upstream_body: dict[str, Any]  # the body as sent upstream (always streamed)
+    tenant: str | None = None  # its API key's tenant (trimming policy per tenant)
 
 
 @dataclass(slots=True)
@@ -185,7 +186,7 @@ class RoutedStream:
             outcome.labels("budget_spent").inc()
             return state.final_chunk("length") + DONE_FRAME
         try:
-            decision = r.planner.plan(req.body, req.region, req.sticky, exclude=tried)
+            decision = r.planner.plan(req.body, req.region, req.sticky, tried, req.tenant)
             cands = decision.candidates[: r.settings.max_attempts]
             attempt, _ = await self._race(cands, body, hedge=False)
         except ServeError:

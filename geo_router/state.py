@@ -103,5 +103,5 @@ def intake(
         "x-priority": tenant.priority,
         "x-request-id": req_id,
     }
-    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, upstream)
+    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, upstream, tenant.name)
     return Intake(req, decision)
