@@ -71,7 +71,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The TTFT deadline is enforced per attempt by the dispatcher; the read
-        # timeout bounds the gap between chunks once a stream flows.
+        # timeout bounds the gap between chunks once a stream flows (not the wait
+        # for its first bytes: a long cold prefill comes before them).
         client = UpstreamPool(
             connect_timeout_s=settings.connect_timeout_s,
             read_timeout_s=settings.routing.idle_timeout_s,

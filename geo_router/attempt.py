@@ -177,6 +177,7 @@ class Attempt:
                         if err is not None:
                             raise err
                     if reader.done or any(_has_token(e) for e in events):
+                        response.flowing()  # silence is timed from the first token on
                         self.ttft_s = time.perf_counter() - self.started
                         return
                 raise upstream_failure(

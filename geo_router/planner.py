@@ -8,11 +8,13 @@ A canary split picks one version per model, sticky per user, and prefers
 instances running it when any exist (instances of versions outside the split,
 such as a center serving the same model name, are not filtered).
 
-Context windows: an instance that reports ``max_context_tokens`` is offered
-only requests whose estimated prompt plus ``max_tokens`` fit it; a tier whose
-trimming policy is on (``routing.trimming``) gets long conversations trimmed
-to fit instead. When no instance can hold a request, those with the largest
-window are tried, and their own ``context_length_exceeded`` reaches the client.
+Context windows (``geo_router.trimming.fit_pool``): an instance that reports
+``max_context_tokens`` is offered only requests whose estimated prompt plus
+``max_tokens`` fit it; a tier whose trimming policy is on (``routing.trimming``,
+per tier and tenant) gets long conversations trimmed to fit instead. When no
+instance can hold a request, those with the largest window are tried, and their
+own ``context_length_exceeded`` reaches the client. A pinned tier is fitted
+among its own instances only, so one too small for the request answers 400.
 
 A prefix cached only away from the user (its first request happened to land
 on a neighbour) would keep its traffic there: the instance holding it is
@@ -43,7 +45,7 @@ from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scored, Scorer, within_budget_first
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
-from geo_router.trimming import Trim, trim_messages
+from geo_router.trimming import Trim, fit_pool
 from servekit.errors import ModelNotFound, NotReady
 from servekit.registry.protocol import InstanceState, Tier
 
@@ -178,6 +180,7 @@ class Planner:
         region: ResolvedRegion,
         sticky_key: str,
         exclude: Sequence[str] = (),
+        tenant: str | None = None,
     ) -> Decision:
         name = str(body.get("model", ""))
         aliases = self._routing.aliases
@@ -203,7 +206,7 @@ class Planner:
         pool = self._canary(pool, sticky_key, decision)
         shape = self.shape(body)
         decision.prompt_tokens = shape.tokens
-        decision.candidates = self._rank(pool, decision, shape)
+        decision.candidates = self._rank(pool, decision, shape, tenant)
         if not decision.candidates and not exclude:
             raise NotReady("no healthy upstream can serve this request", retry_after=1)
         return decision
@@ -231,41 +234,19 @@ class Planner:
                 ]
         return pool
 
-    def _fit(self, state: InstanceState, shape: RequestShape) -> tuple[int, Trim | None] | None:
-        """The prompt tokens ``state`` would get (after its tier's trim), or ``None``
-        when its window cannot hold the request."""
-        window = state.load.max_context_tokens
-        limit = None if window is None else window - shape.out_tokens
-        policy = self._routing.trimming.get(state.info.tier)
-        trimming = policy is not None and policy.enabled and shape.messages is not None
-        cap = policy.max_prompt_tokens if trimming and policy is not None else None
-        if cap is not None:
-            limit = cap if limit is None else min(limit, cap)
-        if limit is None or shape.tokens <= limit:
-            return shape.tokens, None
-        if trimming and shape.messages is not None:
-            trim = trim_messages(shape.messages, limit)
-            if trim is not None:
-                return trim.tokens, trim
-        if window is not None and shape.tokens + shape.out_tokens > window:
-            return None
-        return shape.tokens, None
-
     def _fitted(
-        self, pool: list[InstanceState], shape: RequestShape, decision: Decision
+        self, pool: list[InstanceState], shape: RequestShape, decision: Decision, tenant: str | None
     ) -> list[tuple[InstanceState, int, Trim | None]]:
-        fitted = []
-        for state in pool:
-            fit = self._fit(state, shape)
-            if fit is not None:
-                fitted.append((state, *fit))
-        if fitted or not pool:
-            return fitted
-        # Nobody can hold it by the estimate: let the largest windows say so themselves.
-        decision.fits = False
-        largest = max(s.load.max_context_tokens or 0 for s in pool)
-        widest = [s for s in pool if (s.load.max_context_tokens or 0) == largest]
-        return [(s, shape.tokens, None) for s in widest]
+        trimming = self._routing.trimming
+        found = fit_pool(
+            pool,
+            shape.tokens,
+            shape.out_tokens,
+            shape.messages,
+            lambda tier: trimming.policy(tier, tenant),
+        )
+        decision.fits = found.fits
+        return found.fitted
 
     def _score(
         self,
@@ -294,19 +275,20 @@ class Planner:
         )
 
     def _rank(
-        self, pool: list[InstanceState], decision: Decision, shape: RequestShape
+        self,
+        pool: list[InstanceState],
+        decision: Decision,
+        shape: RequestShape,
+        tenant: str | None = None,
     ) -> list[Scored]:
         region = decision.region.region
-        fitted = self._fitted(pool, shape, decision)
         order = self._scorer.order
-        if decision.model is not None:
+        if decision.model is None and decision.classification is None:  # pinned tier
+            pool = [s for s in pool if s.info.tier == decision.tier]
+        fitted = self._fitted(pool, shape, decision, tenant)
+        if decision.model is not None or decision.classification is None:
             return within_budget_first(
                 order([self._score(s, region, n, t, shape) for s, n, t in fitted])
-            )
-        if decision.classification is None:  # pinned tier
-            tiered = [(s, n, t) for s, n, t in fitted if s.info.tier == decision.tier]
-            return within_budget_first(
-                order([self._score(s, region, n, t, shape) for s, n, t in tiered])
             )
         preferred: Tier = "edge" if decision.tier == "edge" else "center"
         scored = [

@@ -36,6 +36,7 @@ class RouteRequest:
     sticky: str
     headers: dict[str, str]  # sent upstream (priority, request id)
     arrived: float  # perf_counter at arrival
+    tenant: str | None = None  # its API key's tenant (trimming policy per tenant)
 
 
 def upstream_body(req: RouteRequest, cand: Scored) -> bytes:
@@ -43,7 +44,7 @@ def upstream_body(req: RouteRequest, cand: Scored) -> bytes:
     out = dict(req.body)
     out["model"] = cand.state.info.model
     if cand.trim is not None and "messages" in out:
-        out["messages"] = cand.trim.messages
+        out["messages"] = cand.trim.apply(out["messages"])
     out["stream"] = True
     if not req.body.get("stream"):
         out["stream_options"] = {"include_usage": True}  # a non-streamed answer needs its usage

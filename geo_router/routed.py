@@ -142,7 +142,7 @@ class RoutedStream:
             return said.final_chunk("length") + DONE_FRAME
         try:
             # Re-planned as sent: window fit and trimming see the partial answer.
-            decision = r.planner.plan(req.body, req.region, req.sticky, exclude=tried)
+            decision = r.planner.plan(req.body, req.region, req.sticky, tried, req.tenant)
             cands = decision.candidates[: r.settings.max_attempts]
             attempt, _ = await first_primed(r, req, cands, hedge=False)
         except ServeError:

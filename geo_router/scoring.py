@@ -130,7 +130,7 @@ class Scored:
             "reported_wait_ms": self.state.load.predicted_wait_ms,
             "over_budget": self.over_budget,
             "warming": self.warming,
-            "trimmed": None if self.trim is None else {"dropped_messages": self.trim.dropped},
+            "trimmed": None if self.trim is None else self.trim.to_dict(),
             "weight": round(self.weight, 3),
             "circuit": self.circuit.name.lower(),
         }

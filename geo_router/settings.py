@@ -144,12 +144,48 @@ class PrefixCacheSettings(Section):
 
 
 class TrimSettings(Section):
-    """Opt-in trimming of long conversations for one tier (``geo_router.trimming``)."""
+    """Trimming of long conversations for one tier (``geo_router.trimming``)."""
 
     enabled: bool = Field(False, description="Drop the oldest turns when a request does not fit.")
+    last_resort: bool = Field(
+        False,
+        description="Trim only a conversation that no candidate of any tier can hold whole "
+        "(otherwise: whenever it does not fit this tier).",
+    )
     max_prompt_tokens: int | None = Field(
         None, ge=1, description="Trim prompts above this too (default: only what cannot fit)."
     )
+    window_share: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Trim to this share of the window: the router's token count is an "
+        "estimate, and a trim that fills the window exactly may still overflow it.",
+    )
+
+
+class TierTrimming(Section):
+    """A trimming policy per tier (none: that tier never trims)."""
+
+    edge: TrimSettings | None = None
+    center: TrimSettings | None = None
+
+    def for_tier(self, tier: Tier) -> TrimSettings | None:
+        return self.edge if tier == "edge" else self.center
+
+
+class TrimmingSettings(TierTrimming):
+    """Per tier, and per tenant (a tenant's tier entry replaces the default for it)."""
+
+    tenants: dict[str, TierTrimming] = Field(
+        default_factory=dict, description="Per tenant name (auth keys' `tenant`)."
+    )
+
+    def policy(self, tier: Tier, tenant: str | None = None) -> TrimSettings | None:
+        own = self.tenants.get(tenant) if tenant is not None else None
+        if own is not None and own.for_tier(tier) is not None:
+            return own.for_tier(tier)
+        return self.for_tier(tier)
 
 
 class RoutingSettings(Section):
@@ -165,7 +201,12 @@ class RoutingSettings(Section):
         "long prompt priced at 15 s of prefill is not cut at ttft_deadline_s.",
     )
     request_timeout_s: float = Field(300.0, gt=0, description="Whole non-streamed request.")
-    idle_timeout_s: float = Field(30.0, gt=0, description="Gap between streamed chunks.")
+    idle_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Gap between an upstream's bytes once it sent its first (the wait for "
+        "the first is the first-token deadline's, or request_timeout_s for the last candidate).",
+    )
     max_attempts: int = Field(3, ge=1, description="Upstreams tried before the first byte.")
     max_continuations: int = Field(2, ge=0, description="Mid-stream resumptions per request.")
     p2c_window_ms: float = Field(
@@ -203,8 +244,9 @@ class RoutingSettings(Section):
         "candidates that can start in time.",
     )
     prefix_cache: PrefixCacheSettings = Field(default_factory=PrefixCacheSettings)
-    trimming: dict[Tier, TrimSettings] = Field(
-        default_factory=dict, description="Per tier: trim long histories to fit (opt-in)."
+    trimming: TrimmingSettings = Field(
+        default_factory=TrimmingSettings,
+        description="Per tier and tenant: trim long histories to fit (opt-in).",
     )
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     hedge: HedgeSettings = Field(default_factory=HedgeSettings)

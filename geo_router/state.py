@@ -83,7 +83,7 @@ async def intake(
     req_id = new_request_id()  # never the client's: vLLM takes it as its own id
     user = body.get("user")
     sticky = user if isinstance(user, str) and user else req_id
-    decision = state.planner.plan(body, region, sticky)
+    decision = state.planner.plan(body, region, sticky, tenant=tenant.name)
     up_headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -93,5 +93,5 @@ async def intake(
     client_id = client_request_id(headers)
     if client_id is not None:
         up_headers[CLIENT_ID_HEADER] = client_id
-    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived)
+    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, tenant.name)
     return Intake(req, decision)

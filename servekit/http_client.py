@@ -23,7 +23,10 @@ an ``http://`` one is refused before connecting. Failures raise
 :class:`ConnectError` (could not connect within ``connect_timeout_s``, or
 the TLS handshake failed: nothing was sent),
 :class:`ConnectionBroken` (closed or malformed mid-response) or
-:class:`TimeoutError` (no byte within ``read_timeout_s`` while reading);
+:class:`TimeoutError` (no byte within ``read_timeout_s`` while reading a
+response the caller said is flowing (:meth:`Response.flowing`): the wait for
+the head and the first token is the caller's to bound, since a long prompt's
+prefill comes before them);
 ``servekit.transport.map_failure`` maps them onto the project's errors.
 A reused keep-alive connection that the server closed before answering is
 retried once on a fresh connection (nothing of the answer was seen).
@@ -214,12 +217,13 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class Response:
     """A response whose head has arrived; read its body with :meth:`chunks` or :meth:`read`."""
 
-    __slots__ = ("_conn", "_done", "_read_timeout_s", "headers", "status")
+    __slots__ = ("_conn", "_done", "_read_timeout_s", "_started", "headers", "status")
 
     def __init__(self, conn: _Conn, read_timeout_s: float | None) -> None:
         self._conn = conn
         self._read_timeout_s = read_timeout_s
         self._done = False
+        self._started = False  # see flowing()
         self.status = conn.status
         self.headers = conn.headers  # lower-case names
 
@@ -235,9 +239,16 @@ class Response:
                 return
             if conn.error is not None:
                 raise conn.error
-            await conn.wait(self._read_timeout_s)
+            await conn.wait(self._read_timeout_s if self._started else None)
+
+    def flowing(self) -> None:
+        """From now on, silence past ``read_timeout_s`` is an error. Until then the
+        caller bounds the wait: an engine may send a role chunk at once and its
+        first token only after a long prefill."""
+        self._started = True
 
     async def read(self) -> bytes:
+        self.flowing()
         parts = [part async for part in self.chunks()]
         return b"".join(parts)
 
@@ -327,7 +338,7 @@ class UpstreamPool:
             while not conn.headers_done:
                 if conn.error is not None:
                     raise conn.error
-                await conn.wait(self._read_timeout_s)
+                await conn.wait(None)  # the head may wait for a prefill: the caller's timer
         except BaseException:
             conn.close()
             raise

@@ -58,6 +58,10 @@ class UpstreamResponse(Protocol):
 
     async def read(self) -> bytes: ...
 
+    def flowing(self) -> None:
+        """The first token arrived: from now on silence past the read timeout is an
+        error (the wait before it, a prefill, is the caller's to bound)."""
+
     def release(self) -> None:
         """Done with it: the connection is reused if the body was read out."""
 

@@ -38,7 +38,9 @@ def _records(path: Path) -> Iterator[Any]:
             raise ValueError(f"{path}: expected a JSON array or JSON lines")
         yield from data
         return
-    for number, line in enumerate(text.splitlines(), 1):
+    # JSON lines end at "\n" only: str.splitlines() also splits inside strings at
+    # U+2028, U+0085 and friends, which real chat text (ShareGPT) carries raw.
+    for number, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
                 yield json.loads(line)

@@ -178,7 +178,7 @@ def test_cpu_config_runs_the_edge_agent_as_a_subprocess(tmp_path: Path) -> None:
     # batching as many sequences as the gateway counts on.
     edge = EdgeSettings.model_validate(yaml.safe_load(plan.files[config_file]))
     assert isinstance(edge.engine, BatchingEngineSettings)
-    assert (edge.engine.slots, edge.engine.ctx_per_slot) == (4, 2048)
+    assert (edge.engine.slots, edge.engine.ctx_per_slot) == (4, 8192)
     assert edge.engine.model_name == "smollm2-135m-instruct"
     assert edge.engine.model_path.is_absolute()
     assert edge.engine.n_threads == 1

@@ -65,7 +65,7 @@ def test_replicas_run_the_generated_vllm_command_lines(gateway: str) -> None:
         # The replica answers vLLM's own API at the address the gateway derived.
         models = httpx.get(replicas[name]["url"] + "/v1/models").json()
         assert models["data"][0]["id"] == MODEL_NAME
-        assert models["data"][0]["max_model_len"] == 2048
+        assert models["data"][0]["max_model_len"] == 8192
 
 
 def test_openai_sdk_through_the_gateway(gateway: str) -> None:
@@ -90,7 +90,7 @@ def test_openai_sdk_through_the_gateway(gateway: str) -> None:
             )
         # vLLM's own refusal (prompt past max_model_len) comes back as a 400, not a 5xx.
         with pytest.raises(openai.BadRequestError):
-            client.completions.create(model=MODEL_NAME, prompt="word " * 3000, max_tokens=2)
+            client.completions.create(model=MODEL_NAME, prompt="word " * 9000, max_tokens=2)
 
 
 def test_concurrent_load_uses_both_replicas_and_their_metrics(gateway: str) -> None:

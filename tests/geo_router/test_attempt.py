@@ -33,6 +33,7 @@ class FakeResponse:
         self.headers = headers
         self._parts = parts
         self.closed = self.released = 0
+        self.flowed = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         for part in self._parts:
@@ -40,6 +41,9 @@ class FakeResponse:
 
     async def read(self) -> bytes:
         return b"".join(self._parts)
+
+    def flowing(self) -> None:
+        self.flowed = True
 
     def release(self) -> None:
         self.released += 1
@@ -125,6 +129,8 @@ def test_a_429s_retry_after_is_the_back_off_and_the_next_candidate_answers() -> 
         r = routing(transport, shed_backoff_s=0.0)
         attempt, hedged = await first_primed(r, REQ, [cand("a"), cand("b")], hedge=False)
         assert (attempt.cand.id, hedged) == ("b", False)
+        # Only a stream whose first token arrived is timed for silence from then on.
+        assert (busy.flowed, ok.flowed) == (False, True)
         assert r.tracker.stats("a").refused_until > time.monotonic() + 25
         assert r.tracker.stats("a").inflight == 0
         assert transport.sent[0]["stream"] is True  # always streamed upstream

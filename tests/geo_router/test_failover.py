@@ -168,8 +168,8 @@ def test_stall_past_the_ttft_deadline_moves_on() -> None:
             assert r.json()["choices"][0]["message"]["content"] == "w0 w1"
             assert r.headers["x-route-instance"] == "ok"
             assert time.monotonic() - start < 3
-        # Silence is still cut, at the idle timeout, when nobody is left to try.
-        with routed([state(a, "slow")], ttft_deadline_s=0.3, idle_timeout_s=0.5) as url:
+        # Silence is still cut, at the request timeout, when nobody is left to try.
+        with routed([state(a, "slow")], ttft_deadline_s=0.3, request_timeout_s=0.5) as url:
             r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH, timeout=10)
             assert r.status_code == 504
             assert r.json()["error"]["type"] == "timeout"
@@ -179,6 +179,20 @@ def test_the_last_candidate_is_not_cut_at_the_first_token_deadline() -> None:
     """With nobody left to fail over to, a slow first token is an answer, not a 504."""
     late = Behavior(words=2, first_token_delay_s=1.0)
     with serve_fake(late) as a, routed([state(a, "late")], ttft_deadline_s=0.3) as url:
+        r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH, timeout=10)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "w0 w1"
+
+
+def test_a_long_prefill_on_the_last_candidate_outlasts_the_idle_timeout() -> None:
+    """The idle timeout times silence once tokens flow, not the wait for the first
+    one: a long cold prompt on the last candidate (its role chunk sent at once, its
+    first token after the prefill) is answered, not cut into a 504."""
+    prefill = Behavior(words=2, first_token_delay_s=1.2)
+    with (
+        serve_fake(prefill) as a,
+        routed([state(a, "long")], ttft_deadline_s=0.3, idle_timeout_s=0.4) as url,
+    ):
         r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH, timeout=10)
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"] == "w0 w1"

@@ -17,7 +17,6 @@ from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scorer
 from geo_router.settings import RegionSettings, RoutingSettings
 from geo_router.tracker import Tracker
-from geo_router.trimming import trim_messages
 from servekit.engine.protocol import LoadReport
 from servekit.prefix_blocks import sampled
 from servekit.registry.protocol import InstanceInfo, InstanceState
@@ -146,45 +145,6 @@ def test_a_conversation_longer_than_the_edge_window_goes_to_the_center() -> None
     none_fits = p2.plan(body, EAST, "u")
     assert [c.id for c in none_fits.candidates] == ["c"]
     assert none_fits.to_dict()["fits_a_window"] is False
-
-
-def test_trimming_is_opt_in_per_tier_and_keeps_the_system_prompt_and_latest_turns() -> None:
-    # Same engines (the local topology's CPU stand-ins): only the window differs.
-    states = [
-        inst("edge-a", max_context_tokens=512, prefill_tokens_per_s=150.0),
-        inst("center", "center", "center", max_context_tokens=8192, prefill_tokens_per_s=150.0),
-    ]
-    history = [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "word " * 80}
-        for i in range(12)
-    ]
-    messages = [
-        {"role": "system", "content": "Be brief."},
-        *history,
-        {"role": "user", "content": "ok"},
-    ]
-    body = {"model": "auto", "max_tokens": 64, "messages": messages}
-    p, _, _ = planner(states, trimming={"edge": {"enabled": True}})
-    chosen = p.plan(body, EAST, "u").candidates[0]
-    assert chosen.id == "edge-a"
-    assert chosen.trim is not None
-    kept = chosen.trim.messages
-    assert kept[0]["content"] == "Be brief."
-    assert kept[-1]["content"] == "ok"
-    assert kept[1]["role"] == "user"
-    assert messages[-len(kept) + 1 :] == kept[1:]
-    assert chosen.trim.tokens <= 512 - 64
-    assert chosen.to_dict()["trimmed"] == {"dropped_messages": chosen.trim.dropped}
-    # The center's policy is off: it would get the whole conversation.
-    center = next(c for c in p.plan(body, EAST, "u").candidates if c.tier == "center")
-    assert center.trim is None
-
-
-def test_trim_returns_nothing_when_it_fits_or_cannot() -> None:
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hello"}]
-    assert trim_messages(msgs, 100) is None
-    huge = [{"role": "system", "content": "s"}, {"role": "user", "content": "x " * 2000}]
-    assert trim_messages(huge, 100) is None
 
 
 def test_an_edge_that_would_refuse_on_its_budget_ranks_behind_those_that_can_start() -> None:

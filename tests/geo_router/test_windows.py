@@ -42,25 +42,40 @@ def _agent(stack: ExitStack, tmp: Path, name: str, region: str, window: int) -> 
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[str]:
+def agents(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> Iterator[list[Any]]:
     tmp = tmp_path_factory.mktemp("windows")
     with ExitStack() as stack:
         small = _agent(stack, tmp, "edge-small", "east", 256)
         large = _agent(stack, tmp, "center-large", "center", 1024)
-        ups = [
+        yield [
             upstream(small, id="edge-small"),
             upstream(large, tier="center", region="center", id="center-large"),
         ]
-        # A big center bias: only the window may send a simple request to the center.
-        routing = {"ttft_deadline_s": 180.0, "slow_start_s": 0, "center_bias_ms": 5000}
-        app = create_app(router_settings(ups, routing=routing))
-        server = stack.enter_context(UvicornThread(app, http=HeadWithBodyProtocol))
+
+
+def _router(ups: list[Any], **routing: Any) -> Iterator[str]:
+    # A big center bias: only the window may send a simple request to the center.
+    base = {"ttft_deadline_s": 180.0, "slow_start_s": 0, "center_bias_ms": 5000}
+    app = create_app(router_settings(ups, routing={**base, **routing}))
+    with UvicornThread(app, http=HeadWithBodyProtocol) as server:
         for _ in range(100):  # until both windows are known from /load
             found = _explain(server.url, [{"role": "user", "content": "hi"}])
             if all(c["max_context_tokens"] for c in found["candidates"]):
                 break
             time.sleep(0.1)
         yield server.url
+
+
+@pytest.fixture(scope="module")
+def router(agents: list[Any]) -> Iterator[str]:
+    yield from _router(agents)
+
+
+@pytest.fixture(scope="module")
+def trimming_router(agents: list[Any]) -> Iterator[str]:
+    """The local topology's policy: trim only what no tier can hold whole."""
+    last_resort = {"enabled": True, "last_resort": True}
+    yield from _router(agents, trimming={"edge": last_resort, "center": last_resort})
 
 
 def _explain(url: str, messages: list[dict[str, str]]) -> dict[str, Any]:
@@ -111,3 +126,41 @@ def test_a_conversation_longer_than_the_edge_window_is_served_by_the_larger_one(
     )
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_conversation_no_window_holds_is_trimmed_as_a_last_resort_and_says_so(
+    trimming_router: str,
+) -> None:
+    body: dict[str, Any] = {"model": "auto", "max_tokens": 8, "stream": False}
+    # Between the windows: the center holds it whole, nobody trims.
+    between = [*_history(8), {"role": "user", "content": "Thanks, that was helpful!"}]
+    plan = _explain(trimming_router, between)
+    assert [(c["id"], c["trimmed"]) for c in plan["candidates"]] == [("center-large", None)]
+    # Beyond every window: trimmed to a share of the chosen window, and it says so.
+    huge = [*_history(40), {"role": "user", "content": "ok"}]
+    plan = _explain(trimming_router, huge)
+    assert plan["prompt_tokens"] > 1024
+    assert plan["fits_a_window"] is True
+    r = httpx.post(
+        trimming_router + "/v1/chat/completions",
+        json={**body, "messages": huge},
+        headers=AUTH,
+        timeout=240,
+    )
+    assert r.status_code == 200, r.text
+    trimmed = dict(part.split("=") for part in r.headers["x-route-trimmed"].split("; "))
+    window = 256 if r.headers["x-route-tier"] == "edge" else 1024
+    assert trimmed["budget"] == str(int(window * 0.8) - 8)
+    assert int(trimmed["dropped"]) > 0
+    assert r.json()["usage"]["prompt_tokens"] <= window - 8
+
+
+def test_a_tier_pinned_too_small_answers_400_naming_its_limit(router: str) -> None:
+    """Not a 503: the pinned tier's own window refuses, and says by how much."""
+    between = [*_history(8), {"role": "user", "content": "Thanks, that was helpful!"}]
+    body = {"model": "edge", "max_tokens": 8, "messages": between, "stream": False}
+    r = httpx.post(router + "/v1/chat/completions", json=body, headers=AUTH, timeout=240)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "256" in error["message"]

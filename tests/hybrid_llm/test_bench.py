@@ -288,6 +288,16 @@ def test_route_shares_and_same_city_share_in_the_summary() -> None:
     assert shares == {"edge": 0.8, "center": 0.2, "same_city": 0.6}
 
 
+def test_dataset_lines_split_only_at_newlines(tmp_path: Path) -> None:
+    """Real chat text carries U+2028 and U+0085 raw in JSON lines; they are not line ends."""
+    text = "first\u2028second\x85third"
+    path = tmp_path / "chat.jsonl"
+    record = {"messages": [{"role": "user", "content": text}]}
+    path.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
+    (conv,) = parse_dataset(path)
+    assert conv.turns == (text,)
+
+
 def test_datasets_in_openai_sharegpt_and_aiperf_shapes(tmp_path: Path) -> None:
     system = {"role": "system", "content": "S"}
     openai = tmp_path / "openai.jsonl"
