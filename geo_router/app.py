@@ -26,9 +26,10 @@ from geo_router.catalog import (
     cancel_all,
     open_discovery,
 )
-from geo_router.classifier import DifficultyClassifier
+from geo_router.classifier import TaskClassifier
 from geo_router.completions import route_completion
 from geo_router.continuation import Kind
+from geo_router.feedback import FeedbackBook
 from geo_router.http_client import UpstreamPool
 from geo_router.membership import Membership
 from geo_router.metrics import RouterMetrics
@@ -97,10 +98,10 @@ def create_app(
             following = asyncio.create_task(membership.run(settings.poll_interval_s))
             stack.push_async_callback(cancel_all, [following])
             scorer = Scorer(settings.routing, settings.region.rtt_table(), tracker, rng)
-            classifier = DifficultyClassifier.load(
+            classifier = TaskClassifier.load(
                 settings.classifier.weights,
                 settings.classifier.threshold,
-                settings.classifier.max_chars,
+                settings.classifier.policy,
             )
             cache = settings.routing.prefix_cache
             prefixes = (
@@ -139,6 +140,7 @@ def create_app(
                 ),
                 metrics=metrics,
                 stale=found.stale,
+                feedback=FeedbackBook(metrics.registry, log=settings.feedback_log),
             )
             # Everything built so far (FastAPI, pydantic, the catalog) lives as
             # long as the process: keep it out of the collector's full passes,

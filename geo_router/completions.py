@@ -11,6 +11,7 @@ body through :func:`~geo_router.state.intake`, opens a
 from __future__ import annotations
 
 from geo_router.continuation import Kind, assemble
+from geo_router.feedback import Served
 from geo_router.routed import RoutedStream
 from geo_router.state import RouterState, intake
 from servekit.asgi import DisconnectWatch, Scope, Send, raw_headers, send_json
@@ -40,6 +41,12 @@ async def route_completion(
         "X-Route-Cached-Tokens": str(cand.cached_tokens),
         "X-Request-Id": req.headers["x-request-id"],
     }
+    cls = taken.decision.classification
+    if cls is not None:
+        # Its own header: X-Route-Reason stays one word, which clients count by.
+        route_headers["X-Route-Task"] = (
+            f"{cls.task}; p={cls.task_score:.2f}; gap={cls.score:.2f}; rule={cls.rule}"
+        )
     if cand.trim is not None:
         route_headers["X-Route-Trimmed"] = cand.trim.header()
     try:
@@ -50,6 +57,10 @@ async def route_completion(
             pass
     finally:
         await stream.aclose()
+        info = cand.state.info
+        task = cls.task if cls is not None else "-"
+        served = Served(taken.tenant, cand.tier, info.model, info.version or "-", task)
+        state.feedback.served((stream.state.id or "", req.headers["x-request-id"]), served)
     if stream.state.error is not None:
         raise stream.state.error
     watch.finish()

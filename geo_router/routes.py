@@ -5,6 +5,7 @@ The completion endpoints themselves are plain ASGI (``geo_router.completions``).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 
@@ -13,10 +14,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from geo_router.continuation import Kind
+from geo_router.feedback import parse_rating
 from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.state import RouterState, intake
 from geo_router.tracker import Circuit
-from servekit.errors import NotReady
+from servekit.errors import InvalidRequest, NotReady
 
 __all__ = ["router"]
 
@@ -68,6 +70,29 @@ async def models(request: Request) -> Response:
     names = [*state.settings.routing.aliases, *state.planner.models()]
     data = [{"id": n, "object": "model", "created": now, "owned_by": "hybrid-llm"} for n in names]
     return JSONResponse({"object": "list", "data": data})
+
+
+@router.post("/v1/feedback", responses=ERROR_RESPONSES, tags=["router"])
+async def feedback(request: Request) -> Response:
+    """Rate an answer this key was served: ``{"response_id", "score" | "thumbs", "comment"?}``."""
+    state = _state(request)
+    tenant = state.auth.authenticate(request.headers.get("authorization"))
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("the body is not valid JSON") from None
+    rating = parse_rating(body)
+    served = state.feedback.rate(tenant.name, rating)
+    return JSONResponse(
+        {
+            "response_id": rating.response_id,
+            "score": rating.score,
+            "tier": served.tier,
+            "version": served.version,
+            "task": served.task,
+        }
+    )
 
 
 @router.get("/health", tags=["ops"])

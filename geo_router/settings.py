@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from geo_router.policy import PolicySettings
 from servekit import rtt
 from servekit.config import Section
 from servekit.peers import PeerSettings
@@ -103,9 +104,16 @@ class RegionSettings(Section):
 
 
 class ClassifierSettings(Section):
-    threshold: float = Field(0.5, ge=0.0, le=1.0, description="score >= threshold means hard.")
-    weights: Path | None = Field(None, description="Weights JSON; the bundled one if unset.")
-    max_chars: int = Field(4000, ge=100, description="Only the last N chars of text are read.")
+    threshold: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="The dial: expected quality gap >= threshold goes to the center.",
+    )
+    weights: Path | None = Field(None, description="Task model JSON; the bundled one if unset.")
+    policy: PolicySettings = Field(
+        default_factory=PolicySettings, description="Task type, tenant, use case -> tier."
+    )
 
 
 class BreakerSettings(Section):
@@ -240,3 +248,6 @@ class RouterSettings(Section):
     )
     connect_timeout_s: float = Field(2.0, gt=0)
     graceful_shutdown_s: float = Field(30.0, ge=0, description="Time for in-flight streams.")
+    feedback_log: Path | None = Field(
+        None, description="Append users' ratings (POST /v1/feedback) to this JSON-lines file."
+    )

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from geo_router.auth import Authenticator, RateLimiter
 from geo_router.bodycheck import validated_body
-from geo_router.classifier import DifficultyClassifier
+from geo_router.classifier import TaskClassifier
 from geo_router.continuation import Kind
 from geo_router.conversation import estimate_prompt_tokens
+from geo_router.feedback import FeedbackBook
 from geo_router.metrics import RouterMetrics
 from geo_router.planner import Decision, Planner
 from geo_router.region import RegionResolver
@@ -48,12 +49,13 @@ class RouterState:
     auth: Authenticator
     limiter: RateLimiter
     resolver: RegionResolver
-    classifier: DifficultyClassifier
+    classifier: TaskClassifier
     planner: Planner
     tracker: Tracker
     routing: Routing
     metrics: RouterMetrics
     stale: Callable[[], bool]  # discovery runs on a last-known catalog
+    feedback: FeedbackBook
 
     def refused(self, exc: ServeError) -> None:
         """Count a request refused before routing (a client error)."""
@@ -65,6 +67,7 @@ class RouterState:
 class Intake:
     request: RouteRequest
     decision: Decision
+    tenant: str
 
 
 def intake(
@@ -92,7 +95,8 @@ def intake(
     req_id = headers.get("x-request-id") or request_id()
     user = body.get("user")
     sticky = user if isinstance(user, str) and user else req_id
-    decision = state.planner.plan(body, region, sticky)
+    use_case = headers.get("x-use-case")
+    decision = state.planner.plan(body, region, sticky, tenant=tenant.name, use_case=use_case)
     upstream = dict(body)
     upstream["stream"] = True
     if not body["stream"]:
@@ -104,4 +108,4 @@ def intake(
         "x-request-id": req_id,
     }
     req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, upstream)
-    return Intake(req, decision)
+    return Intake(req, decision, tenant.name)
