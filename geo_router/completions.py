@@ -57,6 +57,7 @@ async def route_completion(
             pass
     finally:
         await stream.aclose()
+        stream.state.sync()  # parses what was recorded: the answer's id
         info = cand.state.info
         task = cls.task if cls is not None else "-"
         served = Served(taken.tenant, cand.tier, info.model, info.version or "-", task)
