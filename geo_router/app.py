@@ -29,7 +29,7 @@ from geo_router.catalog import (
 from geo_router.classifier import TaskClassifier
 from geo_router.completions import route_completion
 from geo_router.continuation import Kind
-from geo_router.feedback import FeedbackBook
+from geo_router.feedback import FeedbackBook, publish_acceptance, source_name
 from geo_router.http_client import UpstreamPool
 from geo_router.membership import Membership
 from geo_router.metrics import RouterMetrics
@@ -121,6 +121,7 @@ def create_app(
                 prefixes,
                 membership.known,
             )
+            feedback = FeedbackBook(metrics.registry, log=settings.feedback_log)
             app.state.router = RouterState(
                 settings=settings,
                 auth=Authenticator(settings.auth),
@@ -140,8 +141,14 @@ def create_app(
                 ),
                 metrics=metrics,
                 stale=found.stale,
-                feedback=FeedbackBook(metrics.registry, log=settings.feedback_log),
+                feedback=feedback,
             )
+            if found.kv is not None:
+                source = source_name(settings.port)
+                publishing = asyncio.create_task(
+                    publish_acceptance(feedback, found.kv, source, settings.poll_interval_s)
+                )
+                stack.push_async_callback(cancel_all, [publishing])
             # Everything built so far (FastAPI, pydantic, the catalog) lives as
             # long as the process: keep it out of the collector's full passes,
             # whose cost grows with the whole heap and lands on whichever

@@ -11,15 +11,21 @@ accepted answer.
 The book remembers the last ``max_served`` answers (oldest forgotten first)
 and counts ratings in Prometheus (``router_feedback_total``,
 ``router_feedback_score``) labelled by tier, model, version and task type,
-and in :meth:`FeedbackBook.acceptance` per model version, which model_sync's
-acceptance gate reads (``docs/model_sync.md``). With ``log`` set, every
+and in :meth:`FeedbackBook.acceptance` per model version, which
+:func:`publish_acceptance` writes to the registry's KV store for model_sync's
+acceptance gate (``docs/model_sync.md``). A router that restarts counts again
+from zero under the same name. With ``log`` set, every
 rating is appended to a JSON-lines file (``geo-router eval-classifier
 --feedback`` reports acceptance per task type from it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import re
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -30,8 +36,19 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from servekit.errors import Conflict, InvalidRequest, NotFound
+from servekit.registry.protocol import KVStore, RegistryError
 
-__all__ = ["Acceptance", "FeedbackBook", "Rating", "Served", "parse_rating"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Acceptance",
+    "FeedbackBook",
+    "Rating",
+    "Served",
+    "parse_rating",
+    "publish_acceptance",
+    "source_name",
+]
 
 MAX_COMMENT_CHARS = 2000
 ACCEPTED = 0.5
@@ -146,3 +163,30 @@ class FeedbackBook:
     def acceptance(self) -> dict[tuple[str, str], Acceptance]:
         """Ratings so far per (model, version)."""
         return dict(self._acceptance)
+
+
+def source_name(port: int) -> str:
+    """This router's name among the feedback reporters: host and port, as a key segment."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()) or "router"
+    return f"{host.lstrip('.-_') or 'router'}-{port}"[:120]
+
+
+async def publish_acceptance(
+    book: FeedbackBook, kv: KVStore, source: str, interval_s: float
+) -> None:
+    """Write this router's counts to ``models/<model>/feedback/<version>/<source>``
+    (what model_sync's acceptance gate sums) whenever they changed."""
+    written: dict[tuple[str, str], tuple[int, int]] = {}
+    while True:
+        for (model, version), acc in book.acceptance().items():
+            now = (acc.rated, acc.accepted)
+            if written.get((model, version)) == now or "/" in model + version:
+                continue
+            value = json.dumps({"rated": acc.rated, "accepted": acc.accepted}).encode()
+            try:
+                await kv.put(f"models/{model}/feedback/{version}/{source}", value)
+            except (RegistryError, OSError) as exc:
+                log.debug("feedback counts not published: %s", exc)
+                continue
+            written[(model, version)] = now
+        await asyncio.sleep(interval_s)
