@@ -38,9 +38,9 @@ from servekit.config import load_settings
 __all__ = ["curve", "evaluate", "load_eval", "load_own", "main"]
 
 Row = dict[str, Any]
-# MT-Bench category groups the issue reports on: where a small model is worst, and best.
-HARD_GROUP = ("math", "reasoning", "code")
-SOFT_GROUP = ("writing", "roleplay")  # and MT-Bench humanities (``explanation`` here)
+# MT-Bench categories where a small model loses most (both turns), and least (first turns).
+HARD_GROUP = ("math", "reasoning", "coding")
+SOFT_GROUP = ("writing", "roleplay", "humanities")
 
 
 def _data(name: str, path: Path | None) -> list[Row]:
@@ -126,8 +126,12 @@ def evaluate(clf: TaskClassifier, held: list[Row], own: list[Row]) -> dict[str, 
     own_predicted = [clf.classify(r).task for r in own]
     tiers = [clf.classify(r).difficulty for r in held]
 
-    def center(tasks: Sequence[str]) -> dict[str, int]:
-        picked = [t for r, t in zip(held, tiers, strict=True) if r["task"] in tasks]
+    def center(categories: Sequence[str], turns: Sequence[int] = (1, 2)) -> dict[str, int]:
+        picked = [
+            t
+            for r, t in zip(held, tiers, strict=True)
+            if r.get("category") in categories and r.get("turn", 1) in turns
+        ]
         return {"center": picked.count("hard"), "n": len(picked)}
 
     return {
@@ -137,9 +141,9 @@ def evaluate(clf: TaskClassifier, held: list[Row], own: list[Row]) -> dict[str, 
             "by_turn": _acc(held, predicted, lambda r: f"turn {r.get('turn', 1)}"),
             "by_lang": _acc(held, predicted, lambda r: r["lang"]),
             "center": {
-                "math/reasoning/code": center(HARD_GROUP),
-                "writing/roleplay/humanities+stem": center((*SOFT_GROUP, "explanation")),
-                "all": center(TASKS),
+                "math/reasoning/coding": center(HARD_GROUP),
+                "writing/roleplay/humanities first turns": center(SOFT_GROUP, (1,)),
+                "all": {"center": tiers.count("hard"), "n": len(tiers)},
             },
         },
         "own": {

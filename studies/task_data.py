@@ -208,7 +208,8 @@ def mtbench_rows(cache: Path) -> list[Row]:
     for q in questions:
         task = MTBENCH_TASK[q["category"]]
         first, second = q["turns"][0], q["turns"][1]
-        rows.append(_row(_user(first), task, "mtbench", "eval") | {"turn": 1})
+        tags = {"category": q["category"]}
+        rows.append(_row(_user(first), task, "mtbench", "eval") | tags | {"turn": 1})
         ref = answers.get(q["question_id"])
         answer = ref["choices"][0]["turns"][0] if ref else "(the assistant's answer)"
         history = [
@@ -216,7 +217,7 @@ def mtbench_rows(cache: Path) -> list[Row]:
             {"role": "assistant", "content": answer},
             {"role": "user", "content": second},
         ]
-        rows.append(_row(history, task, "mtbench", "eval") | {"turn": 2})
+        rows.append(_row(history, task, "mtbench", "eval") | tags | {"turn": 2})
     return rows
 
 

@@ -52,7 +52,8 @@ def test_held_out_source_routes_the_gap_not_the_sound(clf: TaskClassifier) -> No
     report = evaluate(clf, held, load_own())
     assert report["held_out"]["by_task"]["all"]["accuracy"] >= 0.35
     center = report["held_out"]["center"]
-    hard, soft = center["math/reasoning/code"], center["writing/roleplay/humanities+stem"]
+    hard = center["math/reasoning/coding"]
+    soft = center["writing/roleplay/humanities first turns"]
     assert hard["center"] / hard["n"] >= 2 * soft["center"] / soft["n"]
     assert soft["center"] / soft["n"] <= 0.2
     own = report["own"]["by_lang"]
