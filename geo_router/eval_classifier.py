@@ -13,6 +13,8 @@
   the center and the share of the quality gap recovered (the sum of the gaps
   of the requests sent, over the sum of all; a request's gap is its true task
   type's, ``classifier.policy.gaps``), so an operator can pick a point.
+- **Acceptance** (``--feedback FILE``, the router's ``feedback_log``): the
+  share of users' ratings of at least 0.5 per task type and tier.
 - **Latency** of :meth:`TaskClassifier.classify` (the whole body: reading the
   conversation, features, scoring, policy), over every held-out body repeated,
   and over a 30k-character conversation.
@@ -35,7 +37,7 @@ from geo_router.settings import RouterSettings
 from geo_router.tasks import TASKS, rule_label
 from servekit.config import load_settings
 
-__all__ = ["curve", "evaluate", "load_eval", "load_own", "main"]
+__all__ = ["acceptance", "curve", "evaluate", "load_eval", "load_own", "main"]
 
 Row = dict[str, Any]
 # MT-Bench categories where a small model loses most (both turns), and least (first turns).
@@ -164,6 +166,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threshold", type=float, default=None, help="the dial (default: config)")
     parser.add_argument("--data", type=Path, default=None, help="held-out rows (task_eval.jsonl)")
     parser.add_argument("--json", action="store_true", help="the whole report as JSON")
+    parser.add_argument(
+        "--feedback", type=Path, default=None, help="the router's feedback_log (JSON lines)"
+    )
+
+
+def acceptance(path: Path) -> dict[str, dict[str, Any]]:
+    """Users' acceptance per task type and tier from a router's ``feedback_log``."""
+    counts: dict[str, list[int]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        key = f"{item.get('task', '-')}/{item.get('tier', '-')}"
+        row = counts.setdefault(key, [0, 0])
+        row[0] += 1
+        row[1] += float(item.get("rating", 0.0)) >= 0.5
+    return {k: {"rated": n, "accepted": round(a / n, 4)} for k, (n, a) in sorted(counts.items())}
 
 
 def _fmt(a: dict[str, Any] | None) -> str:
@@ -176,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
     policy: PolicySettings = settings.policy
     clf = TaskClassifier.load(args.weights or settings.weights, threshold, policy)
     report = evaluate(clf, load_eval(args.data), load_own())
+    if args.feedback is not None:
+        report["feedback"] = acceptance(args.feedback)
     if args.json:
         print(json.dumps({"threshold": threshold, **report}, indent=2))
         return 0
@@ -207,6 +228,10 @@ def run(args: argparse.Namespace) -> int:
         f"({lat['chat']['calls']} calls); 30k-char conversation p50 "
         f"{lat['30k_chars']['p50']} us, p99 {lat['30k_chars']['p99']} us"
     )
+    if "feedback" in report:
+        print("users' acceptance per task type/tier (feedback log):")
+        for key, row in report["feedback"].items():
+            print(f"  {key:<22}{row['accepted'] * 100:5.1f}% of {row['rated']}")
     return 0
 
 

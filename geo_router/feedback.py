@@ -138,7 +138,7 @@ class FeedbackBook:
         while len(self._served) > self._max:
             self._served.popitem(last=False)
 
-    def rate(self, tenant: str, rating: Rating) -> Served:
+    async def rate(self, tenant: str, rating: Rating) -> Served:
         record = self._served.get(rating.response_id)
         if record is None or record.tenant != tenant:
             raise NotFound(
@@ -156,13 +156,17 @@ class FeedbackBook:
         acc.accepted += rating.score >= ACCEPTED
         if self._log is not None:
             line = {"time": time.time(), **asdict(record), "comment": rating.comment}
-            with self._log.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            await asyncio.to_thread(_append, self._log, json.dumps(line, ensure_ascii=False))
         return record
 
     def acceptance(self) -> dict[tuple[str, str], Acceptance]:
         """Ratings so far per (model, version)."""
         return dict(self._acceptance)
+
+
+def _append(path: Path, line: str) -> None:
+    with path.open("a", encoding="utf-8") as out:
+        out.write(line + "\n")
 
 
 def source_name(port: int) -> str:

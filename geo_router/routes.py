@@ -83,7 +83,7 @@ async def feedback(request: Request) -> Response:
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("the body is not valid JSON") from None
     rating = parse_rating(body)
-    served = state.feedback.rate(tenant.name, rating)
+    served = await state.feedback.rate(tenant.name, rating)
     return JSONResponse(
         {
             "response_id": rating.response_id,

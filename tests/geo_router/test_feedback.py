@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from geo_router.eval_classifier import acceptance
 from tests.geo_router.conftest import BATCH_KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
 from tests.geo_router.test_app import CHAT, router
@@ -66,6 +67,10 @@ async def test_a_served_answer_is_rated_once_by_its_own_tenant(
                 'router_feedback_total{model="small",task="chat",tier="edge",'
                 'verdict="accepted",version="v1"} 1.0' in metrics
             )
+    assert acceptance(log) == {
+        "chat/edge": {"rated": 1, "accepted": 1.0},
+        "code/center": {"rated": 1, "accepted": 0.0},
+    }
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [(x["tier"], x["rating"], x["comment"]) for x in lines] == [
         ("edge", 1.0, None),
