@@ -148,6 +148,9 @@ async def test_explain_returns_the_decision_without_calling_an_engine(
             assert r.status_code == 200
             d = r.json()
             assert d["difficulty"] == "simple"
+            assert (d["task"], d["policy_rule"]) == ("chat", "dial")
+            assert d["task_score"] > 0.5
+            assert d["score"] < 0.5
             assert d["region"] == "east"
             # The only edge is 60 ms away, the center 20 ms + its 30 ms bias: a spill.
             assert (d["instance"], d["reason"]) == ("c", "spill-center")
