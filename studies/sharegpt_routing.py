@@ -35,7 +35,7 @@ def main() -> None:
     if args.write is not None:
         with args.write.open("w", encoding="utf-8") as out:
             for m in conversations:
-                out.write(json.dumps({"messages": m}, ensure_ascii=False) + "\n")
+                out.write(json.dumps({"messages": m}) + "\n")  # ASCII: no U+2028 in a line
     for threshold in sorted({args.threshold, 0.3, 0.4, 0.6}):
         clf = TaskClassifier.load(threshold=threshold)
         results = [clf.classify(b) for b in bodies]
