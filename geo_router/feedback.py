@@ -41,6 +41,7 @@ from servekit.registry.protocol import KVStore, RegistryError
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "RATING_SCHEMA",
     "Acceptance",
     "FeedbackBook",
     "Rating",
@@ -81,6 +82,20 @@ class Acceptance:
     @property
     def rate(self) -> float | None:
         return self.accepted / self.rated if self.rated else None
+
+
+# The body's JSON schema, for the OpenAPI document (parse_rating is what enforces it).
+RATING_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "response_id": {"type": "string", "minLength": 1, "maxLength": 200},
+        "score": {"type": "number", "minimum": 0, "maximum": 1},
+        "thumbs": {"type": "string", "enum": ["up", "down"]},
+        "comment": {"type": "string", "maxLength": MAX_COMMENT_CHARS},
+    },
+    "required": ["response_id"],
+    "oneOf": [{"required": ["score"]}, {"required": ["thumbs"]}],
+}
 
 
 def parse_rating(body: Any) -> Rating:

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from geo_router.continuation import Kind
-from geo_router.feedback import parse_rating
+from geo_router.feedback import RATING_SCHEMA, parse_rating
 from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.state import RouterState, intake
 from geo_router.tracker import Circuit
@@ -72,7 +72,17 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
-@router.post("/v1/feedback", responses=ERROR_RESPONSES, tags=["router"])
+@router.post(
+    "/v1/feedback",
+    responses=ERROR_RESPONSES,
+    tags=["router"],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": RATING_SCHEMA}},
+        }
+    },
+)
 async def feedback(request: Request) -> Response:
     """Rate an answer this key was served: ``{"response_id", "score" | "thumbs", "comment"?}``."""
     state = _state(request)
