@@ -27,9 +27,10 @@ from geo_router.catalog import (
     cancel_all,
     open_discovery,
 )
-from geo_router.classifier import DifficultyClassifier
+from geo_router.classifier import TaskClassifier
 from geo_router.completions import route_completion
 from geo_router.continuation import Kind
+from geo_router.feedback import FeedbackBook, publish_acceptance, source_name
 from geo_router.limits import build_buckets
 from geo_router.membership import Membership
 from geo_router.metrics import RouterMetrics
@@ -101,10 +102,10 @@ def create_app(
             following = asyncio.create_task(membership.run(settings.poll_interval_s))
             stack.push_async_callback(cancel_all, [following])
             scorer = Scorer(settings.routing, settings.region.rtt_table(), tracker, rng)
-            classifier = DifficultyClassifier.load(
+            classifier = TaskClassifier.load(
                 settings.classifier.weights,
                 settings.classifier.threshold,
-                settings.classifier.max_chars,
+                settings.classifier.policy,
             )
             cache = settings.routing.prefix_cache
             prefixes = (
@@ -131,6 +132,7 @@ def create_app(
                 build_buckets(settings.auth.limits, lambda down: metrics.limits_fallback.set(down))
             )
             stack.push_async_callback(limiter.aclose)
+            feedback = FeedbackBook(metrics.registry, log=settings.feedback_log)
             app.state.router = RouterState(
                 settings=settings,
                 auth=Authenticator(settings.auth),
@@ -150,7 +152,14 @@ def create_app(
                 ),
                 metrics=metrics,
                 stale=found.stale,
+                feedback=feedback,
             )
+            if found.kv is not None:
+                source = source_name(settings.server.port)
+                publishing = asyncio.create_task(
+                    publish_acceptance(feedback, found.kv, source, settings.poll_interval_s)
+                )
+                stack.push_async_callback(cancel_all, [publishing])
             # Everything built so far (FastAPI, pydantic, the catalog) lives as
             # long as the process: keep it out of the collector's full passes,
             # whose cost grows with the whole heap and lands on whichever

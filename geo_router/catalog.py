@@ -154,6 +154,7 @@ class Discovery:
     candidates: CandidateSource
     traffic: TrafficPoller | None
     stale: Callable[[], bool]  # the registry view runs on a last-known catalog
+    kv: KVStore | None = None  # the registry's KV store, when there is a registry
 
 
 async def open_discovery(
@@ -190,6 +191,7 @@ async def open_discovery(
     poller: TrafficPoller | None = None
     live: LiveLoad | None = None
     stale: Callable[[], bool] = lambda: False  # noqa: E731
+    backend = None
     if registry is not None:
         backend = await open_registry(registry)
         stack.push_async_callback(backend.aclose)
@@ -220,4 +222,4 @@ async def open_discovery(
         await live.poll_once()  # the first requests route on live load too
         polling = asyncio.create_task(live.run())
         stack.push_async_callback(cancel_all, [polling])
-    return Discovery(merge_sources(sources), poller, stale)
+    return Discovery(merge_sources(sources), poller, stale, backend if registry else None)

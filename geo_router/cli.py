@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from geo_router import eval_classifier
-from geo_router.classifier import DifficultyClassifier
+from geo_router.classifier import TaskClassifier
 from geo_router.settings import RouterSettings
 from servekit.config import load_settings
 from servekit.serve_cli import Service, add_serve_command, run_command
@@ -32,7 +32,7 @@ def _create_app(settings: RouterSettings) -> Any:
 SERVICE = Service("geo-router", RouterSettings, _create_app, config_required=False)
 
 
-def classify_lines(clf: DifficultyClassifier, lines: TextIO, out: TextIO) -> None:
+def classify_lines(clf: TaskClassifier, lines: TextIO, out: TextIO) -> None:
     """One JSON line out per line in, in order; a bad line gets an ``error`` line."""
     for line in lines:
         if not line.strip():
@@ -45,6 +45,8 @@ def classify_lines(clf: DifficultyClassifier, lines: TextIO, out: TextIO) -> Non
             record: dict[str, object] = {
                 "difficulty": result.difficulty,
                 "score": round(result.score, 6),
+                "task": result.task,
+                "task_score": round(result.task_score, 6),
             }
         except ValueError as exc:
             record = {"error": str(exc)}
@@ -55,7 +57,8 @@ def classify_lines(clf: DifficultyClassifier, lines: TextIO, out: TextIO) -> Non
 def _classify(args: argparse.Namespace) -> int:
     settings = load_settings(RouterSettings, args.config)
     c = settings.classifier
-    clf = DifficultyClassifier.load(c.weights, args.threshold or c.threshold, c.max_chars)
+    threshold = c.threshold if args.threshold is None else args.threshold
+    clf = TaskClassifier.load(c.weights, threshold, c.policy)
     classify_lines(clf, sys.stdin, sys.stdout)
     return 0
 

@@ -11,6 +11,7 @@ body through :func:`~geo_router.state.intake`, opens a
 from __future__ import annotations
 
 from geo_router.continuation import Kind, assemble
+from geo_router.feedback import Served
 from geo_router.request_ids import CLIENT_ID_HEADER
 from geo_router.routed import RoutedStream
 from geo_router.state import RouterState, intake
@@ -44,6 +45,12 @@ async def route_completion(
     client_id = req.headers.get(CLIENT_ID_HEADER)
     if client_id is not None:
         route_headers["X-Client-Request-Id"] = client_id
+    cls = taken.decision.classification
+    if cls is not None:
+        # Its own header: X-Route-Reason stays one word, which clients count by.
+        route_headers["X-Route-Task"] = (
+            f"{cls.task}; p={cls.task_score:.2f}; gap={cls.score:.2f}; rule={cls.rule}"
+        )
     if cand.trim is not None:
         route_headers["X-Route-Trimmed"] = cand.trim.header()
     try:
@@ -54,6 +61,12 @@ async def route_completion(
             pass
     finally:
         await stream.aclose()
+        transcript = stream.transcript
+        transcript.sync()  # parses what was recorded: the answer's id
+        info = cand.state.info
+        task = cls.task if cls is not None else "-"
+        served = Served(req.tenant or "-", cand.tier, info.model, info.version or "-", task)
+        state.feedback.served((transcript.id or "", req.headers["x-request-id"]), served)
     if stream.transcript.error is not None:
         raise stream.transcript.error
     watch.finish()

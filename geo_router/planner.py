@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from geo_router.catalog import CandidateSource, TrafficSource
-from geo_router.classifier import Classification, DifficultyClassifier
+from geo_router.classifier import Classification, TaskClassifier
 from geo_router.conversation import (
     Turn,
     estimate_prompt_tokens,
@@ -108,6 +108,9 @@ class Decision:
             "client_ip": self.region.client_ip,
             "difficulty": self.classification.difficulty if self.classification else None,
             "score": round(self.classification.score, 4) if self.classification else None,
+            "task": self.classification.task if self.classification else None,
+            "task_score": round(self.classification.task_score, 4) if self.classification else None,
+            "policy_rule": self.classification.rule if self.classification else None,
             "tier": chosen.tier if chosen else self.tier,
             "model": self.model,
             "versions": self.versions,
@@ -138,7 +141,7 @@ class Planner:
     def __init__(
         self,
         routing: RoutingSettings,
-        classifier: DifficultyClassifier,
+        classifier: TaskClassifier,
         scorer: Scorer,
         tracker: Tracker,
         candidates: CandidateSource,
@@ -180,7 +183,9 @@ class Planner:
         region: ResolvedRegion,
         sticky_key: str,
         exclude: Sequence[str] = (),
+        *,
         tenant: str | None = None,
+        use_case: str | None = None,
     ) -> Decision:
         name = str(body.get("model", ""))
         aliases = self._routing.aliases
@@ -191,7 +196,9 @@ class Planner:
         ]
         if name in aliases:
             tier = aliases[name]
-            cls = self._classifier.classify(body) if tier is None else None
+            cls = None
+            if tier is None:
+                cls = self._classifier.classify(body, tenant=tenant, use_case=use_case)
             decision = Decision(region, cls, tier, None)
             if cls is not None:
                 tier = "center" if cls.difficulty == "hard" else "edge"

@@ -36,7 +36,8 @@ class RouteRequest:
     sticky: str
     headers: dict[str, str]  # sent upstream (priority, request id)
     arrived: float  # perf_counter at arrival
-    tenant: str | None = None  # its API key's tenant (trimming policy per tenant)
+    tenant: str | None = None  # its API key's tenant (trimming and routing policy per tenant)
+    use_case: str | None = None  # X-Use-Case (the routing policy's latency/quality class)
 
 
 def upstream_body(req: RouteRequest, cand: Scored) -> bytes:

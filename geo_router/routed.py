@@ -142,7 +142,9 @@ class RoutedStream:
             return said.final_chunk("length") + DONE_FRAME
         try:
             # Re-planned as sent: window fit and trimming see the partial answer.
-            decision = r.planner.plan(req.body, req.region, req.sticky, tried, req.tenant)
+            decision = r.planner.plan(
+                req.body, req.region, req.sticky, tried, tenant=req.tenant, use_case=req.use_case
+            )
             cands = decision.candidates[: r.settings.max_attempts]
             attempt, _ = await first_primed(r, req, cands, hedge=False)
         except ServeError:

@@ -1,4 +1,5 @@
-"""The router's own FastAPI endpoints: ``/v1/route/explain`` for each completion path.
+"""The router's own FastAPI endpoints: ``/v1/route/explain`` for each completion
+path and ``/v1/feedback`` (users' ratings of answers they were served).
 
 The completion endpoints themselves are plain ASGI (``geo_router.completions``);
 models, health, readiness and metrics are the shared ops routes
@@ -7,6 +8,7 @@ models, health, readiness and metrics are the shared ops routes
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter
@@ -14,9 +16,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from geo_router.continuation import Kind
+from geo_router.feedback import RATING_SCHEMA, parse_rating
 from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.ops import router_state
 from geo_router.state import RouterState, intake
+from servekit.errors import InvalidRequest
 
 __all__ = ["explain_router"]
 
@@ -34,6 +38,28 @@ def _explainer(kind: Kind, path: str) -> Callable[[Request], Awaitable[Response]
     return explain
 
 
+async def _feedback(request: Request) -> Response:
+    """Rate an answer this key was served: ``{"response_id", "score" | "thumbs", "comment"?}``."""
+    state: RouterState = router_state(request.app)
+    tenant = state.auth.authenticate(request.headers.get("authorization"))
+    raw = await request.body()  # bounded by the front door (413)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("the body is not valid JSON") from None
+    rating = parse_rating(body)
+    served = await state.feedback.rate(tenant.name, rating)
+    return JSONResponse(
+        {
+            "response_id": rating.response_id,
+            "score": rating.score,
+            "tier": served.tier,
+            "version": served.version,
+            "task": served.task,
+        }
+    )
+
+
 # (explain path, kind, the completion path it explains, its body's schema)
 _EXPLAINED: tuple[tuple[str, Kind, str, str], ...] = (
     ("/v1/route/explain", "chat", "/v1/chat/completions", "ChatCompletionRequest"),
@@ -42,7 +68,7 @@ _EXPLAINED: tuple[tuple[str, Kind, str, str], ...] = (
 
 
 def explain_router() -> APIRouter:
-    """``/v1/route/explain`` and ``/v1/route/explain/completions``."""
+    """``/v1/route/explain``, ``/v1/route/explain/completions`` and ``/v1/feedback``."""
     router = APIRouter()
     for at, kind, path, schema in _EXPLAINED:
         router.add_api_route(
@@ -55,4 +81,19 @@ def explain_router() -> APIRouter:
             responses=ERROR_RESPONSES,
             tags=["router"],
         )
+    router.add_api_route(
+        "/v1/feedback",
+        _feedback,
+        methods=["POST"],
+        name="feedback",
+        summary="Rate an answer this key was served",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": RATING_SCHEMA}},
+            }
+        },
+        responses=ERROR_RESPONSES,
+        tags=["router"],
+    )
     return router

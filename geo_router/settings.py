@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 import servekit.settings
 from geo_router.limits import LimitsSettings
+from geo_router.policy import PolicySettings
 from servekit import rtt
 from servekit.config import Section
 from servekit.peers import PeerSettings
@@ -109,9 +110,16 @@ class RegionSettings(Section):
 
 
 class ClassifierSettings(Section):
-    threshold: float = Field(0.5, ge=0.0, le=1.0, description="score >= threshold means hard.")
-    weights: Path | None = Field(None, description="Weights JSON; the bundled one if unset.")
-    max_chars: int = Field(4000, ge=100, description="Only the last N chars of text are read.")
+    threshold: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="The dial: expected quality gap >= threshold goes to the center.",
+    )
+    weights: Path | None = Field(None, description="Task model JSON; the bundled one if unset.")
+    policy: PolicySettings = Field(
+        default_factory=PolicySettings, description="Task type, tenant, use case -> tier."
+    )
 
 
 class BreakerSettings(Section):
@@ -311,6 +319,9 @@ class RouterSettings(Section):
         description="Static canary shares per model ({model: {version: share}}); KV wins.",
     )
     connect_timeout_s: float = Field(2.0, gt=0)
+    feedback_log: Path | None = Field(
+        None, description="Append users' ratings (POST /v1/feedback) to this JSON-lines file."
+    )
 
     @model_validator(mode="before")
     @classmethod

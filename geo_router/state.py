@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from geo_router.attempt import Routing
 from geo_router.auth import Authenticator, RateLimiter
 from geo_router.bodycheck import capped_max_tokens, validated_body
-from geo_router.classifier import DifficultyClassifier
+from geo_router.classifier import TaskClassifier
 from geo_router.continuation import Kind
 from geo_router.conversation import estimate_prompt_tokens
+from geo_router.feedback import FeedbackBook
 from geo_router.metrics import RouterMetrics
 from geo_router.planner import Decision, Planner
 from geo_router.region import RegionResolver
@@ -39,12 +40,13 @@ class RouterState:
     auth: Authenticator
     limiter: RateLimiter
     resolver: RegionResolver
-    classifier: DifficultyClassifier
+    classifier: TaskClassifier
     planner: Planner
     tracker: Tracker
     routing: Routing
     metrics: RouterMetrics
     stale: Callable[[], bool]  # discovery runs on a last-known catalog
+    feedback: FeedbackBook
 
     def refused(self, exc: ServeError) -> None:
         """Count a request refused before routing (a client error)."""
@@ -83,7 +85,8 @@ async def intake(
     req_id = new_request_id()  # never the client's: vLLM takes it as its own id
     user = body.get("user")
     sticky = user if isinstance(user, str) and user else req_id
-    decision = state.planner.plan(body, region, sticky, tenant=tenant.name)
+    use_case = headers.get("x-use-case")
+    decision = state.planner.plan(body, region, sticky, tenant=tenant.name, use_case=use_case)
     up_headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -93,5 +96,5 @@ async def intake(
     client_id = client_request_id(headers)
     if client_id is not None:
         up_headers[CLIENT_ID_HEADER] = client_id
-    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, tenant.name)
+    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, tenant.name, use_case)
     return Intake(req, decision)

@@ -27,7 +27,14 @@ import time
 import anyio
 
 from model_sync import keys
-from model_sync.gates import GateResult, GateUnavailable, PrometheusGate, evaluate, judge
+from model_sync.gates import (
+    GateResult,
+    GateUnavailable,
+    PrometheusGate,
+    acceptance,
+    evaluate,
+    judge,
+)
 from model_sync.gates import read_counters as read_node_counters
 from model_sync.records import ActiveRollout, NodeCounters, RolloutPlan, RolloutState
 from model_sync.store import SyncStore
@@ -210,6 +217,16 @@ class Controller:
         return s
 
     async def _judge(self, plan: RolloutPlan, s: RolloutState, window_s: float) -> GateResult:
+        result = await self._judge_serving(plan, s, window_s)
+        if result.verdict == "inconclusive" or not plan.from_version:
+            return result
+        new = await self.store.feedback(plan.model, plan.version)
+        old = await self.store.feedback(plan.model, plan.from_version)
+        return acceptance(plan.gates, result, new, old)
+
+    async def _judge_serving(
+        self, plan: RolloutPlan, s: RolloutState, window_s: float
+    ) -> GateResult:
         if self.prometheus is not None:
             try:
                 new_rate, new_p95 = await self.prometheus.figures(

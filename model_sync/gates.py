@@ -15,6 +15,13 @@ model file was rolled back on 4655 ms against another node's 2709 ms). A
 configured Prometheus server can supply both figures instead
 (:class:`PrometheusGate`).
 
+Users' answer acceptance (:func:`acceptance`): the routers count ratings of
+each version's answers (``POST /v1/feedback`` on the router) under
+``models/<name>/feedback/<version>/<router>``; once both versions have
+``min_feedback`` ratings, a new version whose acceptance rate falls more than
+``max_acceptance_drop`` below the replaced one's fails the gate, however fast
+it is (a quantized version can win on latency and lose on accepted answers).
+
 Verdicts: ``pass``; ``fail`` (aborts and rolls back); ``inconclusive`` when
 the new version saw too few requests to judge (pauses for an operator).
 """
@@ -28,11 +35,18 @@ from typing import Literal
 
 import httpx
 
-from model_sync.records import GateSettings, NodeCounters
+from model_sync.records import FeedbackCounts, GateSettings, NodeCounters
 from model_sync.store import SyncStore
 from servekit.registry.protocol import Catalog
 
-__all__ = ["GateResult", "PrometheusGate", "Verdict", "evaluate", "read_counters"]
+__all__ = [
+    "GateResult",
+    "PrometheusGate",
+    "Verdict",
+    "acceptance",
+    "evaluate",
+    "read_counters",
+]
 
 Verdict = Literal["pass", "fail", "inconclusive"]
 
@@ -171,6 +185,30 @@ def judge(
     if new_p95 is not None and old_p95 is not None:
         passed.append(f"TTFT P95 {new_p95:.0f} ms (old {old_p95:.0f} ms)")
     return GateResult("pass", passed, figures)
+
+
+def acceptance(
+    gates: GateSettings, result: GateResult, new: FeedbackCounts, old: FeedbackCounts
+) -> GateResult:
+    """``result`` with users' answer acceptance judged too (when both versions have
+    ``min_feedback`` ratings): a drop beyond ``max_acceptance_drop`` fails it."""
+    figures = result.figures | {
+        "new_feedback": new.rated,
+        "old_feedback": old.rated,
+    }
+    if new.rated < gates.min_feedback or old.rated < gates.min_feedback:
+        return GateResult(result.verdict, result.reasons, figures)
+    new_rate, old_rate = new.accepted / new.rated, old.accepted / old.rated
+    figures |= {"new_acceptance": round(new_rate, 4), "old_acceptance": round(old_rate, 4)}
+    if new_rate < old_rate - gates.max_acceptance_drop:
+        reason = (
+            f"answer acceptance {new_rate:.1%} vs {old_rate:.1%} on the replaced version "
+            f"(allowed -{gates.max_acceptance_drop:.1%})"
+        )
+        failed = [r for r in result.reasons if result.verdict == "fail"]
+        return GateResult("fail", [*failed, reason], figures)
+    passed = f"answer acceptance {new_rate:.1%} (old {old_rate:.1%})"
+    return GateResult(result.verdict, [*result.reasons, passed], figures)
 
 
 @dataclass

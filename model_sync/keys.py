@@ -10,6 +10,7 @@ Layout::
     models/<name>/versions/<version>   artifact record (JSON)
     models/<name>/aliases/<alias>      {"version": ...} (stable, canary)
     models/<name>/traffic              {"shares": {"<version>": fraction}} (read by the router)
+    models/<name>/feedback/<version>/<router>  {"rated", "accepted"} (written by each router)
     nodes/<node_id>/desired            {"model", "version"}
     nodes/<node_id>/actual             what the node serves and is doing
     rollouts/<name>/plan               the rollout plan
@@ -39,6 +40,8 @@ __all__ = [
     "check_name",
     "check_node_id",
     "desired_key",
+    "feedback_key",
+    "feedback_prefix",
     "history_key",
     "plan_key",
     "rollout_state_key",
@@ -99,6 +102,15 @@ def alias_key(name: str, alias: str) -> str:
 
 def traffic_key(name: str) -> str:
     return f"{MODELS_PREFIX}{check_name('model name', name)}/traffic"
+
+
+def feedback_prefix(name: str, version: str) -> str:
+    model, ver = check_name("model name", name), check_name("version", version)
+    return f"{MODELS_PREFIX}{model}/feedback/{ver}/"
+
+
+def feedback_key(name: str, version: str, source: str) -> str:
+    return feedback_prefix(name, version) + check_name("feedback source", source)
 
 
 def desired_key(node_id: str) -> str:

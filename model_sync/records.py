@@ -137,6 +137,13 @@ class TrafficShares(_Doc):
     shares: dict[str, float] = Field(default_factory=dict)
 
 
+class FeedbackCounts(_Doc):
+    """Users' ratings of one version's answers, as one router counted them."""
+
+    rated: int = Field(0, ge=0)
+    accepted: int = Field(0, ge=0)
+
+
 class DesiredState(_Doc):
     model: str
     version: str
@@ -184,6 +191,18 @@ class GateSettings(_Doc):
     )
     min_requests: int = Field(
         20, ge=0, description="fewer requests on the new version in the bake: inconclusive"
+    )
+    min_feedback: int = Field(
+        20,
+        ge=1,
+        description="ratings each version needs before the acceptance gate judges (fewer: "
+        "the gate is not applied)",
+    )
+    max_acceptance_drop: float = Field(
+        0.10,
+        ge=0,
+        le=1,
+        description="allowed fall of users' answer-acceptance rate below the replaced version's",
     )
 
 

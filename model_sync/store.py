@@ -21,6 +21,7 @@ from model_sync.records import (
     AliasRecord,
     ArtifactRecord,
     DesiredState,
+    FeedbackCounts,
     HistoryEntry,
     RolloutPlan,
     RolloutState,
@@ -145,6 +146,14 @@ class SyncStore:
     async def set_traffic(self, name: str, shares: dict[str, float]) -> None:
         clean = {v: round(f, 6) for v, f in shares.items() if f > 0}
         await self.put(keys.traffic_key(name), TrafficShares(shares=clean))
+
+    async def feedback(self, name: str, version: str) -> FeedbackCounts:
+        """Ratings of ``version``'s answers, summed over every router that reported."""
+        total = FeedbackCounts()
+        for _key, doc in await self.list_docs(keys.feedback_prefix(name, version), FeedbackCounts):
+            total.rated += doc.rated
+            total.accepted += doc.accepted
+        return total
 
     # -- nodes -------------------------------------------------------------
 

@@ -10,6 +10,8 @@ at exactly one boundary per foreign library.
     │   └── ContextLengthExceeded   400 code=context_length_exceeded
     ├── AuthenticationFailed        401 authentication_error
     ├── ModelNotFound               404 code=model_not_found
+    ├── NotFound                    404 (an unknown id, such as a response id)
+    ├── Conflict                    409 (the resource's state forbids it: already rated)
     ├── PayloadTooLarge             413
     ├── RateLimited                 429 (Retry-After)
     │   └── QueueFull               429 (Retry-After)
@@ -29,10 +31,12 @@ from typing import Any, ClassVar, Literal
 
 __all__ = [
     "AuthenticationFailed",
+    "Conflict",
     "ContextLengthExceeded",
     "EngineFailure",
     "InvalidRequest",
     "ModelNotFound",
+    "NotFound",
     "NotReady",
     "PayloadTooLarge",
     "QueueFull",
@@ -106,6 +110,18 @@ class ModelNotFound(ServeError):
     status = 404
     type = "invalid_request_error"
     default_code = "model_not_found"
+
+
+class NotFound(ServeError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class Conflict(ServeError):
+    status = 409
+    type = "invalid_request_error"
+    default_code = "conflict"
 
 
 class PayloadTooLarge(ServeError):

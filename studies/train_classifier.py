@@ -1,131 +1,108 @@
-"""Fit the classifier's weights on the train split of the labelled set.
+"""Fit the router's task-type model (``geo_router.tasks``) on public sources.
 
-    python -m studies.train_classifier [--out geo_router/data/classifier_weights.json]
+    .venv/bin/python -m studies.train_classifier --cache DIR [--out FILE]
 
-Logistic regression with L2 over the classifier's own features
-(``geo_router.classifier``: character n-grams of the ask, dense context
-figures), full-batch gradient descent with Adam in NumPy (the `tools` extra; the
-router's inference needs none). The L2 strength is chosen by 3-fold
-cross-validation on the train split; the held-out split is never read, so
-``eval_classifier`` reports an honest figure. N-grams seen in fewer than
-``--min-count`` train examples get no weight.
+(``--out`` defaults to ``geo_router/data/task_weights.json``.)
+
+Rows come from :mod:`studies.task_data` (MT-Bench is held out whole and never
+seen here; our own cases train on their train split only). A softmax
+regression over the features of :func:`geo_router.tasks.features`, fitted
+with numpy by full-batch Adam, L2-regularised, each task's rows weighted by
+1/(its count): every task weighs the same, so a big source does not drown the small ones.
+Features seen fewer than three times are dropped; the weights are stored as int8
+with one scale per task.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
-import math
-import random
-from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from geo_router.classifier import DENSE, dense_features, ngrams, read
-from geo_router.eval_classifier import load_examples
+import numpy as np
+
+from geo_router.reading import read
+from geo_router.tasks import TASKS, TaskModel, features
+from studies.task_data import Row, load_training
 
 __all__ = ["fit", "main"]
 
 
-def _matrix(rows: Sequence[tuple[list[float], set[str]]], vocab: dict[str, int]) -> Any:
-    import numpy as np
-
-    x = np.zeros((len(rows), len(DENSE) + len(vocab)), dtype=np.float32)
-    for i, (dense, grams) in enumerate(rows):
-        x[i, : len(DENSE)] = dense
-        if grams:
-            scale = 1.0 / math.sqrt(len(grams))
-            for g in grams:
-                j = vocab.get(g)
-                if j is not None:
-                    x[i, len(DENSE) + j] = scale
+def _matrix(rows: list[Row], index: dict[str, int]) -> np.ndarray:
+    x = np.zeros((len(rows), len(index)), dtype=np.float32)
+    for n, row in enumerate(rows):
+        text, flags = features(read({"messages": row["messages"]}))
+        scale = 1.0 / np.sqrt(len(text)) if text else 0.0
+        for f in text:
+            if f in index:
+                x[n, index[f]] = scale
+        for f in flags:
+            if f in index:
+                x[n, index[f]] = 1.0
     return x
 
 
-def fit(x: Any, y: Any, l2: float, steps: int = 1500, lr: float = 0.05) -> tuple[Any, float]:
-    """Weights and bias minimising mean log loss + ``l2``/2 |w|^2 (Adam)."""
-    import numpy as np
+def fit(rows: list[Row], epochs: int = 150, l2: float = 1e-4) -> tuple[list[str], np.ndarray]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        text, flags = features(read({"messages": row["messages"]}))
+        for f in (*text, *flags):
+            counts[f] = counts.get(f, 0) + 1
+    vocab = sorted(f for f, c in counts.items() if c >= 3 or f.startswith(("x:", "r:")))
+    index = {f: i for i, f in enumerate(vocab)}
+    x = _matrix(rows, index)
+    y = np.array([TASKS.index(r["task"]) for r in rows])
+    per_task = np.bincount(y, minlength=len(TASKS)).astype(np.float32)
+    sample = 1.0 / np.maximum(per_task[y], 1.0)
+    sample /= sample.sum()
+    onehot = np.eye(len(TASKS), dtype=np.float32)[y]
+    w = np.zeros((len(vocab), len(TASKS)), dtype=np.float32)
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    lr, b1, b2 = 0.1, 0.9, 0.999
+    for step in range(1, epochs + 1):
+        z = x @ w
+        z -= z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        grad = x.T @ ((p - onehot) * sample[:, None]) + l2 * w
+        m = b1 * m + (1 - b1) * grad
+        v = b2 * v + (1 - b2) * grad * grad
+        w -= lr * (m / (1 - b1**step)) / (np.sqrt(v / (1 - b2**step)) + 1e-8)
+    return vocab, w
 
-    w = np.zeros(x.shape[1], dtype=np.float32)
-    y = y.astype(np.float32)
-    b = 0.0
-    m, v = np.zeros_like(w), np.zeros_like(w)
-    mb = vb = 0.0
-    n = len(y)
-    for t in range(1, steps + 1):
-        z = x @ w + b
-        p = 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
-        err = p - y
-        gw = (x.T @ err) / n + l2 * w
-        gb = float(err.mean())
-        m = 0.9 * m + 0.1 * gw
-        v = 0.999 * v + 0.001 * gw * gw
-        mb = 0.9 * mb + 0.1 * gb
-        vb = 0.999 * vb + 0.001 * gb * gb
-        c1, c2 = 1 - 0.9**t, 1 - 0.999**t
-        w -= lr * (m / c1) / (np.sqrt(v / c2) + 1e-8)
-        b -= lr * (mb / c1) / (math.sqrt(vb / c2) + 1e-8)
-    return w, b
+
+def export(vocab: list[str], w: np.ndarray) -> dict[str, object]:
+    blobs, scales = [], []
+    for k in range(len(TASKS)):
+        col = w[:, k]
+        scale = float(np.abs(col).max() / 127.0) or 1.0
+        q = np.clip(np.round(col / scale), -127, 127).astype(np.int8)
+        blobs.append(base64.b64encode(q.tobytes()).decode("ascii"))
+        scales.append(scale)
+    return {"tasks": list(TASKS), "vocab": vocab, "weights": blobs, "scales": scales}
 
 
-def _accuracy(x: Any, y: Any, w: Any, b: float) -> float:
-    return float((((x @ w + b) >= 0).astype(float) == y).mean())
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    import numpy as np
-
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "data" / "classifier_weights.json"
+    parser.add_argument("--cache", type=Path, required=True, help="folder of downloaded wheels")
+    parser.add_argument("--own", type=Path, default=Path("geo_router/data/difficulty.jsonl"))
+    parser.add_argument("--out", type=Path, default=Path("geo_router/data/task_weights.json"))
+    parser.add_argument("--epochs", type=int, default=150)
+    args = parser.parse_args()
+    rows = [r for r in load_training(args.cache, args.own) if r["split"] == "train"]
+    vocab, w = fit(rows, args.epochs)
+    args.out.write_text(json.dumps(export(vocab, w)), encoding="utf-8")
+    model = TaskModel.load(args.out)
+    right = sum(
+        max((p := model.probabilities({"messages": r["messages"]})), key=p.__getitem__) == r["task"]
+        for r in rows
     )
-    parser.add_argument("--min-count", type=int, default=2)
-    parser.add_argument("--l2", type=float, nargs="*", default=[1e-4, 1e-3, 1e-2])
-    args = parser.parse_args(argv)
-    train = [e for e in load_examples() if e.split == "train"]
-    readings = [read({"messages": e.messages}) for e in train]
-    rows = [(dense_features(r), ngrams(r.ask)) for r in readings]
-    counts = Counter(g for _, grams in rows for g in grams)
-    kept = sorted(g for g, c in counts.items() if c >= args.min_count)
-    vocab = {g: i for i, g in enumerate(kept)}
-    x = _matrix(rows, vocab)
-    print(f"{len(train)} examples, {len(vocab)} n-grams", flush=True)
-    y = np.array([1.0 if e.label == "hard" else 0.0 for e in train])
-    order = list(range(len(train)))
-    random.Random(0).shuffle(order)
-    folds = [order[k::3] for k in range(3)]
-    best_l2, best_acc = args.l2[0], -1.0
-    for l2 in args.l2:
-        accs = []
-        for fold in folds:
-            held = np.zeros(len(train), dtype=bool)
-            held[fold] = True
-            w, b = fit(x[~held], y[~held], l2, steps=400)
-            accs.append(_accuracy(x[held], y[held], w, b))
-        acc = sum(accs) / len(accs)
-        print(f"l2={l2:g}: 3-fold accuracy {acc:.4f}", flush=True)
-        if acc > best_acc:
-            best_l2, best_acc = l2, acc
-    w, b = fit(x, y, best_l2)
-    names = sorted(vocab, key=vocab.__getitem__)
-    grams = {
-        g: round(float(w[len(DENSE) + i]), 5)
-        for i, g in enumerate(names)
-        if abs(w[len(DENSE) + i]) >= 1e-3
-    }
-    data = {
-        "bias": round(b, 5),
-        "dense": {name: round(float(w[i]), 5) for i, name in enumerate(DENSE)},
-        "ngrams": dict(sorted(grams.items())),
-        "l2": best_l2,
-        "trained_on": f"{len(train)} train-split examples of data/difficulty.jsonl",
-        "train_accuracy": round(_accuracy(x, y, w, b), 4),
-    }
-    args.out.write_text(json.dumps(data, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
-    print(f"l2={best_l2:g}, {len(grams)} n-gram weights, train accuracy {data['train_accuracy']}")
-    return 0
+    print(
+        f"{len(rows)} training rows, {len(vocab)} features; train accuracy {right / len(rows):.3f}"
+    )
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

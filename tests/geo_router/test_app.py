@@ -124,6 +124,10 @@ async def test_hard_requests_go_to_the_center_simple_ones_to_the_edge(
             }
             r = await c.post("/v1/chat/completions", json=hard, headers=auth)
             assert (r.headers["x-route-tier"], r.headers["x-route-reason"]) == ("center", "hard")
+            # The task type and the policy's score ride in their own header.
+            task, _p, gap, rule = r.headers["x-route-task"].split("; ")
+            assert (task, rule) == ("math", "rule=dial")
+            assert float(gap.removeprefix("gap=")) >= 0.5
             r = await c.post("/v1/chat/completions", json=CHAT, headers=auth)
             assert (r.headers["x-route-tier"], r.headers["x-route-reason"]) == ("edge", "simple")
             r = await c.post("/v1/chat/completions", json={**CHAT, "model": "center"}, headers=auth)
@@ -144,6 +148,9 @@ async def test_explain_returns_the_decision_without_calling_an_engine(
             assert r.status_code == 200
             d = r.json()
             assert d["difficulty"] == "simple"
+            assert (d["task"], d["policy_rule"]) == ("chat", "dial")
+            assert d["task_score"] > 0.5
+            assert d["score"] < 0.5
             assert d["region"] == "east"
             # The only edge is 60 ms away, the center 20 ms + its 30 ms bias: a spill.
             assert (d["instance"], d["reason"]) == ("c", "spill-center")

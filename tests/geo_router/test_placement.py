@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from geo_router.classifier import DifficultyClassifier
+from geo_router.classifier import TaskClassifier
 from geo_router.conversation import Turn
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
@@ -45,9 +45,7 @@ def planner(
     tracker = Tracker(settings.breaker)
     scorer = Scorer(settings, REGIONS.rtt_table(), tracker, random.Random(seed))
     index = PrefixIndex()
-    p = Planner(
-        settings, DifficultyClassifier.load(), scorer, tracker, lambda: states, {}.get, index
-    )
+    p = Planner(settings, TaskClassifier.load(), scorer, tracker, lambda: states, {}.get, index)
     return p, index, tracker
 
 
@@ -102,7 +100,7 @@ def test_same_prefix_traffic_sticks_to_one_edge_until_waiting_there_costs_more()
         inst("center", tier="center", region="center", prefill_tokens_per_s=150.0),
     ]
     p, index, tracker = planner(states)
-    homes = [served(p, index, support(f"Question number {i}?")) for i in range(12)]
+    homes = [served(p, index, support(f"Is the shop in street {i} open today?")) for i in range(12)]
     assert len(set(homes[1:])) == 1  # after the first, all on the edge that holds the prompt
     home = homes[-1]
     for _ in range(4):  # full, but queueing behind 4 (~1 s) still beats a cold 3 s prefill

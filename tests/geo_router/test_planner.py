@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from geo_router.classifier import DifficultyClassifier
+from geo_router.classifier import TaskClassifier
 from geo_router.planner import Planner, canary_version
 from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scorer
@@ -42,7 +42,7 @@ def planner(
     settings = RoutingSettings.model_validate({"slow_start_s": 0, **routing})
     tracker = Tracker(settings.breaker)
     scorer = Scorer(settings, REGIONS.rtt_table(), tracker, random.Random(7))
-    clf = DifficultyClassifier.load()
+    clf = TaskClassifier.load()
     p = Planner(settings, clf, scorer, tracker, lambda: states, (traffic or {}).get)
     return p, tracker
 

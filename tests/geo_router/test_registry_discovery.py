@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 from asgi_lifespan import LifespanManager
@@ -60,3 +61,43 @@ async def test_router_finds_instances_and_canary_shares_in_the_registry(tmp_path
         await registry.aclose()
     assert v1.seen
     assert v2.seen  # six users at 50/50 reach both versions
+
+
+async def test_ratings_reach_model_syncs_acceptance_figures(tmp_path: Path) -> None:
+    """The router publishes its per-version counts where model_sync's gate reads them."""
+    from model_sync.store import SyncStore
+
+    reg_settings = RegistrySettings.model_validate(
+        {"backend": "embedded", "embedded": {"path": str(tmp_path / "registry.db")}}
+    )
+    registry = await open_registry(reg_settings)
+    try:
+        with serve_fake(Behavior(model="m", version="v7")) as url:
+            port = int(url.rsplit(":", 1)[1])
+            await registry.register(
+                InstanceInfo("e1", "edge", "east", "127.0.0.1", port, "m", "v7"), ttl_s=60
+            )
+            await registry.heartbeat("e1", LoadReport(ready=True, capacity=4, model="m"))
+            settings = router_settings(
+                [], registry=reg_settings.model_dump(mode="json"), poll_interval_s=0.05
+            )
+            app = create_app(settings)
+            async with LifespanManager(app) as manager:
+                transport = httpx.ASGITransport(app=manager.app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://r") as c:
+                    headers = {"Authorization": f"Bearer {KEY}"}
+                    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+                    for thumbs in ("up", "up", "down"):
+                        r = await c.post("/v1/chat/completions", json=body, headers=headers)
+                        rating = {"response_id": r.json()["id"], "thumbs": thumbs}
+                        got = await c.post("/v1/feedback", json=rating, headers=headers)
+                        assert got.status_code == 200, got.text
+                    store = SyncStore(registry)
+                    for _ in range(100):  # published every poll interval (0.05 s)
+                        counts = await store.feedback("m", "v7")
+                        if counts.rated == 3:
+                            break
+                        await anyio.sleep(0.05)
+                    assert (counts.rated, counts.accepted) == (3, 2)
+    finally:
+        await registry.aclose()

@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from hybrid_llm.local.servers import UvicornThread
-from model_sync import ops
+from model_sync import keys, ops
 from model_sync.controller import Controller
 from model_sync.gates import PrometheusGate
 from model_sync.plan import build_plan
-from model_sync.records import GateSettings
+from model_sync.records import FeedbackCounts, GateSettings
 from model_sync.store import ConflictError
 from servekit.registry.protocol import Registry
 from tests.model_sync.fleet import Fleet, actions, wait_history, wait_state
@@ -261,3 +261,48 @@ async def test_prometheus_figures_drive_the_gate(tmp_path: Path, registry: Regis
     assert state.last_gate["new_error_rate"] == 0.2
     assert 'err{version="v2"}[1s]' in seen
     assert fleet.versions() == dict.fromkeys(fleet.versions(), "v1")
+
+
+async def test_worse_user_feedback_on_the_canary_rolls_it_back(
+    tmp_path: Path, registry: Registry
+) -> None:
+    """Faster and error-free, yet users accept fewer of its answers: the acceptance
+    gate fails the canary (routers' counts scripted into the KV store)."""
+    fleet = new_fleet(registry, tmp_path)
+    await fleet.publish("v2", "v3")
+    gates = GATES.model_copy(update={"min_feedback": 20, "max_acceptance_drop": 0.1})
+    reports = {
+        ("v2", "router-1"): FeedbackCounts(rated=30, accepted=26),
+        ("v2", "router-2"): FeedbackCounts(rated=20, accepted=17),
+        ("v3", "router-1"): FeedbackCounts(rated=25, accepted=14),
+    }
+    for (version, router), counts in reports.items():
+        await fleet.store.put(keys.feedback_key("tiny", version, router), counts)
+    assert (await fleet.store.feedback("tiny", "v2")).rated == 50
+    async with fleet.running(), controlling(fleet.registry):
+        await start(fleet, "v2", bake_s=0.2)
+        await wait_state(fleet.store, "tiny", lambda s: s.status == "completed")
+        await start(fleet, "v3", bake_s=0.3, gates=gates)
+        state = await wait_state(fleet.store, "tiny", lambda s: not s.active)
+    assert state.status == "rolled_back"
+    assert state.reason.startswith("gate failed after canary: answer acceptance 56.0% vs 86.0%")
+    assert state.last_gate["new_acceptance"] == 0.56
+    assert fleet.versions() == dict.fromkeys(fleet.versions(), "v2")
+
+
+async def test_too_little_feedback_leaves_the_acceptance_gate_out(
+    tmp_path: Path, registry: Registry
+) -> None:
+    fleet = new_fleet(registry, tmp_path)
+    await fleet.publish("v2", "v3")
+    await fleet.store.put(
+        keys.feedback_key("tiny", "v2", "r"), FeedbackCounts(rated=50, accepted=45)
+    )
+    await fleet.store.put(keys.feedback_key("tiny", "v3", "r"), FeedbackCounts(rated=5, accepted=0))
+    async with fleet.running(), controlling(fleet.registry):
+        await start(fleet, "v2", bake_s=0.2)
+        await wait_state(fleet.store, "tiny", lambda s: s.status == "completed")
+        await start(fleet, "v3", bake_s=0.2)
+        state = await wait_state(fleet.store, "tiny", lambda s: not s.active)
+    assert state.status == "completed"
+    assert state.last_gate["new_feedback"] == 5
