@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from geo_router.dispatch import payload
+from geo_router.request import RouteRequest, upstream_body
+from geo_router.scoring import Scored
 from geo_router.settings import RoutingSettings
 from geo_router.trimming import trim_messages
 from tests.geo_router.test_placement import EAST, inst, planner
@@ -19,6 +20,12 @@ def _conversation(turns: int, words: int = 80) -> list[dict[str, str]]:
         for i in range(turns)
     ]
     return [{"role": "system", "content": "Be brief."}, *history, {"role": "user", "content": "ok"}]
+
+
+def payload(body: dict[str, Any], cand: Scored) -> bytes:
+    """What ``cand`` is sent for ``body``."""
+    req = RouteRequest(body, "chat", "/v1/chat/completions", EAST, "sticky", {}, 0.0)
+    return upstream_body(req, cand)
 
 
 def _body(messages: list[dict[str, str]], model: str = "auto") -> dict[str, Any]:
