@@ -322,7 +322,7 @@ def rank_classified(
     :func:`tier_bias_ms`): simple ones (``preferred="edge"``) rank edges and the
     center together, a same-city edge warming a prefix cached elsewhere first, a
     center among the first ``max_attempts``; hard ones (``"center"``) rank the
-    centers, then edges by predicted TTFT when ``hard_may_use_edge``. Pure: the
+    centers, then the edges in the scorer's order when ``hard_may_use_edge``. Pure: the
     router's planner and the fleet simulator both rank with it; ``order`` is the
     scorer's (power-of-two choices)."""
     if preferred == "edge":
@@ -330,7 +330,7 @@ def rank_classified(
         return ensure_center(ordered, routing.max_attempts)
     ordered = order([c for c in scored if c.tier == "center"])
     if routing.hard_may_use_edge:
-        ordered += sorted((c for c in scored if c.tier == "edge"), key=lambda c: c.predicted_ms)
+        ordered += order([c for c in scored if c.tier == "edge"])
     return within_budget_first(ordered)
 
 

@@ -29,6 +29,7 @@ from hybrid_llm.local.scripted_engine import ScriptedEngine
 from servekit.admission import AdmissionQueue
 from servekit.api import FixedEngine, ServingCore, build_serving_app
 from servekit.api.endpoints import PATHS
+from servekit.api.service import wrap_front
 from servekit.asgi import ASGIApp, Message, Receive, Scope, Send
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
@@ -93,7 +94,7 @@ def create_double(model: str, tokens: list[str] | None = None) -> FastAPI:
     async def priorities() -> list[Any]:
         return seen
 
-    app.add_middleware(_BodyPriority, seen=seen)
+    wrap_front(app, lambda inner: _BodyPriority(inner, seen))
     return app
 
 

@@ -25,7 +25,7 @@ from servekit.errors import ServeError
 from servekit.serve_cli import ServiceHooks
 from servekit.service_auth import ServiceAuth, TokenGate
 
-__all__ = ["create_service_app"]
+__all__ = ["create_service_app", "wrap_front"]
 
 
 class _ServiceApp(FastAPI):
@@ -80,3 +80,13 @@ def create_service_app(
     app.state.hooks = hooks
     document(app)
     return app
+
+
+def wrap_front(app: FastAPI, outer: Callable[[ASGIApp], ASGIApp]) -> None:
+    """Put ``outer`` in front of a service app's doors, the completion endpoints
+    included (middleware added with ``add_middleware`` sits behind them and never
+    sees a completion). For a test double that records what arrives on the wire."""
+    if not isinstance(app, _ServiceApp):
+        raise TypeError("not an app built by create_service_app")
+    doors = app.front
+    app.front = lambda inner: outer(doors(inner))

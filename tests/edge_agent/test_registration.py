@@ -74,7 +74,8 @@ def test_model_sync_block_follows_desired_version(
     settings = scripted_settings(
         registry=reg, instance__id="edge-sync", server__port=port,
         model_sync={"model_dir": str(tmp_path / "models"), "watch_timeout_s": 0.3,
-                    "report_interval_s": 0.3},
+                    "report_interval_s": 0.3,
+                    "local_roots": [str(tmp_path)]},  # the test's own artifact
     )  # fmt: skip
     model = settings.engine.model_name
 
