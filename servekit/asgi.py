@@ -28,6 +28,7 @@ __all__ = [
     "header",
     "raw_headers",
     "read_body",
+    "replaying",
     "send_json",
 ]
 
@@ -71,6 +72,20 @@ async def read_body(receive: Receive, limit: int, declared: str | None) -> bytes
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def replaying(raw: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that yields the already-read body ``raw`` once, then the real one."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def raw_headers(headers: dict[str, str], content_type: bytes) -> list[tuple[bytes, bytes]]:

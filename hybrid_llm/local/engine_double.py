@@ -30,7 +30,7 @@ from servekit.admission import AdmissionQueue
 from servekit.api import FixedEngine, ServingCore, build_serving_app
 from servekit.api.endpoints import PATHS
 from servekit.api.service import wrap_front
-from servekit.asgi import ASGIApp, Message, Receive, Scope, Send
+from servekit.asgi import ASGIApp, Receive, Scope, Send, header, read_body, replaying
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
 from servekit.service_auth import ServiceAuthSettings, TokenGate
@@ -109,25 +109,10 @@ class _BodyPriority:
         if scope["type"] != "http" or scope["path"] not in PATHS:
             await self.app(scope, receive, send)
             return
-        parts: list[bytes] = []
-        more = True
-        while more:
-            message = await receive()
-            parts.append(message.get("body", b""))
-            more = bool(message.get("more_body", False))
-        raw = b"".join(parts)
+        raw = await read_body(receive, 1 << 24, header(scope, b"content-length"))
         try:
             body = json.loads(raw)
         except ValueError:
             body = None
         self.seen.append(body.get("priority") if isinstance(body, dict) else None)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(raw, receive), send)

@@ -36,6 +36,7 @@ from servekit.asgi import (
     Send,
     header,
     read_body,
+    replaying,
     send_json,
 )
 from servekit.engine.protocol import GenerationRequest, Priority
@@ -101,7 +102,7 @@ class CompletionEndpoints:
             await send_json(send, exc.status, exc.body(), {**exc.headers(), "Connection": "close"})
             return
         if kind is None:
-            await self.app(scope, _replay(raw, receive), send)
+            await self.app(scope, replaying(raw, receive), send)
             return
         await self._complete(scope, kind, raw, arrival, receive, send)
 
@@ -157,17 +158,3 @@ def _generation(
     core.check_token_limits(max_tokens=text.max_tokens)
     rid = request_id or new_id("cmpl")
     return GenerationRequest.from_completion(text, rid, priority), text.stream, text.include_usage()
-
-
-def _replay(raw: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that yields the already-read body once, then the real one."""
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        return await receive()
-
-    return replay
