@@ -67,7 +67,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="drive load at an OpenAI-compatible URL and report TTFT/TPOT/E2E",
         description="Load generator for any OpenAI-compatible server (streaming).",
     )
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="base URL (without /v1)")
+    p.add_argument(
+        "--url",
+        default="http://127.0.0.1:8080",
+        help="base URL (without /v1); several comma-separated (routers sharing one fleet) "
+        "take requests in turn",
+    )
     p.add_argument("--model", default="auto")
     p.add_argument("--api", choices=("chat", "completions"), default="chat")
     p.add_argument("--api-key", default=os.environ.get("HYBRID_LLM_API_KEY"))
@@ -158,8 +163,13 @@ def run(args: argparse.Namespace) -> int:
         workload = builtin_workload(
             args.workload, args.model, max_tokens=args.max_tokens, seed=args.seed
         )
+    urls = [u.strip().rstrip("/") for u in args.url.split(",") if u.strip()]
+    if not urls:
+        console.print("[red]--url: no URL given")
+        return 2
     plan = RunPlan(
-        url=args.url.rstrip("/"),
+        url=urls[0],
+        more_urls=tuple(urls[1:]),
         workload=workload,
         steps=steps,
         variants=variants,

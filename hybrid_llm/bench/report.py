@@ -56,7 +56,7 @@ def build_report(plan: RunPlan, runs: list[StepRun], knee_metric: str) -> dict[s
         )
     return {
         "meta": {
-            "url": plan.url,
+            "url": ",".join((plan.url, *plan.more_urls)),
             "model": plan.workload.model,
             "api": plan.workload.api,
             "workload": plan.workload.labels,

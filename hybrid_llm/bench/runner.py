@@ -65,7 +65,7 @@ class StepRun:
 
 @dataclass
 class RunPlan:
-    url: str
+    url: str  # where requests go; with ``more_urls``, the first of several routers
     workload: Source
     steps: list[LoadStep]
     variants: list[Variant]
@@ -78,6 +78,18 @@ class RunPlan:
     max_in_flight: int = 1024
     seed: int = 0
     max_backoff_s: float = 5.0  # longest Retry-After a closed-loop worker honours
+    # Further routers behind the same fleet: requests take turns over ``url`` and
+    # these (every request, not every conversation: a load balancer spreads turns).
+    more_urls: tuple[str, ...] = ()
+    sent: int = 0  # requests sent so far (the turn taker's counter)
+
+    def target(self) -> str:
+        """Where the next request goes: the workload's path, on the next router in turn."""
+        if not self.more_urls:
+            return self.workload.path
+        urls = (self.url, *self.more_urls)
+        self.sent += 1
+        return urls[self.sent % len(urls)] + self.workload.path
 
 
 class _Budget:
@@ -114,7 +126,7 @@ async def _converse(
         answer: list[str] = []
         last = await send_streaming(
             client,
-            plan.workload.path,
+            plan.target(),
             body,
             bucket=conv.label,
             run_start=t0,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ __all__ = [
     "service_headers",
     "service_token",
     "service_token_path",
+    "with_services",
     "write_service_token",
 ]
 
@@ -151,6 +153,20 @@ class TopologySettings(_Strict):
 
     def router(self) -> ServiceSpec | None:
         return next((s for s in self.enabled() if s.kind == "router"), None)
+
+
+def with_services(topo: TopologySettings, names: Sequence[str]) -> TopologySettings:
+    """``topo`` with the services ``names`` enabled too (``hybrid-llm up --with``);
+    ``ValueError`` for a name it lacks or a clash (two services on one port)."""
+    if not names:
+        return topo
+    unknown = sorted(set(names) - {s.name for s in topo.services})
+    if unknown:
+        raise ValueError(f"no such service: {', '.join(unknown)}")
+    data = topo.model_dump()
+    for service in data["services"]:
+        service["enabled"] = service["enabled"] or service["name"] in names
+    return TopologySettings.model_validate(data)
 
 
 def service_token_path(state_dir: Path) -> Path:

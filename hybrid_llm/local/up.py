@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -48,6 +48,7 @@ from hybrid_llm.local.topology import (
     TopologySettings,
     build_specs,
     service_token_path,
+    with_services,
 )
 
 __all__ = ["register"]
@@ -69,6 +70,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     up.add_argument("--no-fetch", action="store_true", help="do not fetch missing models")
     up.add_argument(
+        "--with",
+        dest="also",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also start this service the config leaves off (e.g. router-2: a second router)",
+    )
+    up.add_argument(
         "--center",
         default=None,
         help="the center's engine: a variant of the center service, e.g. `vllm` "
@@ -84,10 +93,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status.set_defaults(func=_status)
 
 
-def _load(path: Path, netem: bool | None = None, center: str | None = None) -> TopologySettings:
-    from servekit.config import load_settings
+def _load(
+    path: Path, netem: bool | None = None, center: str | None = None, also: Sequence[str] = ()
+) -> TopologySettings:
+    from servekit.config import ConfigError, load_settings
 
-    return load_settings(TopologySettings, path, **{"netem.enabled": netem, "center": center})
+    topo = load_settings(TopologySettings, path, **{"netem.enabled": netem, "center": center})
+    try:
+        return with_services(topo, also)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: --with {', '.join(also)}: {exc}") from None
 
 
 def _pid_path(topo: TopologySettings) -> Path:
@@ -110,7 +125,7 @@ def _up(args: argparse.Namespace) -> int:
 
     out = Output()
     try:
-        topo = _load(args.config, args.netem, args.center)
+        topo = _load(args.config, args.netem, args.center, args.also)
     except ConfigError as exc:
         out.say(f"[red]{exc}")
         return 2
@@ -268,6 +283,8 @@ def _detach(args: argparse.Namespace, topo: TopologySettings, out: Output) -> in
         argv.append("--no-fetch")
     if args.center is not None:
         argv += ["--center", args.center]
+    for name in args.also:
+        argv += ["--with", name]
     with (log_dir / "up.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,

@@ -152,6 +152,19 @@ async def test_warm_up_runs_for_every_variant_at_its_concurrency_and_is_not_reco
     assert [max(n for _, n in arrivals[i : i + 3]) for i in (0, 3)] == [2, 2]
 
 
+@pytest.mark.anyio
+async def test_several_routers_take_requests_in_turn() -> None:
+    seen_a: list[dict[str, object]] = []
+    seen_b: list[dict[str, object]] = []
+    with (
+        UvicornThread(create_app(Timing(ttft=0.01, itl=0.001), seen=seen_a)) as a,
+        UvicornThread(create_app(Timing(ttft=0.01, itl=0.001), seen=seen_b)) as b,
+    ):
+        runs = await run_plan(_plan(a.url, more_urls=(b.url,), max_requests=10))
+    assert all(r.ok for r in runs[0].records)
+    assert (len(seen_a), len(seen_b)) == (5, 5)
+
+
 def test_percentile_and_knee() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([5.0], 99) == 5.0

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from hybrid_llm.local.servers import REPO, free_port, wait_ready
-from hybrid_llm.local.topology import TopologySettings, build_specs, service_headers
+from hybrid_llm.local.topology import TopologySettings, build_specs, service_headers, with_services
 from servekit.config import ConfigError, load_settings
 
 
@@ -140,6 +140,26 @@ def test_local_topology_renders_valid_service_settings(
     # Every service shares the topology's registry; the router reads rollout shares there.
     assert settings.registry is not None
     assert settings.registry.embedded.path == topo.registry
+
+
+def test_a_second_router_on_the_same_fleet(tmp_path: Path) -> None:
+    """`hybrid-llm up --with router-2`: another router, same edges and registry."""
+    from geo_router.settings import RouterSettings
+
+    topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path))
+    assert "router-2" not in [s.name for s in topo.enabled()]  # off unless asked for
+    both = with_services(topo, ["router-2"])
+    build_specs(both, REPO)
+    first, second = (
+        load_settings(RouterSettings, tmp_path / "topology" / f"{name}.yaml")
+        for name in ("router", "router-2")
+    )
+    assert (first.server.port, second.server.port) == (8080, 8081)
+    assert second.upstreams == first.upstreams
+    assert second.registry == first.registry
+    assert second.routing == first.routing
+    with pytest.raises(ValueError, match="no such service: router-9"):
+        with_services(topo, ["router-9"])
 
 
 def test_the_center_can_run_on_vllm(tmp_path: Path) -> None:
