@@ -1,7 +1,7 @@
 """Router-added TTFT: the same fast fake upstream called directly and through the router.
 
     .venv/bin/python -m studies.router_overhead [--requests 400] [--concurrency 1 200]
-        [--pin auto|always|never] [--nice N] [--burst] [--tls]
+        [--pin auto|always|never] [--nice N] [--burst] [--tls] [--sharegpt N]
 
 Starts, as separate processes on loopback: a fast fake OpenAI upstream (raw
 ASGI under uvicorn; first token at once, then ``max_tokens - 1`` more every
@@ -133,9 +133,15 @@ async def upstream_app(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": tail})
 
 
-def request_body(tokens: int, interval_ms: float, model: str = "bench") -> bytes:
-    """A chat request; the fake upstream streams ``tokens`` chunks ``interval_ms`` apart."""
-    messages = [{"role": "user", "content": "hi"}]
+def request_body(
+    tokens: int,
+    interval_ms: float,
+    model: str = "bench",
+    messages: list[dict[str, str]] | None = None,
+) -> bytes:
+    """A chat request (``messages``, else "hi"); the fake upstream streams ``tokens``
+    chunks ``interval_ms`` apart."""
+    messages = messages or [{"role": "user", "content": "hi"}]
     body = {"model": model, "stream": True, "messages": messages, "max_tokens": tokens}
     # In OpenAI's free-form metadata: the router refuses fields outside the OpenAI surface.
     body["metadata"] = {"bench_interval_ms": str(interval_ms)}
@@ -206,21 +212,23 @@ async def run_level(
     targets: list[tuple[str, dict[str, str]]],
     conc: int,
     total: int,
-    bodies: list[bytes],
+    bodies: list[list[bytes]],
     stagger_s: float,
 ) -> list[list[float]]:
     """``conc`` workers, each alternating between the targets; TTFT samples per target.
+    ``bodies[t]`` are target ``t``'s requests, taken in turn (each target gets the
+    same conversations).
 
     Worker ``w`` starts ``w * stagger_s`` late (0: all at once, the lock-step
     load). Interleaving makes direct and routed calls share the same moment's
     load (this machine is shared), so their difference is the router's cost.
     """
     requests = [
-        http_request(url, headers, body)
-        for (url, headers), body in zip(targets, bodies, strict=True)
+        [http_request(url, headers, body) for body in variants]
+        for (url, headers), variants in zip(targets, bodies, strict=True)
     ]
     conns = [[await connect(url) for url, _ in targets] for _ in range(conc)]
-    models = [json.loads(b)["model"] for b in bodies]
+    models = [json.loads(variants[0])["model"] for variants in bodies]
     warm = [
         http_request(url, headers, request_body(2, 1.0, model))
         for (url, headers), model in zip(targets, models, strict=True)
@@ -235,7 +243,9 @@ async def run_level(
         await asyncio.sleep(w * stagger_s)
         for i in range(per_worker * len(targets)):
             which = (i + w) % len(targets)
-            samples[which].append(await conns[w][which].ttft(requests[which]))
+            mine = requests[which]
+            request = mine[(w * per_worker + i // len(targets)) % len(mine)]
+            samples[which].append(await conns[w][which].ttft(request))
 
     try:
         await asyncio.gather(*(worker(w) for w in range(conc)))
@@ -322,6 +332,14 @@ def main() -> int:
     parser.add_argument(
         "--tls", action="store_true", help="also route to an HTTPS upstream (see the docstring)"
     )
+    parser.add_argument(
+        "--sharegpt",
+        type=int,
+        default=0,
+        metavar="N",
+        help="send N real ShareGPT conversations (history up to a user turn) in turn "
+        "instead of 'hi' (needs the datasets extra)",
+    )
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cert", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,6 +371,11 @@ def main() -> int:
         "region": {"default": "local"},
         "routing": {"slow_start_s": 0},
     }
+    conversations: list[list[dict[str, str]] | None] = [None]
+    if args.sharegpt:
+        from studies.sharegpt import load
+
+        conversations = [messages for messages, _ in load(args.sharegpt, max_tokens=6000)]
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "router.yaml"
@@ -405,7 +428,9 @@ def main() -> int:
                 # One stream at a time: short streams. Many: LLM-like ones (2 s, 40 chunks),
                 # so the level means that many open streams, not that many requests a second.
                 tokens, interval = (4, 5.0) if conc == 1 else (40, 50.0)
-                bodies = [request_body(tokens, interval, m) for m in models]
+                bodies = [
+                    [request_body(tokens, interval, m, c) for c in conversations] for m in models
+                ]
                 shapes = [("steady", tokens * interval / 1000.0 / conc)]
                 if args.burst and conc > 1:
                     shapes.append(("lock-step", 0.0))
