@@ -74,6 +74,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the center's engine: a variant of the center service, e.g. `vllm` "
         "(two vllm serve replicas; needs `scripts/setup.sh --vllm`)",
     )
+    up.add_argument(
+        "--tracing",
+        metavar="URL",
+        default=None,
+        help="export every router's, edge's and center's traces to this OTLP/HTTP endpoint "
+        "(e.g. http://127.0.0.1:4318/v1/traces of a local Jaeger or Phoenix)",
+    )
     up.set_defaults(func=_up)
     down = sub.add_parser("down", help="stop a topology started by `hybrid-llm up`")
     down.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -84,10 +91,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     status.set_defaults(func=_status)
 
 
-def _load(path: Path, netem: bool | None = None, center: str | None = None) -> TopologySettings:
+def _load(
+    path: Path, netem: bool | None = None, center: str | None = None, tracing: str | None = None
+) -> TopologySettings:
     from servekit.config import load_settings
 
-    return load_settings(TopologySettings, path, **{"netem.enabled": netem, "center": center})
+    overrides = {"netem.enabled": netem, "center": center, "tracing": tracing}
+    return load_settings(TopologySettings, path, **overrides)
 
 
 def _pid_path(topo: TopologySettings) -> Path:
@@ -110,7 +120,7 @@ def _up(args: argparse.Namespace) -> int:
 
     out = Output()
     try:
-        topo = _load(args.config, args.netem, args.center)
+        topo = _load(args.config, args.netem, args.center, args.tracing)
     except ConfigError as exc:
         out.say(f"[red]{exc}")
         return 2
@@ -239,6 +249,12 @@ def _print_ready(topo: TopologySettings, sup: Supervisor, out: Output) -> None:
             f'sends it): curl -H "Authorization: Bearer $(cat {token})" ...',
             highlight=False,
         )
+    if topo.tracing is not None:
+        out.show(
+            f"Traces of the router, edges and center go to {topo.tracing}; each answer's "
+            "Server-Timing header shows the router's stages.",
+            highlight=False,
+        )
     out.show("Stop with Ctrl-C here, or `hybrid-llm down` from another shell.")
 
 
@@ -268,6 +284,8 @@ def _detach(args: argparse.Namespace, topo: TopologySettings, out: Output) -> in
         argv.append("--no-fetch")
     if args.center is not None:
         argv += ["--center", args.center]
+    if args.tracing is not None:
+        argv += ["--tracing", args.tracing]
     with (log_dir / "up.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,
