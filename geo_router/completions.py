@@ -12,6 +12,7 @@ tracing on, the request is one ``router.request`` span (``geo_router.spans``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from geo_router.continuation import Kind, assemble
@@ -44,7 +45,10 @@ async def route_completion(
     )
     try:
         await _route(state, scope, kind, raw, headers, send, watch, span)
-    except BaseException as exc:
+    except asyncio.CancelledError:
+        span.set_attribute("cancelled", True)  # the client left
+        raise
+    except Exception as exc:
         if isinstance(exc, ServeError):
             span.set_attribute("http.response.status_code", exc.status)
         mark_failed(span, exc)
@@ -70,6 +74,7 @@ async def _route(
     stream = RoutedStream(state.routing, req, taken.decision)
     await stream.open()
     taken.stages.mark("upstream")
+    state.metrics.observe_stages(taken.stages.spans())
     cand = stream.cand
     assert cand is not None
     route_headers = {

@@ -141,8 +141,12 @@ def test_one_trace_from_the_client_through_router_and_edge(fleet: dict[str, Any]
     assert served.attributes["request.id"] == r.headers["x-request-id"]
     for stage in ("serve.queue", "serve.prefill", "serve.decode"):
         assert _one(spans, stage).parent_id == served.span_id
-    assert request.start_ns <= attempt.start_ns <= served.start_ns <= served.end_ns
-    assert served.end_ns <= attempt.end_ns <= request.end_ns
+    # Causal order (one machine, one clock); the edge may end its span after the
+    # router read [DONE], so only starts are ordered across the hop.
+    assert request.start_ns <= attempt.start_ns <= served.start_ns
+    assert attempt.end_ns <= request.end_ns
+    assert not any(s.error for s in spans), [(s.name, s.status) for s in spans if s.error]
+    assert "cancelled" not in served.attributes  # the router closing after [DONE] is no cancel
     _no_secrets(spans)
 
 
@@ -181,6 +185,9 @@ def test_server_timing_names_the_stages(fleet: dict[str, Any]) -> None:
     assert stages == ["auth", "body", "limit", "region", "classify", "plan", "upstream"]
     durations = [float(p.split("dur=")[1]) for p in r.headers["server-timing"].split(",")]
     assert all(d >= 0 for d in durations)
+    metrics = httpx.get(fleet["router"] + "/metrics", timeout=10).text
+    for stage in stages:  # the same stages as histograms
+        assert f'router_stage_seconds_count{{stage="{stage}"}}' in metrics, stage
 
 
 def test_an_untraced_service_still_answers_with_server_timing(tmp_path: Path) -> None:

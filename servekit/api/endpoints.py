@@ -87,17 +87,21 @@ async def _traced_completion(
             "http.route": scope["path"],
         },
     )
+    trace = ServingTrace(tracing, span)
     try:
         gen, stream, usage = _generation(core, kind, raw, scope)
         span.set_attributes({"request.id": gen.request_id, "serve.priority": gen.priority.name})
         onward: dict[str, str] = {}
         tracing.inject(span, onward)
         gen = replace(gen, traceparent=onward.get("traceparent"))
-        trace = ServingTrace(tracing, span)
         await serve_generation(
             core, gen, send, stream=stream, include_usage=usage, arrival=arrival, trace=trace
         )
-    except BaseException as exc:
+    except asyncio.CancelledError:
+        if not trace.finished_at:  # a caller closing once it has the end cancels too
+            span.set_attribute("cancelled", True)
+        raise
+    except Exception as exc:
         if isinstance(exc, ServeError):
             span.set_attribute("http.response.status_code", exc.status)
         mark_failed(span, exc)

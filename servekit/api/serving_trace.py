@@ -32,13 +32,14 @@ __all__ = ["ServingTrace"]
 class ServingTrace:
     """The stages of one served request, written as children of its span."""
 
-    __slots__ = ("_admitted", "_first", "span", "tracing")
+    __slots__ = ("_admitted", "_first", "finished_at", "span", "tracing")
 
     def __init__(self, tracing: Tracing, span: Span) -> None:
         self.tracing = tracing
         self.span = span
         self._admitted: float | None = None
         self._first: float | None = None
+        self.finished_at = 0.0  # perf_counter of the finish; 0 until then
 
     def admitted(self, queue_time_s: float) -> None:
         """Admission granted now, after ``queue_time_s`` in the queue."""
@@ -53,7 +54,7 @@ class ServingTrace:
             self.tracing.record("serve.prefill", self.span, self._admitted, now)
 
     def finished(self, finish: Finish) -> None:
-        now = time.perf_counter()
+        now = self.finished_at = time.perf_counter()
         self.span.set_attributes(
             {
                 "serve.prompt_tokens": finish.prompt_tokens,

@@ -34,6 +34,7 @@ class ReceivedSpan:
     start_ns: int
     end_ns: int
     error: bool
+    status: str  # the error's description
 
 
 def _value(v: AnyValue) -> Any:
@@ -92,6 +93,7 @@ class OtlpReceiver:
                             start_ns=s.start_time_unix_nano,
                             end_ns=s.end_time_unix_nano,
                             error=s.status.code == 2,  # STATUS_CODE_ERROR
+                            status=s.status.message,
                         )
                     )
         with self._lock:
