@@ -12,7 +12,6 @@ tracing on, the request is one ``router.request`` span (``geo_router.spans``).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 from geo_router.continuation import Kind, assemble
@@ -21,9 +20,8 @@ from geo_router.request_ids import CLIENT_ID_HEADER
 from geo_router.routed import RoutedStream
 from geo_router.state import RouterState, intake
 from servekit.asgi import DisconnectWatch, Scope, Send, raw_headers, send_json
-from servekit.errors import ServeError
 from servekit.sse import DONE_FRAME
-from servekit.tracing import mark_failed
+from servekit.tracing import ending, mark_failed
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -43,18 +41,8 @@ async def route_completion(
     span = tracing.start(
         "router.request", headers=headers, server=True, attributes={"http.route": scope["path"]}
     )
-    try:
+    with ending(span):
         await _route(state, scope, kind, raw, headers, send, watch, span)
-    except asyncio.CancelledError:
-        span.set_attribute("cancelled", True)  # the client left
-        raise
-    except Exception as exc:
-        if isinstance(exc, ServeError):
-            span.set_attribute("http.response.status_code", exc.status)
-        mark_failed(span, exc)
-        raise
-    finally:
-        span.end()
 
 
 async def _route(

@@ -22,13 +22,16 @@ counts, times, names of tiers, models and instances.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from servekit.config import Section
+from servekit.errors import ServeError
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
     from opentelemetry.util.types import Attributes
 
-__all__ = ["OFF", "Tracing", "TracingSettings", "mark_failed", "start_tracing"]
+__all__ = ["OFF", "Tracing", "TracingSettings", "ending", "mark_failed", "start_tracing"]
 
 
 class TracingSettings(Section):
@@ -146,6 +149,25 @@ def mark_failed(span: Span, exc: BaseException) -> None:
     from opentelemetry.trace import Status, StatusCode
 
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+@contextmanager
+def ending(span: Span, finished: Callable[[], bool] = lambda: False) -> Iterator[Span]:
+    """End a server span with the block, saying how it went: an error (and its HTTP
+    status) or, when cancelled before ``finished()``, that the caller left."""
+    try:
+        yield span
+    except asyncio.CancelledError:
+        if not finished():  # a caller closing once it has the end cancels too
+            span.set_attribute("cancelled", True)
+        raise
+    except Exception as exc:
+        if isinstance(exc, ServeError):
+            span.set_attribute("http.response.status_code", exc.status)
+        mark_failed(span, exc)
+        raise
+    finally:
+        span.end()
 
 
 def start_tracing(

@@ -42,7 +42,7 @@ from servekit.asgi import (
 )
 from servekit.engine.protocol import GenerationRequest, Priority
 from servekit.errors import ServeError, error_body
-from servekit.tracing import mark_failed
+from servekit.tracing import ending
 from servekit.wire import ChatCompletionRequest, CompletionRequest, new_id, parse_request
 
 __all__ = ["PATHS", "CompletionEndpoints", "CompletionHandler", "Kind", "serve_completion"]
@@ -88,7 +88,7 @@ async def _traced_completion(
         },
     )
     trace = ServingTrace(tracing, span)
-    try:
+    with ending(span, finished=lambda: bool(trace.finished_at)):
         gen, stream, usage = _generation(core, kind, raw, scope)
         span.set_attributes({"request.id": gen.request_id, "serve.priority": gen.priority.name})
         onward: dict[str, str] = {}
@@ -97,17 +97,6 @@ async def _traced_completion(
         await serve_generation(
             core, gen, send, stream=stream, include_usage=usage, arrival=arrival, trace=trace
         )
-    except asyncio.CancelledError:
-        if not trace.finished_at:  # a caller closing once it has the end cancels too
-            span.set_attribute("cancelled", True)
-        raise
-    except Exception as exc:
-        if isinstance(exc, ServeError):
-            span.set_attribute("http.response.status_code", exc.status)
-        mark_failed(span, exc)
-        raise
-    finally:
-        span.end()
 
 
 class CompletionEndpoints:
