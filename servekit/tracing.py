@@ -145,10 +145,15 @@ OFF = Tracing()
 
 
 def mark_failed(span: Span, exc: BaseException) -> None:
-    """Mark ``span`` as failed by ``exc`` (its type and message: never a request body)."""
+    """Mark ``span`` as failed by ``exc``. A client's error (4xx) is described by its
+    type, code and parameter only: its message may quote the request body."""
     from opentelemetry.trace import Status, StatusCode
 
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    if isinstance(exc, ServeError) and exc.status < 500:
+        what = f"{exc.type} code={exc.code} param={exc.param}"
+    else:
+        what = str(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {what}"))
 
 
 @contextmanager

@@ -106,3 +106,21 @@ def test_inject_writes_the_span_as_the_upstream_parent() -> None:
     assert int(flags, 16) & 1  # sampled
     span.end()
     tracing.shutdown()
+
+
+def test_a_client_error_is_described_without_its_message() -> None:
+    from servekit.errors import InvalidRequest, UpstreamUnavailable
+    from servekit.tracing import mark_failed
+
+    exporter = InMemorySpanExporter()
+    tracing = start_tracing(TracingSettings(enabled=True), "svc", exporter=exporter)
+    client, upstream = tracing.start("client"), tracing.start("upstream")
+    mark_failed(client, InvalidRequest("the prompt 'my secret plan' is bad", param="messages"))
+    mark_failed(upstream, UpstreamUnavailable("http://edge-1:8101: connection refused"))
+    client.end()
+    upstream.end()
+    tracing.shutdown()
+    spans = {s.name: s.status.description or "" for s in exporter.get_finished_spans()}
+    assert "secret" not in spans["client"]
+    assert "param=messages" in spans["client"]
+    assert "connection refused" in spans["upstream"]
