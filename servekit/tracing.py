@@ -73,7 +73,17 @@ class TracingSettings(Section):
 class Tracing:
     """A service's tracer, or nothing: check :attr:`enabled` before any other call."""
 
-    __slots__ = ("_empty", "_offset_ns", "_propagator", "_provider", "_tracer", "enabled")
+    __slots__ = (
+        "_empty",
+        "_in",
+        "_kinds",
+        "_offset_ns",
+        "_propagator",
+        "_provider",
+        "_tracer",
+        "_trust",
+        "enabled",
+    )
 
     def __init__(self, provider: TracerProvider | None = None, *, trust_incoming: bool = True):
         self.enabled = provider is not None
@@ -81,12 +91,16 @@ class Tracing:
         if provider is None:
             return
         from opentelemetry.context import Context
+        from opentelemetry.trace import SpanKind, set_span_in_context
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self._tracer = provider.get_tracer("hybrid_llm")
         self._propagator = TraceContextTextMapPropagator()
-        # A fresh context stands for "no parent" when a caller's is not trusted.
-        self._empty: Context | None = None if trust_incoming else Context()
+        self._trust = trust_incoming
+        # "No parent" is an empty context, never whatever the task's ambient one holds.
+        self._empty = Context()
+        self._in = set_span_in_context
+        self._kinds = (SpanKind.INTERNAL, SpanKind.SERVER)
         # perf_counter seconds to epoch nanoseconds, for stages timed before their span.
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
 
@@ -102,19 +116,16 @@ class Tracing:
     ) -> Span:
         """A started span: ``parent``'s child, else the caller's (``headers``), else a
         root. ``at`` is its start as a ``perf_counter`` reading (default: now)."""
-        from opentelemetry.trace import SpanKind, set_span_in_context
-
-        context: Context | None
+        context: Context
         if parent is not None:
-            context = set_span_in_context(parent)
-        elif headers is not None and self._empty is None:
-            context = self._propagator.extract(headers)
+            context = self._in(parent)
+        elif headers is not None and self._trust:
+            context = self._propagator.extract(headers, context=self._empty)
         else:
             context = self._empty
-        kind = SpanKind.SERVER if server else SpanKind.INTERNAL
         start = None if at is None else self.ns(at)
         return self._tracer.start_span(
-            name, context=context, kind=kind, attributes=attributes, start_time=start
+            name, context=context, kind=self._kinds[server], attributes=attributes, start_time=start
         )
 
     def record(
@@ -127,9 +138,7 @@ class Tracing:
 
     def inject(self, span: Span, headers: dict[str, str]) -> None:
         """Write ``span`` as the parent of an upstream request into ``headers``."""
-        from opentelemetry.trace import set_span_in_context
-
-        self._propagator.inject(headers, context=set_span_in_context(span))
+        self._propagator.inject(headers, context=self._in(span))
 
     def ns(self, perf: float) -> int:
         """A ``perf_counter`` reading as epoch nanoseconds."""
