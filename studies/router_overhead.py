@@ -502,9 +502,9 @@ def main() -> int:
                     )
             print("router's own added-latency histogram:", router_overhead_histogram(router))
         finally:
-            for proc in procs:
+            # Last started first: the traced router flushes its spans before the sink goes.
+            for proc in reversed(procs):
                 proc.send_signal(signal.SIGTERM)
-            for proc in procs:
                 try:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
