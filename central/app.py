@@ -31,6 +31,7 @@ from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
 from servekit.registration import Registration
 from servekit.service_auth import TokenGate, warn_if_open
+from servekit.tracing import start_tracing
 
 __all__ = ["CentralGateway", "create_app"]
 
@@ -55,8 +56,18 @@ class CentralGateway:
             load=self._load,
         )
         self.registry.register(ReplicaCollector(self.pool, self.metrics.labels))
+        resource = {
+            "hybrid_llm.tier": "center",
+            "hybrid_llm.region": settings.instance.region,
+            "service.instance.id": settings.instance.id,
+            "hybrid_llm.model": settings.model,
+        }
         self.core = ServingCore(
-            FixedEngine(self.pool), self.admission, self.metrics, version=settings.version
+            FixedEngine(self.pool),
+            self.admission,
+            self.metrics,
+            version=settings.version,
+            tracing=start_tracing(settings.tracing, "central", resource),
         )
         capacity = self.pool.capacity
         self.registration = Registration(
@@ -84,6 +95,7 @@ class CentralGateway:
         self.drain()
         await self.registration.aclose()
         await self.pool.aclose()
+        self.core.tracing.shutdown()
 
 
 def create_app(

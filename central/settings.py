@@ -15,6 +15,7 @@ from servekit.engine.process import ProcessSettings
 from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
 from servekit.settings import ServiceServerSettings
+from servekit.tracing import TracingSettings
 
 __all__ = [
     "AdmissionSettings",
@@ -91,6 +92,9 @@ class CentralSettings(Section):
     supervision: SupervisionSettings = Field(default_factory=SupervisionSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     instance: InstanceSettings = Field(default_factory=InstanceSettings)
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings, description="OpenTelemetry traces (off by default)."
+    )
     registry: RegistrySettings | None = Field(
         None, description="Register as tier `center` and heartbeat here; none means standalone."
     )

@@ -31,6 +31,7 @@ from servekit.metrics import ServingMetrics
 from servekit.registration import Registration, instance_entry
 from servekit.registry import InstanceInfo
 from servekit.service_auth import TokenGate, warn_if_open
+from servekit.tracing import start_tracing
 
 __all__ = ["EdgeAgent", "create_app"]
 
@@ -63,6 +64,7 @@ class EdgeAgent:
             aliases=frozenset(settings.aliases),
             version=version,
             max_tokens_limit=settings.engine.context_window,
+            tracing=start_tracing(settings.tracing, "edge-agent", self._resource()),
         )
         for collector in engine_collectors(
             settings.engine, lambda: self.slot.current().engine, self.metrics.labels
@@ -71,6 +73,15 @@ class EdgeAgent:
         self.load_error: BaseException | None = None
         self.registration = Registration(settings.registry, self.instance_info, self._load)
         self.reconciling: asyncio.Task[None] | None = None
+
+    def _resource(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            "hybrid_llm.tier": "edge",
+            "hybrid_llm.region": s.instance.region,
+            "service.instance.id": s.instance.id,
+            "hybrid_llm.model": s.engine.model_name,
+        }
 
     def instance_info(self) -> InstanceInfo:
         s = self.settings
@@ -163,6 +174,7 @@ class EdgeAgent:
             await asyncio.gather(self.reconciling, return_exceptions=True)
         await self.slot.aclose(self.settings.server.graceful_shutdown_s)
         await self.registration.aclose()
+        self.core.tracing.shutdown()
 
 
 def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_engine) -> FastAPI:

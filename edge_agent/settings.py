@@ -22,6 +22,7 @@ from servekit.engine.vllm import VllmEngineSettings
 from servekit.registry import RegistrySettings
 from servekit.settings import AdmissionSettings, ServiceServerSettings
 from servekit.sysinfo import fits_beside
+from servekit.tracing import TracingSettings
 
 __all__ = [
     "AdmissionSettings",
@@ -158,6 +159,9 @@ class EdgeSettings(Section):
     )
     aliases: list[str] = Field(
         default_factory=lambda: ["edge"], description="Extra names accepted in `model`."
+    )
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings, description="OpenTelemetry traces (off by default)."
     )
 
     @model_validator(mode="after")

@@ -50,6 +50,7 @@ from servekit.asgi import DisconnectWatch, Scope, Send
 from servekit.errors import NotReady, ServeError
 from servekit.http_client import UpstreamPool
 from servekit.serve_cli import ServiceHooks
+from servekit.tracing import start_tracing
 
 __all__ = ["RouterState", "create_app"]
 
@@ -132,6 +133,8 @@ def create_app(
                 build_buckets(settings.auth.limits, lambda down: metrics.limits_fallback.set(down))
             )
             stack.push_async_callback(limiter.aclose)
+            tracing = start_tracing(settings.tracing, "geo-router", {"hybrid_llm.tier": "router"})
+            stack.callback(tracing.shutdown)
             feedback = FeedbackBook(metrics.registry, log=settings.feedback_log)
             app.state.router = RouterState(
                 settings=settings,
@@ -149,6 +152,7 @@ def create_app(
                     settings.routing,
                     prefixes,
                     peers.for_instance,
+                    tracing,
                 ),
                 metrics=metrics,
                 stale=found.stale,

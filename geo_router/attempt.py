@@ -24,7 +24,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from geo_router.metrics import RouterMetrics
 from geo_router.planner import Planner
@@ -32,6 +32,7 @@ from geo_router.prefix_index import PrefixIndex
 from geo_router.request import RouteRequest, upstream_body
 from geo_router.scoring import Scored
 from geo_router.settings import RoutingSettings
+from geo_router.spans import candidate_attributes
 from geo_router.tracker import Tracker
 from servekit.errors import (
     ContextLengthExceeded,
@@ -44,6 +45,7 @@ from servekit.errors import (
 from servekit.peers import PeerCredentials
 from servekit.registry.protocol import InstanceInfo
 from servekit.sse import EventReader, event_error
+from servekit.tracing import OFF, Tracing, mark_failed
 from servekit.transport import (
     FAILURES,
     Transport,
@@ -51,6 +53,9 @@ from servekit.transport import (
     error_from_response,
     map_failure,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["Attempt", "Routing", "first_token_deadline_s"]
 
@@ -68,6 +73,7 @@ class Routing:
     settings: RoutingSettings
     prefixes: PrefixIndex | None = None
     peers: Callable[[InstanceInfo], PeerCredentials | None] = lambda _info: None
+    tracing: Tracing = OFF
 
 
 def first_token_deadline_s(routing: RoutingSettings, cand: Scored) -> float:
@@ -121,12 +127,15 @@ class Attempt:
         "head",
         "index",
         "req",
+        "span",
         "started",
         "ttft_s",
         "url",
     )
 
-    def __init__(self, routing: Routing, req: RouteRequest, cand: Scored, index: int) -> None:
+    def __init__(
+        self, routing: Routing, req: RouteRequest, cand: Scored, index: int, *, hedge: bool = False
+    ) -> None:
         self._routing = routing
         self.req = req
         self.cand = cand
@@ -141,6 +150,13 @@ class Attempt:
         self._chunks: AsyncIterator[bytes] | None = None
         self._reader = EventReader()
         self._ended = False
+        self.span: Span | None = None
+        if req.span is not None:  # tracing on: the request's child, the upstream's parent
+            attrs = candidate_attributes(cand)
+            attrs.update({"attempt.index": index, "attempt.hedge": hedge})
+            self.span = routing.tracing.start(
+                "router.attempt", parent=req.span, at=self.started, attributes=attrs
+            )
         routing.tracker.acquire(cand.id)
 
     @property
@@ -151,13 +167,16 @@ class Attempt:
         """Send the request and read up to its first token; raises what went wrong
         (foreign failures as they are: :meth:`failed` maps them). The whole
         request's timeout bounds it; the first-token deadline is the dispatcher's."""
-        r = self._routing
+        r, headers = self._routing, self.req.headers
+        if self.span is not None:
+            headers = dict(headers)
+            r.tracing.inject(self.span, headers)
         try:
             async with asyncio.timeout(r.settings.request_timeout_s):
                 self._response = response = await r.pool.post(
                     self.url,
                     upstream_body(self.req, self.cand),
-                    self.req.headers,
+                    headers,
                     r.peers(self.cand.state.info),
                 )
                 if response.status != 200:
@@ -179,6 +198,9 @@ class Attempt:
                     if reader.done or any(_has_token(e) for e in events):
                         response.flowing()  # silence is timed from the first token on
                         self.ttft_s = time.perf_counter() - self.started
+                        if self.span is not None:
+                            self.span.add_event("first_token")
+                            self.span.set_attribute("attempt.ttft_ms", self.ttft_s * 1e3)
                         return
                 raise upstream_failure(
                     "broken", self.url, "the stream ended before its first token"
@@ -198,6 +220,8 @@ class Attempt:
         the slot stays taken while it streams."""
         r, cand = self._routing, self.cand
         r.tracker.success(cand.id, self.ttft_s * 1000.0)
+        if self.span is not None:
+            self.span.set_attribute("attempt.won", True)
         if r.prefixes is not None and cand.prefix is not None:
             load = cand.state.load
             kv = load.capacity * load.max_context_tokens if load.max_context_tokens else None
@@ -207,7 +231,7 @@ class Attempt:
         """It never primed: its error, raised if nobody else may try, returned if the
         next candidate may (counted as a fallback)."""
         err = map_failure(exc, self.url)
-        if not self._release():
+        if not self._release(cause(err), err):
             return err
         r, iid = self._routing, self.cand.id
         if isinstance(err, ContextLengthExceeded):
@@ -250,7 +274,7 @@ class Attempt:
 
     async def finished(self) -> None:
         """The stream ended well: read its tail so the connection is reused."""
-        if not self._release():
+        if not self._release("ok"):
             return
         response, chunks = self._response, self._chunks
         self._response = None
@@ -267,13 +291,13 @@ class Attempt:
 
     async def broke(self) -> None:
         """It died mid-stream: a failure of the instance."""
-        if self._release():
+        if self._release("broke"):
             self._routing.tracker.failure(self.cand.id)
         self._close()
 
     async def abandon(self) -> None:
         """Ended without a verdict (a lost hedge or tie, a client that left)."""
-        if self._release():
+        if self._release("abandoned"):
             self._routing.tracker.abandoned(self.cand.id)
         self._close()
 
@@ -282,9 +306,15 @@ class Attempt:
         if response is not None:
             response.close()
 
-    def _release(self) -> bool:
+    def _release(self, outcome: str, err: ServeError | None = None) -> bool:
         if self._ended:
             return False
         self._ended = True
         self._routing.tracker.release(self.cand.id)
+        span = self.span
+        if span is not None:
+            span.set_attribute("attempt.outcome", outcome)
+            if err is not None:
+                mark_failed(span, err)
+            span.end()
         return True

@@ -5,10 +5,14 @@ servekit's front door (``servekit.api.endpoints``: body limit, 405, the
 OpenAI error shape, disconnects), not FastAPI routes; the FastAPI app
 documents them (``geo_router.openapi``). :func:`route_completion` takes a
 body through :func:`~geo_router.state.intake`, opens a
-:class:`~geo_router.routed.RoutedStream` and writes it out.
+:class:`~geo_router.routed.RoutedStream` and writes it out. Every answer
+carries its stages as ``Server-Timing`` (``geo_router.stages``); with
+tracing on, the request is one ``router.request`` span (``geo_router.spans``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from geo_router.continuation import Kind, assemble
 from geo_router.feedback import Served
@@ -17,6 +21,10 @@ from geo_router.routed import RoutedStream
 from geo_router.state import RouterState, intake
 from servekit.asgi import DisconnectWatch, Scope, Send, raw_headers, send_json
 from servekit.sse import DONE_FRAME
+from servekit.tracing import ending, mark_failed
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["route_completion"]
 
@@ -26,11 +34,35 @@ async def route_completion(
 ) -> None:
     """Route one completion request and answer it (errors raise ``ServeError``)."""
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+    tracing = state.routing.tracing
+    if not tracing.enabled:
+        await _route(state, scope, kind, raw, headers, send, watch, None)
+        return
+    span = tracing.start(
+        "router.request", headers=headers, server=True, attributes={"http.route": scope["path"]}
+    )
+    with ending(span):
+        await _route(state, scope, kind, raw, headers, send, watch, span)
+
+
+async def _route(
+    state: RouterState,
+    scope: Scope,
+    kind: Kind,
+    raw: bytes,
+    headers: dict[str, str],
+    send: Send,
+    watch: DisconnectWatch,
+    span: Span | None,
+) -> None:
     client = scope.get("client")
-    taken = await intake(state, kind, scope["path"], raw, headers, client[0] if client else None)
+    peer = client[0] if client else None
+    taken = await intake(state, kind, scope["path"], raw, headers, peer, span=span)
     req = taken.request
     stream = RoutedStream(state.routing, req, taken.decision)
     await stream.open()
+    taken.stages.mark("upstream")
+    state.metrics.observe_stages(taken.stages.spans())
     cand = stream.cand
     assert cand is not None
     route_headers = {
@@ -41,7 +73,18 @@ async def route_completion(
         "X-Route-Reason": stream.reason,
         "X-Route-Cached-Tokens": str(cand.cached_tokens),
         "X-Request-Id": req.headers["x-request-id"],
+        "Server-Timing": taken.stages.server_timing(),
     }
+    if span is not None:
+        span.set_attributes(
+            {
+                "request.id": req.headers["x-request-id"],
+                "route.instance": cand.id,
+                "route.tier": cand.tier,
+                "route.reason": stream.reason,
+                "route.stream": bool(req.body["stream"]),
+            }
+        )
     client_id = req.headers.get(CLIENT_ID_HEADER)
     if client_id is not None:
         route_headers["X-Client-Request-Id"] = client_id
@@ -67,6 +110,11 @@ async def route_completion(
         task = cls.task if cls is not None else "-"
         served = Served(req.tenant or "-", cand.tier, info.model, info.version or "-", task)
         state.feedback.served((transcript.id or "", req.headers["x-request-id"]), served)
+        if span is not None:
+            span.set_attribute("route.continuations", transcript.continued)
+            span.set_attribute("route.completion_tokens", transcript.tokens)
+            if transcript.error is not None:
+                mark_failed(span, transcript.error)
     if stream.transcript.error is not None:
         raise stream.transcript.error
     watch.finish()

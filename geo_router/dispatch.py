@@ -68,7 +68,7 @@ async def first_primed(
 
     def launch() -> None:
         nonlocal nxt
-        attempt = Attempt(routing, req, order[nxt], nxt)
+        attempt = Attempt(routing, req, order[nxt], nxt, hedge=hedged)
         racing[asyncio.create_task(attempt.prime())] = attempt
         nxt += 1
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["RouterMetrics"]
@@ -82,12 +84,30 @@ class RouterMetrics:
             buckets=_LATENCY,
             registry=r,
         )
+        self.stages = Histogram(
+            "router_stage_seconds",
+            "Time in each stage before the first token (the Server-Timing stages: auth, "
+            "body, limit, region, classify, plan, upstream).",
+            ["stage"],
+            buckets=(*_FAST, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+            registry=r,
+        )
+        self._stage: dict[str, Histogram] = {}  # children bound once: no label lookup per request
         self.rejected = Counter(
             "router_rejected_total",
             "Requests refused before routing, by status code.",
             ["code"],
             registry=r,
         )
+
+    def observe_stages(self, stages: Iterable[tuple[str, float, float]]) -> None:
+        """One request's stages (``geo_router.stages``) into ``router_stage_seconds``."""
+        bound = self._stage
+        for name, began, ended in stages:
+            child = bound.get(name)
+            if child is None:
+                child = bound[name] = self.stages.labels(name)
+            child.observe(ended - began)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

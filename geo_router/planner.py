@@ -28,6 +28,7 @@ prefix from then on.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,6 +88,7 @@ class Decision:
     candidates: list[Scored] = field(default_factory=list)
     prompt_tokens: int = 0
     fits: bool = True  # some instance's window can hold it
+    classified_at: float | None = None  # perf_counter when classification ended (Server-Timing)
 
     def reason(self, chosen: Scored) -> str:
         if self.model is not None:
@@ -197,9 +199,11 @@ class Planner:
         if name in aliases:
             tier = aliases[name]
             cls = None
+            classified_at = None
             if tier is None:
                 cls = self._classifier.classify(body, tenant=tenant, use_case=use_case)
-            decision = Decision(region, cls, tier, None)
+                classified_at = time.perf_counter()
+            decision = Decision(region, cls, tier, None, classified_at=classified_at)
             if cls is not None:
                 tier = "center" if cls.difficulty == "hard" else "edge"
                 decision.tier = tier

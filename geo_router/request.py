@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from geo_router.continuation import Kind, Partial
 from geo_router.region import ResolvedRegion
 from geo_router.scoring import Scored
 from servekit.continuation import continued_messages, continued_prompt, tokens_left
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["RouteRequest", "continued", "upstream_body"]
 
@@ -38,6 +41,7 @@ class RouteRequest:
     arrived: float  # perf_counter at arrival
     tenant: str | None = None  # its API key's tenant (trimming and routing policy per tenant)
     use_case: str | None = None  # X-Use-Case (the routing policy's latency/quality class)
+    span: Span | None = None  # its trace's request span (tracing on): attempts are children
 
 
 def upstream_body(req: RouteRequest, cand: Scored) -> bytes:

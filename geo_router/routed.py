@@ -131,6 +131,21 @@ class RoutedStream:
 
     async def _resume(self, tried: list[str]) -> Attempt | bytes:
         """A continuation's attempt, closing bytes, or ``b""`` when nobody can go on."""
+        began = time.perf_counter()
+        resumed = await self._continue(tried)
+        span = self._req.span
+        if span is not None:
+            outcome = "ok" if isinstance(resumed, Attempt) else "closed" if resumed else "failed"
+            attrs: dict[str, str | int] = {
+                "continuation.outcome": outcome,
+                "continuation.tokens_before": self.transcript.tokens,
+            }
+            if isinstance(resumed, Attempt):
+                attrs["route.instance"] = resumed.cand.id
+            self._r.tracing.record("router.continuation", span, began, time.perf_counter(), attrs)
+        return resumed
+
+    async def _continue(self, tried: list[str]) -> Attempt | bytes:
         r, said = self._r, self.transcript
         outcome = r.metrics.continuations
         if said.continued >= r.settings.max_continuations:

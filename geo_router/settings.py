@@ -18,6 +18,7 @@ from servekit.registry.protocol import Tier
 from servekit.registry.settings import RegistrySettings, StaticEntry
 from servekit.service_auth import check_sha256_hex
 from servekit.service_auth import hash_token as hash_key
+from servekit.tracing import TracingSettings
 
 __all__ = [
     "ApiKeySettings",
@@ -321,6 +322,9 @@ class RouterSettings(Section):
     connect_timeout_s: float = Field(2.0, gt=0)
     feedback_log: Path | None = Field(
         None, description="Append users' ratings (POST /v1/feedback) to this JSON-lines file."
+    )
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings, description="OpenTelemetry traces (off by default)."
     )
 
     @model_validator(mode="before")

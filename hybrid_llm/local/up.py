@@ -83,6 +83,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the center's engine: a variant of the center service, e.g. `vllm` "
         "(two vllm serve replicas; needs `scripts/setup.sh --vllm`)",
     )
+    up.add_argument(
+        "--tracing",
+        metavar="URL",
+        default=None,
+        help="export every router's, edge's and center's traces to this OTLP/HTTP endpoint "
+        "(e.g. http://127.0.0.1:4318/v1/traces of a local Jaeger or Phoenix)",
+    )
     up.set_defaults(func=_up)
     down = sub.add_parser("down", help="stop a topology started by `hybrid-llm up`")
     down.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -94,11 +101,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _load(
-    path: Path, netem: bool | None = None, center: str | None = None, also: Sequence[str] = ()
+    path: Path,
+    netem: bool | None = None,
+    center: str | None = None,
+    also: Sequence[str] = (),
+    tracing: str | None = None,
 ) -> TopologySettings:
     from servekit.config import ConfigError, load_settings
 
-    topo = load_settings(TopologySettings, path, **{"netem.enabled": netem, "center": center})
+    overrides = {"netem.enabled": netem, "center": center, "tracing": tracing}
+    topo = load_settings(TopologySettings, path, **overrides)
     try:
         return with_services(topo, also)
     except ValueError as exc:
@@ -125,7 +137,7 @@ def _up(args: argparse.Namespace) -> int:
 
     out = Output()
     try:
-        topo = _load(args.config, args.netem, args.center, args.also)
+        topo = _load(args.config, args.netem, args.center, args.also, args.tracing)
     except ConfigError as exc:
         out.say(f"[red]{exc}")
         return 2
@@ -254,6 +266,12 @@ def _print_ready(topo: TopologySettings, sup: Supervisor, out: Output) -> None:
             f'sends it): curl -H "Authorization: Bearer $(cat {token})" ...',
             highlight=False,
         )
+    if topo.tracing is not None:
+        out.show(
+            f"Traces of the router, edges and center go to {topo.tracing}; each answer's "
+            "Server-Timing header shows the router's stages.",
+            highlight=False,
+        )
     out.show("Stop with Ctrl-C here, or `hybrid-llm down` from another shell.")
 
 
@@ -285,6 +303,8 @@ def _detach(args: argparse.Namespace, topo: TopologySettings, out: Output) -> in
         argv += ["--center", args.center]
     for name in args.also:
         argv += ["--with", name]
+    if args.tracing is not None:
+        argv += ["--tracing", args.tracing]
     with (log_dir / "up.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,

@@ -9,6 +9,7 @@ from servekit.admission import AdmissionQueue
 from servekit.engine.protocol import Engine, LoadReport
 from servekit.errors import ContextLengthExceeded, ModelNotFound, NotReady
 from servekit.metrics import ServingMetrics
+from servekit.tracing import OFF, Tracing
 
 __all__ = ["EngineSource", "FixedEngine", "ServingCore", "core_of"]
 
@@ -36,6 +37,7 @@ class ServingCore:
     version: str = ""
     max_tokens_limit: int | None = None
     draining: bool = False
+    tracing: Tracing = OFF  # the service's tracer (its lifespan starts and shuts it down)
     requests_ok: int = field(default=0, init=False)
     requests_failed: int = field(default=0, init=False)
 

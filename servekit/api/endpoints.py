@@ -22,10 +22,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Literal
 
 from servekit.api.core import ServingCore, core_of
 from servekit.api.generation import serve_generation
+from servekit.api.serving_trace import ServingTrace
 from servekit.asgi import (
     ASGIApp,
     ClientGone,
@@ -41,6 +43,7 @@ from servekit.asgi import (
 )
 from servekit.engine.protocol import GenerationRequest, Priority
 from servekit.errors import ServeError, error_body
+from servekit.tracing import ending
 from servekit.wire import ChatCompletionRequest, CompletionRequest, new_id, parse_request
 
 __all__ = ["PATHS", "CompletionEndpoints", "CompletionHandler", "Kind", "serve_completion"]
@@ -60,8 +63,41 @@ async def serve_completion(
 ) -> None:
     """A serving instance's completion: validate, admit, generate on its engine."""
     core = core_of(scope.get("app"))
+    if core.tracing.enabled:
+        await _traced_completion(core, scope, kind, raw, arrival, send)
+        return
     gen, stream, usage = _generation(core, kind, raw, scope)
     await serve_generation(core, gen, send, stream=stream, include_usage=usage, arrival=arrival)
+
+
+async def _traced_completion(
+    core: ServingCore, scope: Scope, kind: Kind, raw: bytes, arrival: float, send: Send
+) -> None:
+    """:func:`serve_completion` as one ``serve.request`` span (``servekit.api.serving_trace``)."""
+    tracing = core.tracing
+    caller = {name: header(scope, name.encode()) for name in ("traceparent", "tracestate")}
+    span = tracing.start(
+        "serve.request",
+        headers={k: v for k, v in caller.items() if v is not None},
+        at=arrival,
+        server=True,
+        attributes={
+            "serve.tier": core.metrics.labels["tier"],
+            "serve.model": core.engines.current().model_name,
+            "serve.model_version": core.version,
+            "http.route": scope["path"],
+        },
+    )
+    trace = ServingTrace(tracing, span)
+    with ending(span, finished=lambda: bool(trace.finished_at)):
+        gen, stream, usage = _generation(core, kind, raw, scope)
+        span.set_attributes({"request.id": gen.request_id, "serve.priority": gen.priority.name})
+        onward: dict[str, str] = {}
+        tracing.inject(span, onward)
+        gen = replace(gen, traceparent=onward.get("traceparent"))
+        await serve_generation(
+            core, gen, send, stream=stream, include_usage=usage, arrival=arrival, trace=trace
+        )
 
 
 class CompletionEndpoints:

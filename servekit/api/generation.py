@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from servekit.admission import Ticket
 from servekit.api.core import ServingCore
 from servekit.api.frames import FrameBuilder
+from servekit.api.serving_trace import ServingTrace
 from servekit.asgi import Send, raw_headers, send_json
 from servekit.engine.protocol import Finish, GenerationEvent, GenerationRequest, TextDelta
 from servekit.errors import EngineFailure, QueueFull, ServeError
@@ -34,6 +35,7 @@ class _Clock:
     first: float | None = None
     last: float | None = None
     tokens: int = field(default=0)
+    trace: ServingTrace | None = None  # tracing on: the request's stages as spans
 
     def on_delta(self, delta: TextDelta) -> None:
         now = time.perf_counter()
@@ -43,6 +45,8 @@ class _Clock:
                 return
             self.first = now
             m.ttft.observe(now - self.arrival)
+            if self.trace is not None:
+                self.trace.first_token()
         elif self.last is not None and delta.tokens > 0:
             gap = (now - self.last) / delta.tokens
             for _ in range(delta.tokens):
@@ -61,6 +65,8 @@ class _Clock:
         m.finished(finish.reason)
         m.outcome("ok")
         self.core.requests_ok += 1
+        if self.trace is not None:
+            self.trace.finished(finish)
 
 
 def _record_failure(core: ServingCore, exc: ServeError) -> None:
@@ -89,12 +95,15 @@ async def serve_generation(
     stream: bool,
     include_usage: bool,
     arrival: float,
+    trace: ServingTrace | None = None,
 ) -> None:
     """Admit, prime and answer one generation on ``send``.
 
     A client that leaves cancels the calling task (:class:`DisconnectWatch`);
     whatever it was waiting on (the queue, the first token, the socket), the
-    ticket is released and the engine stream closed.
+    ticket is released and the engine stream closed. The answer's
+    ``Server-Timing`` header gives its ``queue`` wait and its ``prefill``
+    (admission to the engine's first event).
     """
     if core.admission.ttft_budget_ms is not None:
         core.observe_engine()  # the prediction needs the engine's backlog of this moment
@@ -109,6 +118,9 @@ async def serve_generation(
         core.metrics.outcome("cancelled")
         raise
     core.metrics.queue_time.observe(ticket.queue_time)
+    admitted = time.perf_counter()
+    if trace is not None:
+        trace.admitted(ticket.queue_time)
     engine = core.engines.current()
     events = engine.generate(gen)
     try:
@@ -127,9 +139,11 @@ async def serve_generation(
         _record_failure(core, failure)
         raise failure from None
 
+    prefill_s = time.perf_counter() - admitted
     frames = FrameBuilder(gen.kind, gen.request_id, engine.model_name, int(time.time()))
-    clock = _Clock(core, arrival)
-    headers = {"X-Request-Id": gen.request_id}
+    clock = _Clock(core, arrival, trace=trace)
+    timing = f"queue;dur={ticket.queue_time * 1e3:.2f}, prefill;dur={prefill_s * 1e3:.2f}"
+    headers = {"X-Request-Id": gen.request_id, "Server-Timing": timing}
     version = core.version  # not engine.load(): that builds a whole report per request
     if version:
         headers["X-Model-Version"] = version

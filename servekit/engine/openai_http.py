@@ -212,6 +212,8 @@ class OpenAIHTTPEngine:
         headers = {"X-Request-Id": request.request_id}
         if request.priority is Priority.BATCH:
             headers["X-Priority"] = "batch"
+        if request.traceparent is not None:
+            headers["traceparent"] = request.traceparent
         if self.settings.api_key:
             headers["Authorization"] = f"Bearer {self.settings.api_key}"
         where = self.base_url

@@ -85,6 +85,8 @@ class GenerationRequest:
     priority: Priority = Priority.INTERACTIVE
     continue_final_message: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The W3C trace context an HTTP engine sends on (tracing on): vLLM continues it.
+    traceparent: str | None = None
 
     @property
     def kind(self) -> Literal["chat", "completion"]:

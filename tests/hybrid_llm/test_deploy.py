@@ -135,3 +135,15 @@ def test_prometheus_config_parses_and_scrapes_every_service() -> None:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     jobs = {j["job_name"] for j in config["scrape_configs"]}
     assert {"hybrid-llm-serving", "geo-router", "model-sync-controller"} <= jobs
+
+
+def test_the_collector_receives_where_the_services_export() -> None:
+    collector = yaml.safe_load((DEPLOY / "otel" / "collector.yaml").read_text())
+    http = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    (traces,) = collector["service"]["pipelines"].values()
+    assert set(traces["exporters"]) <= set(collector["exporters"])
+    assert set(traces["processors"]) <= set(collector["processors"])
+    assert "tail_sampling" in traces["processors"]
+    for name in ("router.yaml", "edge.yaml", "central.yaml"):
+        tracing = yaml.safe_load((DEPLOY / "config" / name).read_text())["tracing"]
+        assert tracing["endpoint"].endswith(":" + http.rsplit(":", 1)[1] + "/v1/traces"), name

@@ -324,3 +324,25 @@ def test_up_runs_the_real_edge_agent_behind_its_delay_proxy(
     finally:
         down = _run(["down", "--config", str(path)], REPO)
     assert down.returncode == 0
+
+
+def test_tracing_turns_on_in_every_router_edge_and_center(tmp_path: Path) -> None:
+    endpoint = "http://127.0.0.1:4318/v1/traces"
+    topo = load_settings(
+        TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path), tracing=endpoint
+    )
+    build_specs(topo, REPO)
+    rendered = tmp_path / "topology"
+    from central.settings import CentralSettings
+    from edge_agent.settings import EdgeSettings
+    from geo_router.settings import RouterSettings
+
+    blocks = {
+        "edge-a": load_settings(EdgeSettings, rendered / "edge-a.yaml").tracing,
+        "center": load_settings(CentralSettings, rendered / "center.yaml").tracing,
+        "router": load_settings(RouterSettings, rendered / "router.yaml").tracing,
+    }
+    for name, tracing in blocks.items():
+        assert (tracing.enabled, tracing.endpoint, tracing.service_name) == (True, endpoint, name)
+    rollout = rendered / "rollout.yaml"  # the controller has no tracing: block
+    assert not rollout.exists() or "tracing" not in rollout.read_text()
