@@ -31,6 +31,7 @@ class Tenant:
     rpm: int | None = None
     tpm: int | None = None
     burst_s: float = 60.0
+    operator: bool = False  # may see routing internals (explain, cached-token figures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,13 @@ class Authenticator:
 
 def _tenant(entry: ApiKeySettings) -> Tenant:
     return Tenant(
-        entry.tenant, entry.priority, entry.sha256[:12], entry.rpm, entry.tpm, entry.burst_s
+        entry.tenant,
+        entry.priority,
+        entry.sha256[:12],
+        entry.rpm,
+        entry.tpm,
+        entry.burst_s,
+        entry.operator,
     )
 
 

@@ -71,10 +71,11 @@ async def _route(
         "X-Route-Region": cand.region,
         "X-Route-User-Region": req.region.region,
         "X-Route-Reason": stream.reason,
-        "X-Route-Cached-Tokens": str(cand.cached_tokens),
         "X-Request-Id": req.headers["x-request-id"],
         "Server-Timing": taken.stages.server_timing(),
     }
+    if taken.operator:  # what an instance holds is another tenant's business
+        route_headers["X-Route-Cached-Tokens"] = str(cand.cached_tokens)
     if span is not None:
         span.set_attributes(
             {

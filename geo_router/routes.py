@@ -20,7 +20,7 @@ from geo_router.feedback import RATING_SCHEMA, parse_rating
 from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.ops import router_state
 from geo_router.state import RouterState, intake
-from servekit.errors import InvalidRequest
+from servekit.errors import InvalidRequest, PermissionDenied
 
 __all__ = ["explain_router"]
 
@@ -28,8 +28,11 @@ __all__ = ["explain_router"]
 def _explainer(kind: Kind, path: str) -> Callable[[Request], Awaitable[Response]]:
     async def explain(request: Request) -> Response:
         """The routing decision for a body sent to ``path``: the completion path's own
-        intake (no rate limit counted), no engine called."""
+        intake (no rate limit counted), no engine called. Operator keys only: it shows
+        what each instance holds cached, its URL and its load."""
         state: RouterState = router_state(request.app)
+        if not state.auth.authenticate(request.headers.get("authorization")).operator:
+            raise PermissionDenied("route explain needs an operator key (auth.keys[].operator)")
         raw = await request.body()  # bounded by the front door (413)
         peer = request.client.host if request.client else None
         taken = await intake(state, kind, path, raw, request.headers, peer, limit=False)

@@ -48,6 +48,12 @@ class ApiKeySettings(Section):
     burst_s: float = Field(
         60.0, gt=0, le=60, description="Seconds of the rate that may be spent at once."
     )
+    operator: bool = Field(
+        False,
+        description="May see routing internals: /v1/route/explain and X-Route-Cached-Tokens. "
+        "What an instance holds cached tells whether somebody (another tenant) sent a text "
+        "recently, so tenants' keys do not.",
+    )
 
     @field_validator("sha256")
     @classmethod

@@ -65,6 +65,7 @@ class Intake:
     request: RouteRequest
     decision: Decision
     stages: Stages  # the intake's stages so far (Server-Timing)
+    operator: bool  # the key may see routing internals (ApiKeySettings.operator)
 
 
 async def intake(
@@ -118,4 +119,4 @@ async def intake(
     )
     if span is not None:
         trace_intake(state.routing.tracing, span, stages, decision, tenant.name)
-    return Intake(req, decision, stages)
+    return Intake(req, decision, stages, tenant.operator)

@@ -106,6 +106,12 @@ class AuthenticationFailed(ServeError):
     default_code = "invalid_api_key"
 
 
+class PermissionDenied(ServeError):
+    status = 403
+    type = "permission_error"
+    default_code = "permission_denied"
+
+
 class ModelNotFound(ServeError):
     status = 404
     type = "invalid_request_error"

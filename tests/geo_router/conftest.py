@@ -19,7 +19,12 @@ def router_settings(upstreams: list[dict[str, Any]], **extra: Any) -> RouterSett
     data: dict[str, Any] = {
         "auth": {
             "keys": [
-                {"sha256": hash_key(KEY), "tenant": "acme", "priority": "interactive"},
+                {
+                    "sha256": hash_key(KEY),
+                    "tenant": "acme",
+                    "priority": "interactive",
+                    "operator": True,
+                },
                 {"sha256": hash_key(BATCH_KEY), "tenant": "etl", "priority": "batch"},
             ]
         },

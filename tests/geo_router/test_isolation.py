@@ -15,7 +15,7 @@ from geo_router.app import create_app
 from geo_router.bodycheck import capped_max_tokens
 from geo_router.request_ids import client_request_id, new_request_id
 from geo_router.settings import RouterSettings
-from tests.geo_router.conftest import router_settings, serve_fake, upstream
+from tests.geo_router.conftest import BATCH_KEY, KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
 
 pytestmark = pytest.mark.anyio
@@ -117,3 +117,24 @@ def test_only_plain_client_ids_are_kept(value: str, kept: bool) -> None:
 def test_capped_max_tokens(body: dict[str, Any], budget: int, forwarded: dict[str, Any]) -> None:
     assert capped_max_tokens(body, 256, 4096) == budget
     assert body == forwarded
+
+
+async def test_routing_internals_are_for_operator_keys_only() -> None:
+    # What an instance holds cached tells whether another tenant sent a text.
+    operator = {"Authorization": f"Bearer {KEY}"}
+    tenant = {"Authorization": f"Bearer {BATCH_KEY}"}
+    with serve_fake(Behavior()) as url:
+        async with router(router_settings([upstream(url)])) as c:
+            r = await c.post("/v1/chat/completions", json=CHAT, headers=operator)
+            assert r.status_code == 200, r.text
+            assert "x-route-cached-tokens" in r.headers
+            r = await c.post("/v1/chat/completions", json=CHAT, headers=tenant)
+            assert r.status_code == 200, r.text
+            assert "x-route-cached-tokens" not in r.headers
+            r = await c.post("/v1/route/explain", json=CHAT, headers=tenant)
+            assert r.status_code == 403
+            assert r.json()["error"]["type"] == "permission_error"
+            assert "http://" not in r.text
+            r = await c.post("/v1/route/explain", json=CHAT, headers=operator)
+            assert r.status_code == 200
+            assert r.json()["candidates"][0]["url"] == url
