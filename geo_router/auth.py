@@ -10,8 +10,10 @@ a rejected one is checked in full every time.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +34,7 @@ class Tenant:
     tpm: int | None = None
     burst_s: float = 60.0
     operator: bool = False  # may see routing internals (explain, cached-token figures)
+    max_streams: int | None = None  # requests in flight at once, per router
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ def _tenant(entry: ApiKeySettings) -> Tenant:
         entry.tpm,
         entry.burst_s,
         entry.operator,
+        entry.max_streams,
     )
 
 
@@ -92,6 +96,33 @@ class RateLimiter:
 
     def __init__(self, buckets: Buckets | None = None) -> None:
         self._buckets = buckets if buckets is not None else LocalBuckets()
+        self._open: dict[str, int] = {}  # requests in flight per key (max_streams)
+
+    @contextlib.contextmanager
+    def in_flight(self, tenant: Tenant) -> Iterator[None]:
+        """Holds one of ``tenant``'s ``max_streams`` while its request is served (this
+        router's count: a slow reader keeps its stream, and the engine slot, open)."""
+        cap = tenant.max_streams
+        if cap is None:
+            yield
+            return
+        key = tenant.key_id
+        held = self._open.get(key, 0)
+        if held >= cap:
+            raise RateLimited(
+                f"tenant {tenant.name!r} has {cap} requests in flight, its max_streams",
+                code="concurrency_limit_exceeded",
+                retry_after=1,
+            )
+        self._open[key] = held + 1
+        try:
+            yield
+        finally:
+            left = self._open[key] - 1
+            if left:
+                self._open[key] = left
+            else:
+                del self._open[key]
 
     async def check(self, tenant: Tenant, tokens: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -18,7 +18,7 @@ from geo_router.continuation import Kind, assemble
 from geo_router.feedback import Served
 from geo_router.request_ids import CLIENT_ID_HEADER
 from geo_router.routed import RoutedStream
-from geo_router.state import RouterState, intake
+from geo_router.state import Intake, RouterState, intake
 from servekit.asgi import DisconnectWatch, Scope, Send, raw_headers, send_json
 from servekit.sse import DONE_FRAME
 from servekit.tracing import ending, mark_failed
@@ -58,6 +58,13 @@ async def _route(
     client = scope.get("client")
     peer = client[0] if client else None
     taken = await intake(state, kind, scope["path"], raw, headers, peer, span=span)
+    with state.limiter.in_flight(taken.tenant):
+        await _serve(state, taken, send, watch, span)
+
+
+async def _serve(
+    state: RouterState, taken: Intake, send: Send, watch: DisconnectWatch, span: Span | None
+) -> None:
     req = taken.request
     stream = RoutedStream(state.routing, req, taken.decision)
     await stream.open()
@@ -74,7 +81,7 @@ async def _route(
         "X-Request-Id": req.headers["x-request-id"],
         "Server-Timing": taken.stages.server_timing(),
     }
-    if taken.operator:  # what an instance holds is another tenant's business
+    if taken.tenant.operator:  # what an instance holds is another tenant's business
         route_headers["X-Route-Cached-Tokens"] = str(cand.cached_tokens)
     if span is not None:
         span.set_attributes(

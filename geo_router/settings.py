@@ -48,6 +48,12 @@ class ApiKeySettings(Section):
     burst_s: float = Field(
         60.0, gt=0, le=60, description="Seconds of the rate that may be spent at once."
     )
+    max_streams: int | None = Field(
+        None,
+        ge=1,
+        description="Requests in flight at once (per router); more answer 429 at once. A "
+        "stream a client reads slowly holds an engine slot until it ends.",
+    )
     operator: bool = Field(
         False,
         description="May see routing internals: /v1/route/explain and X-Route-Cached-Tokens. "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from geo_router.attempt import Routing
-from geo_router.auth import Authenticator, RateLimiter
+from geo_router.auth import Authenticator, RateLimiter, Tenant
 from geo_router.bodycheck import capped_max_tokens, validated_body
 from geo_router.classifier import TaskClassifier
 from geo_router.continuation import Kind
@@ -65,7 +65,7 @@ class Intake:
     request: RouteRequest
     decision: Decision
     stages: Stages  # the intake's stages so far (Server-Timing)
-    operator: bool  # the key may see routing internals (ApiKeySettings.operator)
+    tenant: Tenant  # whose key: operator or not, its in-flight cap
 
 
 async def intake(
@@ -119,4 +119,4 @@ async def intake(
     )
     if span is not None:
         trace_intake(state.routing.tracing, span, stages, decision, tenant.name)
-    return Intake(req, decision, stages, tenant.operator)
+    return Intake(req, decision, stages, tenant)

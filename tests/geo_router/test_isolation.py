@@ -15,6 +15,7 @@ from geo_router.app import create_app
 from geo_router.bodycheck import capped_max_tokens
 from geo_router.request_ids import client_request_id, new_request_id
 from geo_router.settings import RouterSettings
+from hybrid_llm.local.servers import UvicornThread
 from tests.geo_router.conftest import BATCH_KEY, KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
 
@@ -138,3 +139,27 @@ async def test_routing_internals_are_for_operator_keys_only() -> None:
             r = await c.post("/v1/route/explain", json=CHAT, headers=operator)
             assert r.status_code == 200
             assert r.json()["candidates"][0]["url"] == url
+
+
+async def test_a_tenant_holds_at_most_max_streams_at_once(auth: dict[str, str]) -> None:
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(max_streams=1)
+    slow = Behavior(words=4, token_delay_s=0.3)  # a stream that stays open ~1 s
+    with serve_fake(slow) as url:
+        settings = router_settings([upstream(url)], auth={"keys": keys})
+        # A real socket: the in-process transport would read the stream out first.
+        with UvicornThread(create_app(settings)) as srv:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+                body = {**CHAT, "stream": True}
+                path = "/v1/chat/completions"
+                async with c.stream("POST", path, json=body, headers=auth) as held:
+                    assert held.status_code == 200
+                    r = await c.post(path, json=CHAT, headers=auth)
+                    assert r.status_code == 429, r.text
+                    assert r.json()["error"]["code"] == "concurrency_limit_exceeded"
+                    assert r.headers["retry-after"] == "1"
+                    other = {"Authorization": f"Bearer {BATCH_KEY}"}  # another tenant
+                    assert (await c.post(path, json=CHAT, headers=other)).is_success
+                    await held.aread()
+                r = await c.post(path, json=CHAT, headers=auth)
+                assert r.status_code == 200, r.text  # the slot came back when it ended
