@@ -27,6 +27,7 @@ __all__ = [
     "GeoIPSettings",
     "HedgeSettings",
     "PeersSettings",
+    "PredictionSettings",
     "PrefixCacheSettings",
     "RegionSettings",
     "RouterSettings",
@@ -130,8 +131,40 @@ class BreakerSettings(Section):
 
 class HedgeSettings(Section):
     enabled: bool = False
-    min_delay_ms: float = Field(50.0, ge=0)
-    default_delay_ms: float = Field(500.0, ge=0, description="Used until a P95 is known.")
+    min_delay_ms: float = Field(
+        50.0, ge=0, description="The shortest hedge delay, however fast the prediction."
+    )
+    default_delay_ms: float = Field(
+        500.0, ge=0, description="Used until the instance's TTFT is predicted or a P95 known."
+    )
+
+
+class PredictionSettings(Section):
+    """The online TTFT predictor per instance (``geo_router.predictor``)."""
+
+    min_samples: int = Field(
+        10,
+        ge=1,
+        description="First tokens seen at an instance before its learned prediction replaces "
+        "the formula's estimate (and drives its hedge delay and first-token deadline).",
+    )
+    forgetting: float = Field(
+        0.98,
+        gt=0.5,
+        le=1.0,
+        description="Per observation, the weight left to older ones (1: never forget).",
+    )
+    window: int = Field(
+        50, ge=5, description="Recent actual/predicted ratios kept for the quantiles."
+    )
+    deadline_factor: float = Field(
+        2.0,
+        ge=1.0,
+        description="A learned first-token deadline is this times the request's predicted P90.",
+    )
+    deadline_min_s: float = Field(
+        1.0, gt=0, description="The shortest learned first-token deadline."
+    )
 
 
 class PrefixCacheSettings(Section):
@@ -258,6 +291,7 @@ class RoutingSettings(Section):
     )
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     hedge: HedgeSettings = Field(default_factory=HedgeSettings)
+    prediction: PredictionSettings = Field(default_factory=PredictionSettings)
 
 
 class UpstreamSettings(StaticEntry):

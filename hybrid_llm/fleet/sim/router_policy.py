@@ -89,7 +89,7 @@ class RouterPolicy:
         router_region: str | None = None,
     ) -> None:
         self.routing = routing
-        self.tracker = Tracker(routing.breaker)
+        self.tracker = Tracker(routing.breaker, routing.prediction)
         self.scorer = Scorer(routing, rtt, self.tracker, rng)
         self.rtt = rtt
         self.rng = rng
