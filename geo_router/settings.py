@@ -234,7 +234,12 @@ class RoutingSettings(Section):
         default_factory=lambda: {"auto": None, "edge": "edge", "center": "center"},
         description="Model names that route by tier (None: classify).",
     )
-    ttft_deadline_s: float = Field(10.0, gt=0, description="First token or fail over.")
+    ttft_deadline_s: float = Field(
+        10.0,
+        gt=0,
+        description="First token or fail over, until the instance's TTFT is learned "
+        "(then the request's predicted P90 sets it: prediction.deadline_factor).",
+    )
     ttft_deadline_factor: float = Field(
         3.0,
         ge=1,
