@@ -40,6 +40,9 @@ async def route_completion(
         "X-Route-User-Region": req.region.region,
         "X-Route-Reason": stream.reason,
         "X-Route-Cached-Tokens": str(cand.cached_tokens),
+        # The primed candidate's predicted median TTFT there (what a client compares
+        # with the TTFT it saw: hybrid-llm bench reports the predictor's error from it).
+        "X-Route-Predicted-Ttft-Ms": f"{cand.ttft_ms:.0f}",
         "X-Request-Id": req.headers["x-request-id"],
     }
     client_id = req.headers.get(CLIENT_ID_HEADER)

@@ -142,12 +142,20 @@ def _shares(shares: dict[str, float]) -> str:
     return f"{shares['edge'] * 100:.0f}%/{shares['same_city'] * 100:.0f}%"
 
 
+def _prediction(error: dict[str, Any] | None) -> str:
+    """The router's TTFT prediction error: MAPE / share under-predicted (percent)."""
+    if not error or not error.get("n"):
+        return "-"
+    return f"{error['mape'] * 100:.0f}%/{error['under_share'] * 100:.0f}%"
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
     table = Table(title=f"hybrid-llm bench {report['meta']['url']}")
     for col in ("variant", "step", "route", "ok/n", "err%", "429", "edge/same-city", "req/s"):
         table.add_column(col, justify="right")
     for col in ("TTFT p50/p95/p99", "TPOT p50/p99", "ITL p50/p99", "E2E p50/p99 ms"):
         table.add_column(col, justify="right")
+    table.add_column("TTFT pred err/under", justify="right")  # MAPE / share under-predicted
     for step in report["steps"]:
         summary = step["summary"]
         rows = [("all", summary)]
@@ -170,6 +178,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                 f"{_ms(tp['p50'])}/{_ms(tp['p99'])}",
                 f"{_ms(itl['p50'])}/{_ms(itl['p99'])}",
                 f"{_ms(e['p50'])}/{_ms(e['p99'])}",
+                _prediction(s.get("prediction")),
             )
     console.print(table)
     for variant, knee in report["knee"].items():

@@ -8,7 +8,7 @@ from typing import Any
 
 from hybrid_llm.bench.client import RequestRecord
 
-__all__ = ["find_knee", "percentile", "summarize"]
+__all__ = ["find_knee", "percentile", "prediction_error", "summarize"]
 
 QUANTILES = (50, 95, 99)
 
@@ -61,6 +61,22 @@ def _summary(records: Sequence[RequestRecord], wall: float) -> dict[str, Any]:
         "tpot_ms": _dist_ms(r.tpot for r in ok),
         "itl_ms": _dist_ms(gap for r in ok for gap in r.itl),
         "e2e_ms": _dist_ms(r.e2e for r in ok),
+        "prediction": prediction_error(ok),
+    }
+
+
+def prediction_error(records: Iterable[RequestRecord]) -> dict[str, float | int | None]:
+    """The router's predicted TTFT against the measured one, over the answered
+    requests that carried a prediction: mean and median absolute percentage error,
+    and the share the router under-predicted (the measured TTFT was longer)."""
+    pairs = [(r.predicted_ttft, r.ttft) for r in records]
+    pairs_ok = [(p, t) for p, t in pairs if p is not None and t is not None and t > 0]
+    errors = [abs(p - t) / t for p, t in pairs_ok]
+    return {
+        "n": len(errors),
+        "mape": sum(errors) / len(errors) if errors else None,
+        "median_ape": percentile(errors, 50),
+        "under_share": sum(1 for p, t in pairs_ok if t > p) / len(errors) if errors else None,
     }
 
 

@@ -364,6 +364,7 @@ def test_a_hung_edge_costs_a_short_request_its_own_predicted_time(hedged: bool) 
                 long_chat["messages"][0]["content"] = f"Doc {n}: " + "word " * (300 + 20 * n)
                 r = httpx.post(url + "/v1/chat/completions", json=long_chat, headers=AUTH)
                 assert r.headers["x-route-instance"] == "edge", r.text
+                assert float(r.headers["x-route-predicted-ttft-ms"]) > 0
             explained = httpx.post(url + "/v1/route/explain", json=chat(False), headers=AUTH)
             first = explained.json()["candidates"][0]
             assert (first["id"], first["prediction"]) == ("edge", "learned"), first
