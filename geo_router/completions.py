@@ -54,6 +54,8 @@ async def route_completion(
         route_headers["X-Route-Task"] = (
             f"{cls.task}; p={cls.task_score:.2f}; gap={cls.score:.2f}; rule={cls.rule}"
         )
+    if cand.ttft_p90_ms is not None:  # the instance's model has learned
+        route_headers["X-Route-Predicted-Ttft-P90-Ms"] = f"{cand.ttft_p90_ms:.0f}"
     if cand.trim is not None:
         route_headers["X-Route-Trimmed"] = cand.trim.header()
     try:

@@ -24,6 +24,7 @@ from servekit.sse import EventReader
 __all__ = ["RequestRecord", "send_streaming"]
 
 PREDICTED_HEADER = "x-route-predicted-ttft-ms"
+PREDICTED_P90_HEADER = "x-route-predicted-ttft-p90-ms"
 ROUTE_HEADERS = {
     "tier": "x-route-tier",
     "region": "x-route-region",
@@ -54,6 +55,7 @@ class RequestRecord:
     turn: int = 0  # which turn of its conversation (0: the first)
     retry_after: float | None = None  # a 429's Retry-After, seconds
     predicted_ttft: float | None = None  # the router's predicted median TTFT, seconds
+    predicted_ttft_p90: float | None = None  # its P90, once the router learned the instance
 
     @property
     def same_city(self) -> bool:
@@ -109,6 +111,7 @@ async def send_streaming(
                 if value:
                     setattr(record, key, value)
             record.predicted_ttft = _seconds(response.headers.get(PREDICTED_HEADER))
+            record.predicted_ttft_p90 = _seconds(response.headers.get(PREDICTED_P90_HEADER))
             if response.status_code != 200:
                 raw = await response.aread()
                 record.error = _error_message(response.status_code, raw)

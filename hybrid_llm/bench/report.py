@@ -143,10 +143,15 @@ def _shares(shares: dict[str, float]) -> str:
 
 
 def _prediction(error: dict[str, Any] | None) -> str:
-    """The router's TTFT prediction error: MAPE / share under-predicted (percent)."""
+    """The router's TTFT prediction error: MAPE / share under-predicted (percent),
+    then the same over the requests its learned model predicted."""
     if not error or not error.get("n"):
         return "-"
-    return f"{error['mape'] * 100:.0f}%/{error['under_share'] * 100:.0f}%"
+    text = f"{error['mape'] * 100:.0f}%/{error['under_share'] * 100:.0f}%"
+    learned = error.get("learned") or {}
+    if learned.get("n"):
+        text += f" (learned {learned['mape'] * 100:.0f}%/{learned['under_share'] * 100:.0f}%)"
+    return text
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:

@@ -110,16 +110,22 @@ def test_prediction_error_counts_only_requests_with_a_prediction() -> None:
     from hybrid_llm.bench import RequestRecord
     from hybrid_llm.bench.stats import prediction_error
 
-    def rec(ttft: float, predicted: float | None) -> RequestRecord:
-        return RequestRecord(0.0, "w", ok=True, ttft=ttft, predicted_ttft=predicted)
+    def rec(ttft: float, predicted: float | None, p90: float | None = None) -> RequestRecord:
+        return RequestRecord(
+            0.0, "w", ok=True, ttft=ttft, predicted_ttft=predicted, predicted_ttft_p90=p90
+        )
 
-    error = prediction_error([rec(1.0, 0.5), rec(1.0, 1.5), rec(2.0, 2.0), rec(1.0, None)])
-    assert error["n"] == 3
-    assert error["mape"] == pytest.approx((0.5 + 0.5 + 0.0) / 3)
-    assert error["under_share"] == pytest.approx(1 / 3)
-    assert prediction_error([rec(1.0, None)]) == {
-        "n": 0, "mape": None, "median_ape": None, "under_share": None,
-    }  # fmt: skip
+    records = [rec(1.0, 0.5), rec(1.0, 1.5, 2.0), rec(2.0, 2.0, 2.5), rec(3.0, 2.0, 2.5)]
+    error = prediction_error([*records, rec(1.0, None)])
+    assert error["n"] == 4
+    assert error["mape"] == pytest.approx((0.5 + 0.5 + 0.0 + 1 / 3) / 4)
+    assert error["under_share"] == pytest.approx(2 / 4)
+    learned = error["learned"]
+    assert learned["n"] == 3
+    assert learned["under_share"] == pytest.approx(1 / 3)
+    assert learned["within_p90"] == pytest.approx(2 / 3)
+    nothing = prediction_error([rec(1.0, None)])
+    assert (nothing["n"], nothing["mape"], nothing["learned"]["within_p90"]) == (0, None, None)
 
 
 @pytest.mark.anyio
