@@ -198,6 +198,8 @@ class Attempt:
     def missed(self) -> ServeError:
         """It missed its first-token deadline while others were left: judged as failed."""
         waited = self.deadline - self.started
+        if not self._ended:
+            self._routing.tracker.late(self.cand.id, waited * 1000.0, self.cand.prediction)
         err = upstream_failure("timeout", self.url, f"no first token within {waited:g}s")
         return self.failed(err)
 

@@ -36,8 +36,14 @@ sets the request's own hedge delay and first-token deadline
 recognised within about the time *this* request should take there, not the
 instance's P95 over everyone's prompts.
 
-Only primed attempts are observed: a lost hedge or a missed deadline is
-censored (its TTFT is unknown, only a lower bound), and is left out.
+Only primed attempts teach the regression. An attempt cut at its deadline is
+censored (its TTFT is unknown, at least the deadline): that lower bound joins
+the ratios alone (:meth:`TtftModel.censored`). Without it an instance that
+slowed down for good would be cut at every deadline and never teach the model
+that it did; with it, a few misses raise the P90, and with it the deadline,
+until its answers arrive in time again. A one-off hang adds fewer misses than
+the top tenth of the window holds (the breaker opens first), so it barely
+moves the P90 of what follows. A lost hedge is left out.
 """
 
 from __future__ import annotations
@@ -121,13 +127,19 @@ class TtftModel:
         f = predicted.features
         if not self.theta:
             self._start(f)
-        floor = _SPREAD_FLOOR_MS
-        self.ratios.append((actual_ms + floor) / (predicted.fitted_ms + floor))
+        self._ratio((actual_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
+        self._update(f.vector(), actual_ms - f.rtt_ms)
+        self.observed += 1
+
+    def censored(self, predicted: Prediction, waited_ms: float) -> None:
+        """No first token within ``waited_ms`` (the attempt was cut at its deadline)."""
+        self._ratio((waited_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
+
+    def _ratio(self, ratio: float) -> None:
+        self.ratios.append(ratio)
         ordered = sorted(self.ratios)
         self._p50 = _quantile(ordered, 0.5)
         self._p90 = max(self._p50, _quantile(ordered, 0.9))
-        self._update(f.vector(), actual_ms - f.rtt_ms)
-        self.observed += 1
 
     def _start(self, f: Features) -> None:
         """The formula's coefficients, each as uncertain as the module docstring says."""

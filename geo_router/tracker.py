@@ -133,6 +133,12 @@ class Tracker:
         s.open_for = 0.0
         s.probing = False
 
+    def late(self, instance_id: str, waited_ms: float, predicted: Prediction | None) -> None:
+        """No first token within its deadline: the model learns a lower bound (the
+        failure itself is :meth:`failure`'s)."""
+        if predicted is not None:
+            self.stats(instance_id).model.censored(predicted, waited_ms)
+
     def failure(self, instance_id: str, now: float | None = None) -> None:
         s = self.stats(instance_id)
         now = time.monotonic() if now is None else now

@@ -88,6 +88,33 @@ def test_forgetting_follows_an_engine_that_slows_down() -> None:
     assert model.predict(f).median_ms == pytest.approx(expected, rel=0.15)
 
 
+def test_an_instance_that_slowed_for_good_is_not_cut_forever() -> None:
+    """Cut at every deadline, it would never teach the model it slowed down: the
+    misses themselves (lower bounds) raise the P90 until answers arrive in time."""
+    model = TtftModel(PredictionSettings())
+    rng = random.Random(5)
+    for _ in range(60):
+        f = features(rng.randrange(100, 1000))
+        model.observe(model.predict(f), engine_ttft(f, rng))
+    misses = 0
+    for _ in range(40):
+        f = features(rng.randrange(100, 1000))
+        p = model.predict(f)
+        assert p.p90_ms is not None
+        deadline = 2 * p.p90_ms
+        actual = engine_ttft(f, rng) * 4  # four times slower from now on
+        if actual > deadline:
+            model.censored(p, deadline)
+            misses += 1
+        else:
+            model.observe(p, actual)
+    assert 0 < misses < 15
+    f = features(500)
+    p90 = model.predict(f).p90_ms
+    assert p90 is not None
+    assert 2 * p90 > (f.rtt_ms + 150.0 + 1.6 * 500) * 4 * 1.1
+
+
 def center(iid: str = "c") -> InstanceState:
     info = InstanceInfo(iid, "center", "center", "127.0.0.1", 1, "m")
     load = LoadReport(ready=True, capacity=8, prefill_tokens_per_s=400.0)
