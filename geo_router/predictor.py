@@ -95,10 +95,6 @@ class Prediction:
     def learned(self) -> bool:
         return self.p90_ms is not None
 
-    @classmethod
-    def prior(cls, features: Features) -> Prediction:
-        return cls(features, features.prior_ms, None, features.prior_ms)
-
 
 class TtftModel:
     """One instance's regression and ratio quantiles; see the module docstring."""

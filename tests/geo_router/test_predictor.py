@@ -174,3 +174,21 @@ def test_explain_shows_the_median_and_the_p90() -> None:
     shown = fresh.to_dict()
     assert (shown["prediction"], shown["predicted_ttft_p90_ms"]) == ("formula", None)
     assert shown["rank_ms"] == pytest.approx(shown["predicted_ttft_ms"] + 30.0)
+
+
+def test_ranking_follows_what_each_instance_was_learned_to_take() -> None:
+    """Two centers the formula cannot tell apart: the one seen to be three times
+    slower than its report says ranks second."""
+    routing = RoutingSettings.model_validate({"slow_start_s": 0, "p2c_window_ms": 0})
+    tracker = Tracker(routing.breaker, routing.prediction)
+    scorer = Scorer(routing, REGIONS.rtt_table(), tracker, random.Random(0))
+    rng = random.Random(6)
+    for _ in range(20):
+        for iid, slow in (("fast", 1.0), ("slow", 3.0)):
+            tokens = rng.randrange(200, 2000)
+            cand = scorer.score(center(iid), "east", tokens)
+            assert cand.prediction is not None
+            tracker.success(iid, cand.prediction.features.prior_ms * slow, cand.prediction)
+    ranked = scorer.order([scorer.score(center(i), "east", 800) for i in ("slow", "fast")])
+    assert [c.id for c in ranked] == ["fast", "slow"]
+    assert ranked[1].ttft_ms == pytest.approx(3 * ranked[0].ttft_ms, rel=0.1)
