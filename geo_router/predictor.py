@@ -7,11 +7,14 @@ router observes when an attempt primes:
 
 * a linear regression, fitted by recursive least squares with exponential
   forgetting (``forgetting`` per observation), of the TTFT beyond the RTT on
-  ``[1, uncached tokens / 1000, router wait / 1 s, reported wait / 1 s]``
-  (the reported wait is the instance's own ``predicted_wait_ms``). It starts
-  at the formula's coefficients (no intercept, the prior's ms per token, one
-  ms per ms of wait), so its first corrections are small steps from today's
-  estimate, and it follows an engine whose prefill rate or overhead drifts;
+  ``[1, uncached tokens / 1000, router wait / 1 s, reported wait / 1 s,
+  sequences running there]`` (the reported wait is the instance's own
+  ``predicted_wait_ms``; the running sequences let it learn what each costs
+  a new arrival beyond the formula's busy term). It starts at the formula's
+  coefficients (no intercept, the prior's ms per token, one ms per ms of
+  wait, nothing per sequence), so its first corrections are small steps from
+  today's estimate, and it follows an engine whose prefill rate or overhead
+  drifts;
 * the recent ratios (actual + 100 ms) / (fitted + 100 ms) (``window`` of
   them, each against the fit made *before* that request: an honest
   out-of-sample error). Their median and 90th percentile scale the fit into
@@ -27,6 +30,13 @@ The prior's uncertainty is the engine's: its fixed overhead is small (a
 reported prefill rate can be stale or optimistic), so a long prompt slower
 than the formula said corrects the cost per token, not the overhead a short
 request would then inherit.
+
+An instance the router stopped sending to teaches its model nothing more:
+one that was slow for a while would be avoided on that memory for good. So
+the learned median fades back toward the formula's with the time since the
+model's last observation (half of the difference every ``stale_half_life_s``),
+and the instance is tried again once the formula ranks it best; its P90
+keeps the learned spread around that median.
 
 Until ``min_samples`` first tokens were seen there, the prediction is the
 formula's, with no upper quantile (``p90_ms`` is ``None``): the dispatcher
@@ -55,10 +65,11 @@ from geo_router.settings import PredictionSettings
 
 __all__ = ["Features", "Prediction", "TtftModel"]
 
-_DIMS = 4
+_DIMS = 5
 _NOISE_MS = 100.0  # the spread of one observation the prior's variances are measured in
 _INTERCEPT_SD_MS = 200.0  # how far the engine's fixed overhead may be from none
 _WAIT_SD_MS = 1000.0  # per second of wait, how far from the wait itself
+_PER_SEQ_SD_MS = 100.0  # what one running sequence adds beyond the formula's busy term
 _SPREAD_FLOOR_MS = 100.0  # errors scale with the TTFT plus this (see _spread)
 
 
@@ -70,6 +81,7 @@ class Features:
     uncached_tokens: int
     wait_ms: float  # the router's queue + busy estimate
     reported_wait_ms: float  # the instance's own predicted wait (0 when it says none)
+    busy_seqs: int  # sequences running there (the larger of its report and the router's)
     prior_ms: float  # the formula's estimate: RTT + wait + prefill
     ms_per_token: float  # the formula's prefill cost of one uncached token
 
@@ -79,6 +91,7 @@ class Features:
             self.uncached_tokens / 1000.0,
             self.wait_ms / 1000.0,
             self.reported_wait_ms / 1000.0,
+            float(self.busy_seqs),
         )
 
 
@@ -99,7 +112,17 @@ class Prediction:
 class TtftModel:
     """One instance's regression and ratio quantiles; see the module docstring."""
 
-    __slots__ = ("_max_trace", "_p50", "_p90", "_settings", "cov", "observed", "ratios", "theta")
+    __slots__ = (
+        "_max_trace",
+        "_p50",
+        "_p90",
+        "_settings",
+        "cov",
+        "last_seen",
+        "observed",
+        "ratios",
+        "theta",
+    )
 
     def __init__(self, settings: PredictionSettings) -> None:
         self._settings = settings
@@ -108,17 +131,24 @@ class TtftModel:
         self._max_trace = 0.0
         self.ratios: deque[float] = deque(maxlen=settings.window)
         self.observed = 0
+        self.last_seen = 0.0  # monotonic (or a simulation's clock) of the last observation
         self._p50 = self._p90 = 1.0
 
-    def predict(self, features: Features) -> Prediction:
+    def predict(self, features: Features, now: float) -> Prediction:
         theta = self.theta or _prior_theta(features)
         fitted = features.rtt_ms + max(0.0, _dot(theta, features.vector()))
         if self.observed < self._settings.min_samples or not self.ratios:
             return Prediction(features, features.prior_ms, None, fitted)
-        median = _spread(fitted, self._p50)
-        return Prediction(features, median, max(median, _spread(fitted, self._p90)), fitted)
+        median = learned = _spread(fitted, self._p50)
+        p90 = max(median, _spread(fitted, self._p90))
+        half_life = self._settings.stale_half_life_s
+        idle = now - self.last_seen
+        if idle > 0 and half_life > 0:  # fade toward the formula, keep the spread
+            median = features.prior_ms + (learned - features.prior_ms) * 0.5 ** (idle / half_life)
+            p90 = median + (p90 - learned)
+        return Prediction(features, median, p90, fitted)
 
-    def observe(self, predicted: Prediction, actual_ms: float) -> None:
+    def observe(self, predicted: Prediction, actual_ms: float, now: float) -> None:
         """A first token ``actual_ms`` after the send of a request predicted so."""
         f = predicted.features
         if not self.theta:
@@ -126,6 +156,7 @@ class TtftModel:
         self._ratio((actual_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
         self._update(f.vector(), actual_ms - f.rtt_ms)
         self.observed += 1
+        self.last_seen = max(self.last_seen, now)
 
     def censored(self, predicted: Prediction, waited_ms: float) -> None:
         """No first token within ``waited_ms`` (the attempt was cut at its deadline)."""
@@ -141,7 +172,7 @@ class TtftModel:
         """The formula's coefficients, each as uncertain as the module docstring says."""
         self.theta = _prior_theta(f)
         per_1k_sd = max(self.theta[1], 500.0)
-        sds = (_INTERCEPT_SD_MS, per_1k_sd, _WAIT_SD_MS, _WAIT_SD_MS)
+        sds = (_INTERCEPT_SD_MS, per_1k_sd, _WAIT_SD_MS, _WAIT_SD_MS, _PER_SEQ_SD_MS)
         variances = [(sd / _NOISE_MS) ** 2 for sd in sds]
         self.cov = [[variances[i] if i == j else 0.0 for j in range(_DIMS)] for i in range(_DIMS)]
         self._max_trace = 10.0 * sum(variances)  # a direction never excited must not blow up
@@ -170,7 +201,7 @@ class TtftModel:
 
 def _prior_theta(f: Features) -> list[float]:
     """The formula as coefficients: no intercept, its prefill cost, its wait as is."""
-    return [0.0, f.ms_per_token * 1000.0, 1000.0, 0.0]
+    return [0.0, f.ms_per_token * 1000.0, 1000.0, 0.0, 0.0]
 
 
 def _spread(fitted_ms: float, ratio: float) -> float:

@@ -214,10 +214,11 @@ class Scorer:
             uncached_tokens=prompt_tokens - cached_tokens,
             wait_ms=queue_ms + busy_ms,
             reported_wait_ms=load.predicted_wait_ms or 0.0,
+            busy_seqs=min(busy, capacity),
             prior_ms=rtt + queue_ms + prefill_ms + busy_ms,
             ms_per_token=1000.0 / prefill_tps,
         )
-        prediction = stats.model.predict(features)
+        prediction = stats.model.predict(features, now)
         return Scored(
             state=state,
             predicted_ms=prediction.median_ms + bias_ms,

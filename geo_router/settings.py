@@ -157,6 +157,12 @@ class PredictionSettings(Section):
     window: int = Field(
         50, ge=5, description="Recent actual/predicted ratios kept for the quantiles."
     )
+    stale_half_life_s: float = Field(
+        60.0,
+        ge=0,
+        description="With no first token seen there for this long, an instance's learned "
+        "median has faded halfway back to the formula's (0: never fades).",
+    )
     deadline_factor: float = Field(
         2.0,
         ge=1.0,

@@ -119,13 +119,15 @@ class Tracker:
         instance_id: str,
         ttft_ms: float | None = None,
         predicted: Prediction | None = None,
+        now: float | None = None,
     ) -> None:
-        """It primed after ``ttft_ms``; with what was ``predicted``, the model learns."""
+        """It primed after ``ttft_ms``; with what was ``predicted``, the model learns
+        (``now``: monotonic, or a simulation's clock)."""
         s = self.stats(instance_id)
         if ttft_ms is not None:
             s.ttft_ms.append(ttft_ms)
             if predicted is not None:
-                s.model.observe(predicted, ttft_ms)
+                s.model.observe(predicted, ttft_ms, time.monotonic() if now is None else now)
         if s.circuit is not Circuit.CLOSED:
             s.first_seen = time.monotonic()  # recovered: ramp up again
         s.circuit = Circuit.CLOSED

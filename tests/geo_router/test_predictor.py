@@ -19,13 +19,16 @@ from servekit.registry.protocol import InstanceInfo, InstanceState
 REGIONS = RegionSettings(default="east", rtt_ms={"east": {"center": 20.0}})
 
 
-def features(tokens: int, wait_ms: float = 0.0, ms_per_token: float = 2.5) -> Features:
+def features(
+    tokens: int, wait_ms: float = 0.0, ms_per_token: float = 2.5, busy: int = 0
+) -> Features:
     rtt = 20.0
     return Features(
         rtt_ms=rtt,
         uncached_tokens=tokens,
         wait_ms=wait_ms,
         reported_wait_ms=0.0,
+        busy_seqs=busy,
         prior_ms=rtt + wait_ms + tokens * ms_per_token,
         ms_per_token=ms_per_token,
     )
@@ -41,12 +44,12 @@ def test_the_formula_until_enough_first_tokens_were_seen() -> None:
     rng = random.Random(1)
     for i in range(4):
         f = features(500 + 100 * i)
-        p = model.predict(f)
+        p = model.predict(f, 0.0)
         assert (p.median_ms, p.p90_ms, p.learned) == (f.prior_ms, None, False)
-        model.observe(p, engine_ttft(f, rng))
-    p = model.predict(features(500))
-    model.observe(p, engine_ttft(features(500), rng))
-    assert model.predict(features(500)).learned
+        model.observe(p, engine_ttft(f, rng), 0.0)
+    p = model.predict(features(500), 0.0)
+    model.observe(p, engine_ttft(features(500), rng), 0.0)
+    assert model.predict(features(500), 0.0).learned
 
 
 def test_it_learns_an_engine_the_formula_misprices_and_its_p90_is_calibrated() -> None:
@@ -58,13 +61,13 @@ def test_it_learns_an_engine_the_formula_misprices_and_its_p90_is_calibrated() -
 
     for _ in range(150):
         f = request()
-        model.observe(model.predict(f), engine_ttft(f, rng))
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng), 0.0)
     errors, under_p90, formula_errors = [], 0, []
     for _ in range(400):
         f = request()
-        p = model.predict(f)
+        p = model.predict(f, 0.0)
         actual = engine_ttft(f, rng)
-        model.observe(p, actual)
+        model.observe(p, actual, 0.0)
         errors.append(abs(p.median_ms - actual) / actual)
         formula_errors.append(abs(f.prior_ms - actual) / actual)
         assert p.p90_ms is not None
@@ -82,10 +85,10 @@ def test_forgetting_follows_an_engine_that_slows_down() -> None:
     for slow in (1.0, 3.0):
         for _ in range(120):
             f = features(rng.randrange(100, 3000))
-            model.observe(model.predict(f), engine_ttft(f, rng) * slow)
+            model.observe(model.predict(f, 0.0), engine_ttft(f, rng) * slow, 0.0)
     f = features(2000)
     expected = (f.rtt_ms + 150.0 + 1.6 * 2000) * 3.0
-    assert model.predict(f).median_ms == pytest.approx(expected, rel=0.15)
+    assert model.predict(f, 0.0).median_ms == pytest.approx(expected, rel=0.15)
 
 
 def test_an_instance_that_slowed_for_good_is_not_cut_forever() -> None:
@@ -95,11 +98,11 @@ def test_an_instance_that_slowed_for_good_is_not_cut_forever() -> None:
     rng = random.Random(5)
     for _ in range(60):
         f = features(rng.randrange(100, 1000))
-        model.observe(model.predict(f), engine_ttft(f, rng))
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng), 0.0)
     misses = 0
     for _ in range(40):
         f = features(rng.randrange(100, 1000))
-        p = model.predict(f)
+        p = model.predict(f, 0.0)
         assert p.p90_ms is not None
         deadline = 2 * p.p90_ms
         actual = engine_ttft(f, rng) * 4  # four times slower from now on
@@ -107,12 +110,40 @@ def test_an_instance_that_slowed_for_good_is_not_cut_forever() -> None:
             model.censored(p, deadline)
             misses += 1
         else:
-            model.observe(p, actual)
+            model.observe(p, actual, 0.0)
     assert 0 < misses < 15
     f = features(500)
-    p90 = model.predict(f).p90_ms
+    p90 = model.predict(f, 0.0).p90_ms
     assert p90 is not None
     assert 2 * p90 > (f.rtt_ms + 150.0 + 1.6 * 500) * 4 * 1.1
+
+
+def test_it_learns_what_each_running_sequence_costs_beyond_the_formula() -> None:
+    model = TtftModel(PredictionSettings())
+    rng = random.Random(7)
+    for _ in range(200):
+        f = features(rng.randrange(100, 1000), busy=rng.randrange(0, 4))
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng) + 80.0 * f.busy_seqs, 0.0)
+    idle, busy = model.predict(features(500), 0.0), model.predict(features(500, busy=3), 0.0)
+    assert busy.median_ms - idle.median_ms == pytest.approx(240.0, rel=0.25)
+
+
+def test_an_instance_left_alone_fades_back_to_the_formula() -> None:
+    """Avoided after a slow spell, it would teach nothing more and stay avoided."""
+    model = TtftModel(PredictionSettings(stale_half_life_s=60.0))
+    rng = random.Random(8)
+    for _ in range(30):
+        f = features(rng.randrange(100, 1000))
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng) * 4, 0.0)
+    f = features(500)
+    now = model.predict(f, 0.0)
+    later = model.predict(f, 60.0)
+    much_later = model.predict(f, 600.0)
+    assert now.median_ms > 3 * f.prior_ms
+    assert later.median_ms == pytest.approx((now.median_ms + f.prior_ms) / 2)
+    assert much_later.median_ms == pytest.approx(f.prior_ms, rel=0.01)
+    assert now.p90_ms is not None
+    assert much_later.p90_ms == pytest.approx(f.prior_ms + now.p90_ms - now.median_ms, rel=0.01)
 
 
 def center(iid: str = "c") -> InstanceState:
