@@ -15,7 +15,10 @@ one loop:
 * a hedge is a second attempt started after a delay (the request's own
   predicted P90 TTFT there, ``geo_router.predictor``; until the instance's
   model has learned, its recent P95) while the first is still waiting; the
-  first to prime wins and the other is abandoned;
+  first to prime wins and the other is abandoned, or judged as failed when it
+  was already past its own first-token deadline (with nobody left to try it
+  was not cut, but an instance that keeps missing its own deadlines while
+  hedges answer for it is as broken as one that is cut);
 * a continuation (``geo_router.routed``) is a re-plan of the extended
   request through this same loop.
 """
@@ -152,6 +155,12 @@ async def first_primed(
             if winner is not None:
                 if hedged:
                     metrics.hedges.labels("won" if winner.index > 0 else "lost").inc()
+                now = time.perf_counter()
+                for task, attempt in list(racing.items()):
+                    if now >= attempt.deadline:  # it missed its own deadline: a failure
+                        del racing[task]
+                        await _cancelled(task)
+                        attempt.missed()
                 return winner, hedged and winner.index > 0
     finally:
         for task, attempt in racing.items():

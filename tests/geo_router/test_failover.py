@@ -380,6 +380,27 @@ def test_a_hung_edge_costs_a_short_request_its_own_predicted_time(hedged: bool) 
             assert metric(url, ratios) == 4  # the history's, against the formula's estimate
 
 
+def test_a_hedged_attempt_past_its_own_deadline_counts_as_failed() -> None:
+    """The edge hangs; hedges answer for it, but only after its own first-token
+    deadline: each time it missed that deadline, so its circuit opens."""
+    hung, slow = Behavior(first_token_delay_s=30), Behavior(words=2, first_token_delay_s=0.5)
+    with serve_fake(hung) as a, serve_fake(slow) as c:
+        states = [state(a, "edge"), state(c, "center", tier="center", region="center")]
+        hedge = {"enabled": True, "min_delay_ms": 50, "default_delay_ms": 100}
+        breaker = {"failures": 2, "open_s": 60}
+        with routed(
+            states, hedge=hedge, breaker=breaker, ttft_deadline_s=0.3, center_bias_ms=5000
+        ) as url:
+            for _ in range(2):
+                r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+                assert (r.headers["x-route-instance"], r.headers["x-route-reason"]) == (
+                    "center",
+                    "hedge",
+                )
+            assert metric(url, 'router_circuit_state{instance="edge"}') == 2  # open
+            assert metric(url, 'router_fallbacks_total{cause="timeout",tier="edge"}') == 2
+
+
 def test_circuit_opens_after_failures_then_probes_half_open() -> None:
     bad = Behavior(status=500)
     with serve_fake(bad) as a, serve_fake(Behavior(words=1)) as ctr:
