@@ -71,6 +71,7 @@ _INTERCEPT_SD_MS = 200.0  # how far the engine's fixed overhead may be from none
 _WAIT_SD_MS = 1000.0  # per second of wait, how far from the wait itself
 _PER_SEQ_SD_MS = 100.0  # what one running sequence adds beyond the formula's busy term
 _SPREAD_FLOOR_MS = 100.0  # errors scale with the TTFT plus this (see _spread)
+_MIN_FITTED_MS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +137,9 @@ class TtftModel:
 
     def predict(self, features: Features, now: float) -> Prediction:
         theta = self.theta or _prior_theta(features)
-        fitted = features.rtt_ms + max(0.0, _dot(theta, features.vector()))
+        # The RTT is the region table's, an assumption: the intercept may learn it is
+        # shorter (a negative intercept), so only the whole is kept positive.
+        fitted = max(_MIN_FITTED_MS, features.rtt_ms + _dot(theta, features.vector()))
         if self.observed < self._settings.min_samples or not self.ratios:
             return Prediction(features, features.prior_ms, None, fitted)
         median = learned = _spread(fitted, self._p50)

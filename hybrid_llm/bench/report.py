@@ -143,14 +143,22 @@ def _shares(shares: dict[str, float]) -> str:
 
 
 def _prediction(error: dict[str, Any] | None) -> str:
-    """The router's TTFT prediction error: MAPE / share under-predicted (percent),
-    then the same over the requests its learned model predicted."""
+    """The router's TTFT prediction error (``X-Route-Predicted-Ttft-Ms``): MAPE and
+    share under-predicted, then the same over the requests its learned model
+    predicted and the share of those within their P90; empty without predictions."""
     if not error or not error.get("n"):
-        return "-"
-    text = f"{error['mape'] * 100:.0f}%/{error['under_share'] * 100:.0f}%"
+        return ""
+    text = (
+        f"MAPE {error['mape'] * 100:.0f}%, under-predicted {error['under_share'] * 100:.0f}%"
+        f" of {error['n']}"
+    )
     learned = error.get("learned") or {}
     if learned.get("n"):
-        text += f" (learned {learned['mape'] * 100:.0f}%/{learned['under_share'] * 100:.0f}%)"
+        text += (
+            f"; learned: MAPE {learned['mape'] * 100:.0f}%, under-predicted"
+            f" {learned['under_share'] * 100:.0f}%, within P90"
+            f" {learned['within_p90'] * 100:.0f}% of {learned['n']}"
+        )
     return text
 
 
@@ -160,7 +168,6 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         table.add_column(col, justify="right")
     for col in ("TTFT p50/p95/p99", "TPOT p50/p99", "ITL p50/p99", "E2E p50/p99 ms"):
         table.add_column(col, justify="right")
-    table.add_column("TTFT pred err/under", justify="right")  # MAPE / share under-predicted
     for step in report["steps"]:
         summary = step["summary"]
         rows = [("all", summary)]
@@ -183,9 +190,13 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                 f"{_ms(tp['p50'])}/{_ms(tp['p99'])}",
                 f"{_ms(itl['p50'])}/{_ms(itl['p99'])}",
                 f"{_ms(e['p50'])}/{_ms(e['p99'])}",
-                _prediction(s.get("prediction")),
             )
     console.print(table)
+    # Its own lines: a thirteenth column is cut from a table as wide as a terminal.
+    for step in report["steps"]:
+        error = _prediction(step["summary"].get("prediction"))
+        if error:
+            console.print(f"router TTFT prediction ({step['variant']} {step['step']}): {error}")
     for variant, knee in report["knee"].items():
         if knee:
             console.print(f"knee ({variant}): {knee['step']}")

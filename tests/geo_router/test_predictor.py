@@ -146,6 +146,25 @@ def test_an_instance_left_alone_fades_back_to_the_formula() -> None:
     assert much_later.p90_ms == pytest.approx(f.prior_ms + now.p90_ms - now.median_ms, rel=0.01)
 
 
+def test_it_learns_an_instance_nearer_than_the_rtt_table_says() -> None:
+    """The table says 150 ms; short prompts' first tokens come after 30 ms, long
+    prompts' after their prefill: a short one is predicted near 30 ms."""
+    model = TtftModel(PredictionSettings())
+    rng = random.Random(9)
+
+    def at(tokens: int) -> Features:
+        return Features(150.0, tokens, 0.0, 0.0, 0, 150.0 + tokens * 2.5, 2.5)
+
+    for _ in range(60):
+        f = at(rng.choice([20, 20, rng.randrange(500, 4000)]))
+        model.observe(model.predict(f, 0.0), 25.0 + 2.5 * f.uncached_tokens, 0.0)
+    short, long = model.predict(at(20), 0.0), model.predict(at(3000), 0.0)
+    assert short.median_ms == pytest.approx(75.0, abs=20.0)
+    assert short.p90_ms is not None
+    assert short.p90_ms < 100.0
+    assert long.median_ms == pytest.approx(25.0 + 2.5 * 3000, rel=0.05)
+
+
 def center(iid: str = "c") -> InstanceState:
     info = InstanceInfo(iid, "center", "center", "127.0.0.1", 1, "m")
     load = LoadReport(ready=True, capacity=8, prefill_tokens_per_s=400.0)

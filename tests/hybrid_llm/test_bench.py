@@ -126,6 +126,13 @@ def test_prediction_error_counts_only_requests_with_a_prediction() -> None:
     assert learned["within_p90"] == pytest.approx(2 / 3)
     nothing = prediction_error([rec(1.0, None)])
     assert (nothing["n"], nothing["mape"], nothing["learned"]["within_p90"]) == (0, None, None)
+    from hybrid_llm.bench.report import _prediction
+
+    assert _prediction(error) == (
+        "MAPE 33%, under-predicted 50% of 4; "
+        "learned: MAPE 28%, under-predicted 33%, within P90 67% of 3"
+    )
+    assert _prediction(nothing) == ""
 
 
 @pytest.mark.anyio
