@@ -97,7 +97,7 @@ def create_app(
                 probe_client_for=peers.probe_client,
             )
             traffic_source = _traffic(settings, traffic, found.traffic)
-            tracker = Tracker(settings.routing.breaker)
+            tracker = Tracker(settings.routing.breaker, settings.routing.prediction)
             membership = Membership(found.candidates, tracker)
             membership.refresh()
             following = asyncio.create_task(membership.run(settings.poll_interval_s))

@@ -78,13 +78,21 @@ class Routing:
 
 def first_token_deadline_s(routing: RoutingSettings, cand: Scored) -> float:
     """How long an attempt at ``cand`` may wait for its first token while others
-    are untried: the fixed deadline, or a multiple of what the planner predicted
-    there when that is longer (a long prompt's prefill), never past the whole
-    request's timeout. With nobody left to try, an attempt waits for the whole
-    timeout (``geo_router.dispatch``): cutting an instance that admitted the
-    request would turn a slow answer into a 504."""
-    predicted = routing.ttft_deadline_factor * cand.predicted_ms / 1000.0
-    return min(max(routing.ttft_deadline_s, predicted), routing.request_timeout_s)
+    are untried, never past the whole request's timeout: a multiple of the
+    request's own predicted P90 there (at least ``prediction.deadline_min_s``), so a
+    hung instance is cut within about this request's time; until the instance's
+    model has learned, the fixed deadline, or a multiple of the formula's estimate
+    when that is longer (a long prompt's prefill). With nobody left to try, an
+    attempt waits for the whole timeout (``geo_router.dispatch``): cutting an
+    instance that admitted the request would turn a slow answer into a 504."""
+    p90 = cand.ttft_p90_ms
+    if p90 is not None:
+        learned = routing.prediction
+        deadline = max(learned.deadline_min_s, learned.deadline_factor * p90 / 1000.0)
+    else:
+        predicted = routing.ttft_deadline_factor * cand.predicted_ms / 1000.0
+        deadline = max(routing.ttft_deadline_s, predicted)
+    return min(deadline, routing.request_timeout_s)
 
 
 def cause(err: ServeError) -> str:
@@ -212,6 +220,8 @@ class Attempt:
     def missed(self) -> ServeError:
         """It missed its first-token deadline while others were left: judged as failed."""
         waited = self.deadline - self.started
+        if not self._ended:
+            self._routing.tracker.late(self.cand.id, waited * 1000.0, self.cand.prediction)
         err = upstream_failure("timeout", self.url, f"no first token within {waited:g}s")
         return self.failed(err)
 
@@ -219,7 +229,12 @@ class Attempt:
         """It primed first: the TTFT counts, its prefix is recorded where it went;
         the slot stays taken while it streams."""
         r, cand = self._routing, self.cand
-        r.tracker.success(cand.id, self.ttft_s * 1000.0)
+        ttft_ms = self.ttft_s * 1000.0
+        predicted = cand.prediction
+        r.tracker.success(cand.id, ttft_ms, predicted)
+        if predicted is not None and predicted.median_ms > 0:
+            source = "learned" if predicted.learned else "formula"
+            r.metrics.prediction.labels(cand.tier, source).observe(ttft_ms / predicted.median_ms)
         if self.span is not None:
             self.span.set_attribute("attempt.won", True)
         if r.prefixes is not None and cand.prefix is not None:

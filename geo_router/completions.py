@@ -83,6 +83,12 @@ async def _serve(
     }
     if taken.tenant.operator:  # what an instance holds is another tenant's business
         route_headers["X-Route-Cached-Tokens"] = str(cand.cached_tokens)
+        # The primed candidate's predicted median TTFT there (what a client compares
+        # with the TTFT it saw: hybrid-llm bench reports the predictor's error from it);
+        # operators only too, since a cached prompt is predicted faster.
+        route_headers["X-Route-Predicted-Ttft-Ms"] = f"{cand.ttft_ms:.0f}"
+        if cand.ttft_p90_ms is not None:  # the instance's model has learned
+            route_headers["X-Route-Predicted-Ttft-P90-Ms"] = f"{cand.ttft_p90_ms:.0f}"
     if span is not None:
         span.set_attributes(
             {

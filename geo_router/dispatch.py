@@ -12,9 +12,13 @@ one loop:
   left to try; the last one waits for the whole request's timeout;
 * without a hedge, an attempt is awaited in place (a task costs about 0.1 ms
   on the cold caches a request usually meets); with one, attempts are tasks;
-* a hedge is a second attempt started after a delay (the instance's recent
-  P95 TTFT) while the first is still waiting; the first to prime wins and the
-  other is abandoned;
+* a hedge is a second attempt started after a delay (the request's own
+  predicted P90 TTFT there, ``geo_router.predictor``; until the instance's
+  model has learned, its recent P95) while the first is still waiting; the
+  first to prime wins and the other is abandoned, or judged as failed when it
+  was already past its own first-token deadline (with nobody left to try it
+  was not cut, but an instance that keeps missing its own deadlines while
+  hedges answer for it is as broken as one that is cut);
 * a continuation (``geo_router.routed``) is a re-plan of the extended
   request through this same loop.
 """
@@ -37,10 +41,14 @@ __all__ = ["first_primed", "hedge_delay_s", "larger_window"]
 
 
 def hedge_delay_s(hedge: HedgeSettings, tracker: Tracker, cand: Scored) -> float:
-    """How long an attempt at ``cand`` may take before a hedge races it: the router's
-    own P95 TTFT there, else the instance's reported P95, else the default."""
-    p95 = tracker.stats(cand.id).ttft_p95_ms() or cand.state.load.ttft_p95_ms
-    delay = p95 if p95 is not None else hedge.default_delay_ms
+    """How long an attempt at ``cand`` may take before a hedge races it: the request's
+    predicted P90 there; until the instance's model has learned, the router's own P95
+    TTFT there, else the instance's reported P95, else the default."""
+    delay = cand.ttft_p90_ms
+    if delay is None:
+        delay = tracker.stats(cand.id).ttft_p95_ms() or cand.state.load.ttft_p95_ms
+    if delay is None:
+        delay = hedge.default_delay_ms
     return max(hedge.min_delay_ms, delay) / 1000.0
 
 
@@ -147,6 +155,12 @@ async def first_primed(
             if winner is not None:
                 if hedged:
                     metrics.hedges.labels("won" if winner.index > 0 else "lost").inc()
+                now = time.perf_counter()
+                for task, attempt in list(racing.items()):
+                    if now >= attempt.deadline:  # it missed its own deadline: a failure
+                        del racing[task]
+                        await _cancelled(task)
+                        attempt.missed()
                 return winner, hedged and winner.index > 0
     finally:
         for task, attempt in racing.items():

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 __all__ = ["RouterMetrics"]
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
+_RATIO = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 _FAST = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 
 
@@ -93,6 +94,14 @@ class RouterMetrics:
             registry=r,
         )
         self._stage: dict[str, Histogram] = {}  # children bound once: no label lookup per request
+        self.prediction = Histogram(
+            "router_ttft_prediction_ratio",
+            "Upstream TTFT over its predicted median, per primed attempt, by tier and "
+            "whether the prediction was learned or the formula's (1 is exact, above 1 late).",
+            ["tier", "source"],
+            buckets=_RATIO,
+            registry=r,
+        )
         self.rejected = Counter(
             "router_rejected_total",
             "Requests refused before routing, by status code.",

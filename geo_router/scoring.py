@@ -42,6 +42,12 @@ near-best are ranked by rendezvous hashing of the prefix's opening
 every router sends the first copy of a new system prompt to the same instance
 without talking to the others, and the copies after it find it cached there.
 The load terms still bound it: only instances within the window compete.
+
+The formula is the *prior* of each instance's learned prediction
+(``geo_router.predictor``): once the router has seen enough first tokens
+there, :attr:`Scored.predicted_ms` is the learned median (plus the tier's
+bias), and :attr:`Scored.prediction` carries its P90 for the hedge delay and
+the first-token deadline. The formula's terms stay in explain as they were.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from geo_router.predictor import Features, Prediction
 from geo_router.prefix_index import Prefix
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
@@ -85,6 +92,17 @@ class Scored:
     trim: Trim | None = None
     prefix: Prefix | None = None  # what this instance will have cached once it serves it
     warming: bool = False  # chosen to take a prefix cached elsewhere (a cold start, once)
+    prediction: Prediction | None = None  # the request's TTFT there (None: predicted_ms)
+
+    @property
+    def ttft_ms(self) -> float:
+        """The predicted median TTFT, without the tier's bias."""
+        return self.predicted_ms - self.bias_ms
+
+    @property
+    def ttft_p90_ms(self) -> float | None:
+        """The calibrated upper quantile, once the instance's model has learned."""
+        return None if self.prediction is None else self.prediction.p90_ms
 
     @property
     def window(self) -> int | None:
@@ -116,7 +134,10 @@ class Scored:
             "model": info.model,
             "version": info.version,
             "url": self.url,
-            "predicted_ttft_ms": round(self.predicted_ms, 2),
+            "predicted_ttft_ms": round(self.ttft_ms, 2),
+            "predicted_ttft_p90_ms": _rounded(self.ttft_p90_ms),
+            "prediction": "learned" if self.ttft_p90_ms is not None else "formula",
+            "rank_ms": round(self.predicted_ms, 2),
             "rtt_ms": round(self.rtt_ms, 2),
             "queue_ms": round(self.queue_ms, 2),
             "prefill_ms": round(self.prefill_ms, 2),
@@ -188,9 +209,19 @@ class Scorer:
         rtt = self._rtt.rtt(user_region, info.region)
         ramp = self._routing.slow_start_s
         weight = 1.0 if ramp <= 0 else min(1.0, max(0.05, (now - stats.first_seen) / ramp))
+        features = Features(
+            rtt_ms=rtt,
+            uncached_tokens=prompt_tokens - cached_tokens,
+            wait_ms=queue_ms + busy_ms,
+            reported_wait_ms=load.predicted_wait_ms or 0.0,
+            busy_seqs=min(busy, capacity),
+            prior_ms=rtt + queue_ms + prefill_ms + busy_ms,
+            ms_per_token=1000.0 / prefill_tps,
+        )
+        prediction = stats.model.predict(features, now)
         return Scored(
             state=state,
-            predicted_ms=rtt + queue_ms + prefill_ms + busy_ms + bias_ms,
+            predicted_ms=prediction.median_ms + bias_ms,
             rtt_ms=rtt,
             queue_ms=queue_ms,
             prefill_ms=prefill_ms,
@@ -204,6 +235,7 @@ class Scorer:
             over_budget=over,
             trim=trim,
             prefix=prefix,
+            prediction=prediction,
         )
 
     def order(self, scored: Sequence[Scored]) -> list[Scored]:
@@ -229,6 +261,10 @@ class Scorer:
         rest = [i for i in range(len(window)) if i != first]
         second = self._rng.choices(rest, weights=[weights[i] for i in rest])[0]
         return window[first], window[second]
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def _new_prefix_anchor(window: Sequence[Scored]) -> int | None:

@@ -28,6 +28,7 @@ __all__ = [
     "GeoIPSettings",
     "HedgeSettings",
     "PeersSettings",
+    "PredictionSettings",
     "PrefixCacheSettings",
     "RegionSettings",
     "RouterSettings",
@@ -143,8 +144,46 @@ class BreakerSettings(Section):
 
 class HedgeSettings(Section):
     enabled: bool = False
-    min_delay_ms: float = Field(50.0, ge=0)
-    default_delay_ms: float = Field(500.0, ge=0, description="Used until a P95 is known.")
+    min_delay_ms: float = Field(
+        50.0, ge=0, description="The shortest hedge delay, however fast the prediction."
+    )
+    default_delay_ms: float = Field(
+        500.0, ge=0, description="Used until the instance's TTFT is predicted or a P95 known."
+    )
+
+
+class PredictionSettings(Section):
+    """The online TTFT predictor per instance (``geo_router.predictor``)."""
+
+    min_samples: int = Field(
+        10,
+        ge=1,
+        description="First tokens seen at an instance before its learned prediction replaces "
+        "the formula's estimate (and drives its hedge delay and first-token deadline).",
+    )
+    forgetting: float = Field(
+        0.98,
+        gt=0.5,
+        le=1.0,
+        description="Per observation, the weight left to older ones (1: never forget).",
+    )
+    window: int = Field(
+        50, ge=5, description="Recent actual/predicted ratios kept for the quantiles."
+    )
+    stale_half_life_s: float = Field(
+        60.0,
+        ge=0,
+        description="With no first token seen there for this long, an instance's learned "
+        "median has faded halfway back to the formula's (0: never fades).",
+    )
+    deadline_factor: float = Field(
+        2.0,
+        ge=1.0,
+        description="A learned first-token deadline is this times the request's predicted P90.",
+    )
+    deadline_min_s: float = Field(
+        1.0, gt=0, description="The shortest learned first-token deadline."
+    )
 
 
 class PrefixCacheSettings(Section):
@@ -214,7 +253,12 @@ class RoutingSettings(Section):
         default_factory=lambda: {"auto": None, "edge": "edge", "center": "center"},
         description="Model names that route by tier (None: classify).",
     )
-    ttft_deadline_s: float = Field(10.0, gt=0, description="First token or fail over.")
+    ttft_deadline_s: float = Field(
+        10.0,
+        gt=0,
+        description="First token or fail over, until the instance's TTFT is learned "
+        "(then the request's predicted P90 sets it: prediction.deadline_factor).",
+    )
     ttft_deadline_factor: float = Field(
         3.0,
         ge=1,
@@ -271,6 +315,7 @@ class RoutingSettings(Section):
     )
     breaker: BreakerSettings = Field(default_factory=BreakerSettings)
     hedge: HedgeSettings = Field(default_factory=HedgeSettings)
+    prediction: PredictionSettings = Field(default_factory=PredictionSettings)
 
 
 class UpstreamSettings(StaticEntry):

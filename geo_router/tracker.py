@@ -10,6 +10,10 @@ A refusal (429: the instance's queue is full or it predicts it cannot start
 the request within its TTFT budget) is not a failure: the instance is healthy
 and busy. :meth:`Tracker.refused` only ranks it behind candidates that can
 start in time for a moment (``routing.shed_backoff_s``).
+
+Each instance's TTFT model (``geo_router.predictor``) lives with its other
+figures here: it learns from the first tokens :meth:`Tracker.success` is
+told of, and is forgotten with them when the instance leaves the catalog.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from geo_router.settings import BreakerSettings
+from geo_router.predictor import Prediction, TtftModel
+from geo_router.settings import BreakerSettings, PredictionSettings
 
 __all__ = ["Circuit", "InstanceStats", "Tracker"]
 
@@ -33,6 +38,7 @@ class Circuit(IntEnum):
 @dataclass
 class InstanceStats:
     first_seen: float
+    model: TtftModel  # predicts a request's TTFT there
     circuit: Circuit = Circuit.CLOSED
     failures: int = 0
     opened_at: float = 0.0
@@ -55,14 +61,18 @@ class InstanceStats:
 
 
 class Tracker:
-    def __init__(self, breaker: BreakerSettings) -> None:
+    def __init__(
+        self, breaker: BreakerSettings, prediction: PredictionSettings | None = None
+    ) -> None:
         self._settings = breaker
+        self._prediction = prediction or PredictionSettings()
         self._stats: dict[str, InstanceStats] = {}
 
     def stats(self, instance_id: str, now: float | None = None) -> InstanceStats:
         found = self._stats.get(instance_id)
         if found is None:
-            found = InstanceStats(first_seen=time.monotonic() if now is None else now)
+            first_seen = time.monotonic() if now is None else now
+            found = InstanceStats(first_seen, TtftModel(self._prediction))
             self._stats[instance_id] = found
         return found
 
@@ -104,16 +114,32 @@ class Tracker:
         s.inflight = max(0, s.inflight - 1)
         s.released.append(time.time() if now is None else now)
 
-    def success(self, instance_id: str, ttft_ms: float | None = None) -> None:
+    def success(
+        self,
+        instance_id: str,
+        ttft_ms: float | None = None,
+        predicted: Prediction | None = None,
+        now: float | None = None,
+    ) -> None:
+        """It primed after ``ttft_ms``; with what was ``predicted``, the model learns
+        (``now``: monotonic, or a simulation's clock)."""
         s = self.stats(instance_id)
         if ttft_ms is not None:
             s.ttft_ms.append(ttft_ms)
+            if predicted is not None:
+                s.model.observe(predicted, ttft_ms, time.monotonic() if now is None else now)
         if s.circuit is not Circuit.CLOSED:
             s.first_seen = time.monotonic()  # recovered: ramp up again
         s.circuit = Circuit.CLOSED
         s.failures = 0
         s.open_for = 0.0
         s.probing = False
+
+    def late(self, instance_id: str, waited_ms: float, predicted: Prediction | None) -> None:
+        """No first token within its deadline: the model learns a lower bound (the
+        failure itself is :meth:`failure`'s)."""
+        if predicted is not None:
+            self.stats(instance_id).model.censored(predicted, waited_ms)
 
     def failure(self, instance_id: str, now: float | None = None) -> None:
         s = self.stats(instance_id)

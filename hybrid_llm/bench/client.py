@@ -4,6 +4,10 @@ TTFT is from just before the request is sent to the first event carrying
 generated text; each later text event is one inter-token gap (servers that
 stream one token per event, as vLLM, llama.cpp and this project's services do,
 make that a true ITL). TPOT is ``(E2E - TTFT) / (tokens - 1)``.
+
+Through the geo router, the route headers say where a request went and the
+TTFT the router predicted for it there (``X-Route-Predicted-Ttft-Ms``), which
+the summary compares with the TTFT measured here.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from servekit.sse import EventReader
 
 __all__ = ["RequestRecord", "send_streaming"]
 
+PREDICTED_HEADER = "x-route-predicted-ttft-ms"
+PREDICTED_P90_HEADER = "x-route-predicted-ttft-p90-ms"
 ROUTE_HEADERS = {
     "tier": "x-route-tier",
     "region": "x-route-region",
@@ -48,6 +54,8 @@ class RequestRecord:
     reason: str = "-"
     turn: int = 0  # which turn of its conversation (0: the first)
     retry_after: float | None = None  # a 429's Retry-After, seconds
+    predicted_ttft: float | None = None  # the router's predicted median TTFT, seconds
+    predicted_ttft_p90: float | None = None  # its P90, once the router learned the instance
 
     @property
     def same_city(self) -> bool:
@@ -102,6 +110,8 @@ async def send_streaming(
                 value = response.headers.get(header)
                 if value:
                     setattr(record, key, value)
+            record.predicted_ttft = _seconds(response.headers.get(PREDICTED_HEADER))
+            record.predicted_ttft_p90 = _seconds(response.headers.get(PREDICTED_P90_HEADER))
             if response.status_code != 200:
                 raw = await response.aread()
                 record.error = _error_message(response.status_code, raw)
@@ -149,6 +159,15 @@ async def send_streaming(
     if record.ok is False and record.error is None:
         record.error = "no tokens streamed"
     return record
+
+
+def _seconds(ms: str | None) -> float | None:
+    if ms is None:
+        return None
+    try:
+        return float(ms) / 1000.0
+    except ValueError:
+        return None
 
 
 def _error_message(status: int, raw: bytes) -> str:

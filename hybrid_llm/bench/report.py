@@ -142,6 +142,26 @@ def _shares(shares: dict[str, float]) -> str:
     return f"{shares['edge'] * 100:.0f}%/{shares['same_city'] * 100:.0f}%"
 
 
+def _prediction(error: dict[str, Any] | None) -> str:
+    """The router's TTFT prediction error (``X-Route-Predicted-Ttft-Ms``): MAPE and
+    share under-predicted, then the same over the requests its learned model
+    predicted and the share of those within their P90; empty without predictions."""
+    if not error or not error.get("n"):
+        return ""
+    text = (
+        f"MAPE {error['mape'] * 100:.0f}%, under-predicted {error['under_share'] * 100:.0f}%"
+        f" of {error['n']}"
+    )
+    learned = error.get("learned") or {}
+    if learned.get("n"):
+        text += (
+            f"; learned: MAPE {learned['mape'] * 100:.0f}%, under-predicted"
+            f" {learned['under_share'] * 100:.0f}%, within P90"
+            f" {learned['within_p90'] * 100:.0f}% of {learned['n']}"
+        )
+    return text
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
     table = Table(title=f"hybrid-llm bench {report['meta']['url']}")
     for col in ("variant", "step", "route", "ok/n", "err%", "429", "edge/same-city", "req/s"):
@@ -172,6 +192,11 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                 f"{_ms(e['p50'])}/{_ms(e['p99'])}",
             )
     console.print(table)
+    # Its own lines: a thirteenth column is cut from a table as wide as a terminal.
+    for step in report["steps"]:
+        error = _prediction(step["summary"].get("prediction"))
+        if error:
+            console.print(f"router TTFT prediction ({step['variant']} {step['step']}): {error}")
     for variant, knee in report["knee"].items():
         if knee:
             console.print(f"knee ({variant}): {knee['step']}")

@@ -8,7 +8,7 @@ from typing import Any
 
 from hybrid_llm.bench.client import RequestRecord
 
-__all__ = ["find_knee", "percentile", "summarize"]
+__all__ = ["find_knee", "percentile", "prediction_error", "summarize"]
 
 QUANTILES = (50, 95, 99)
 
@@ -61,6 +61,34 @@ def _summary(records: Sequence[RequestRecord], wall: float) -> dict[str, Any]:
         "tpot_ms": _dist_ms(r.tpot for r in ok),
         "itl_ms": _dist_ms(gap for r in ok for gap in r.itl),
         "e2e_ms": _dist_ms(r.e2e for r in ok),
+        "prediction": prediction_error(ok),
+    }
+
+
+def prediction_error(records: Iterable[RequestRecord]) -> dict[str, Any]:
+    """The router's predicted TTFT against the measured one, over the answered
+    requests that carried a prediction: mean and median absolute percentage error,
+    the share the router under-predicted (the measured TTFT was longer); the same
+    for the requests whose instance the router had learned (they carry a P90),
+    with the share of them within their P90."""
+    pairs = [(r.predicted_ttft, r.ttft, r.predicted_ttft_p90) for r in records]
+    scored = [(p, t, p90) for p, t, p90 in pairs if p is not None and t is not None and t > 0]
+    out = _errors([(p, t) for p, t, _ in scored])
+    learned = [(p, t, p90) for p, t, p90 in scored if p90 is not None]
+    out["learned"] = _errors([(p, t) for p, t, _ in learned])
+    out["learned"]["within_p90"] = (
+        sum(1 for _, t, p90 in learned if t <= p90) / len(learned) if learned else None
+    )
+    return out
+
+
+def _errors(pairs: Sequence[tuple[float, float]]) -> dict[str, Any]:
+    errors = [abs(p - t) / t for p, t in pairs]
+    return {
+        "n": len(errors),
+        "mape": sum(errors) / len(errors) if errors else None,
+        "median_ape": percentile(errors, 50),
+        "under_share": sum(1 for p, t in pairs if t > p) / len(errors) if errors else None,
     }
 
 

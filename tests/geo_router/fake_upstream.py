@@ -30,6 +30,7 @@ class Behavior:
     words: int = 8
     token_delay_s: float = 0.0
     first_token_delay_s: float = 0.0
+    prefill_s_per_char: float = 0.0  # the first token waits this much more per chat character
     status: int = 200  # non-200: answer every generation with this status
     retry_after: str | None = None
     die_after: int | None = None  # words sent before the connection is cut
@@ -101,7 +102,7 @@ def build_app(b: Behavior) -> Starlette:
         async def body_events() -> Any:
             if chat:
                 yield frame(None, role=True)
-            await asyncio.sleep(b.first_token_delay_s)
+            await asyncio.sleep(b.first_token_delay_s + b.prefill_s_per_char * size)
             for i in range(start, end):
                 if b.die_after is not None and i - start >= b.die_after:
                     raise ConnectionResetError("fake upstream dies mid-stream")

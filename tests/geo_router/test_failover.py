@@ -18,6 +18,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import httpx
+import pytest
 
 from geo_router.app import create_app
 from hybrid_llm.local.servers import REPO, UvicornThread, free_port, wait_ready
@@ -342,6 +343,62 @@ def test_a_hedged_first_attempt_keeps_waiting_once_its_hedge_is_refused() -> Non
             assert text_of(events) == "w0 w1"
             assert metric(url, 'router_hedges_total{outcome="started"}') == 1
     assert len(busy.seen) == 1
+
+
+@pytest.mark.parametrize("hedged", [True, False], ids=["hedge", "deadline"])
+def test_a_hung_edge_costs_a_short_request_its_own_predicted_time(hedged: bool) -> None:
+    """After long slow prompts raised the edge's P95 past a second, the edge hangs:
+    a short request moves on after about its own predicted time there (the hedge,
+    or without one the first-token deadline), not the P95 or the fixed 10 s."""
+    edge = Behavior(words=2, prefill_s_per_char=0.0008)  # 1500 chars: 1.2 s
+    with serve_fake(edge) as a, serve_fake(Behavior(words=2)) as c:
+        states = [state(a, "edge"), state(c, "center", tier="center", region="center")]
+        hedge = {"enabled": hedged, "min_delay_ms": 50, "default_delay_ms": 5000}
+        prediction = {"min_samples": 4, "deadline_min_s": 0.3}
+        with routed(
+            states, hedge=hedge, prediction=prediction, ttft_deadline_s=10, center_bias_ms=5000
+        ) as url:
+            for n in range(4):
+                long_chat = chat(False)
+                # Each a new document: nothing of it is cached at the edge.
+                long_chat["messages"][0]["content"] = f"Doc {n}: " + "word " * (300 + 20 * n)
+                r = httpx.post(url + "/v1/chat/completions", json=long_chat, headers=AUTH)
+                assert r.headers["x-route-instance"] == "edge", r.text
+                assert float(r.headers["x-route-predicted-ttft-ms"]) > 0
+            explained = httpx.post(url + "/v1/route/explain", json=chat(False), headers=AUTH)
+            first = explained.json()["candidates"][0]
+            assert (first["id"], first["prediction"]) == ("edge", "learned"), first
+            edge.prefill_s_per_char, edge.first_token_delay_s = 0.0, 30.0  # it hangs
+            start = time.monotonic()
+            r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+            elapsed = time.monotonic() - start
+            assert r.status_code == 200, r.text
+            assert r.headers["x-route-instance"] == "center"
+            assert r.headers["x-route-reason"] == ("hedge" if hedged else "fallback")
+            assert elapsed < 1.0, elapsed
+            ratios = 'router_ttft_prediction_ratio_count{source="formula",tier="edge"}'
+            assert metric(url, ratios) == 4  # the history's, against the formula's estimate
+
+
+def test_a_hedged_attempt_past_its_own_deadline_counts_as_failed() -> None:
+    """The edge hangs; hedges answer for it, but only after its own first-token
+    deadline: each time it missed that deadline, so its circuit opens."""
+    hung, slow = Behavior(first_token_delay_s=30), Behavior(words=2, first_token_delay_s=0.5)
+    with serve_fake(hung) as a, serve_fake(slow) as c:
+        states = [state(a, "edge"), state(c, "center", tier="center", region="center")]
+        hedge = {"enabled": True, "min_delay_ms": 50, "default_delay_ms": 100}
+        breaker = {"failures": 2, "open_s": 60}
+        with routed(
+            states, hedge=hedge, breaker=breaker, ttft_deadline_s=0.3, center_bias_ms=5000
+        ) as url:
+            for _ in range(2):
+                r = httpx.post(url + "/v1/chat/completions", json=chat(False), headers=AUTH)
+                assert (r.headers["x-route-instance"], r.headers["x-route-reason"]) == (
+                    "center",
+                    "hedge",
+                )
+            assert metric(url, 'router_circuit_state{instance="edge"}') == 2  # open
+            assert metric(url, 'router_fallbacks_total{cause="timeout",tier="edge"}') == 2
 
 
 def test_circuit_opens_after_failures_then_probes_half_open() -> None:

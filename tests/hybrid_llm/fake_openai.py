@@ -31,6 +31,7 @@ class Timing:
     per_stream_s: float = 0.0  # added to ttft per stream in flight on arrival (mixed steps)
     fail_every: int = 0
     region: str = "region-a"
+    predicted_ttft_ms: float | None = None  # sent as the router's X-Route-Predicted-Ttft-Ms
 
 
 def create_app(
@@ -114,6 +115,8 @@ def create_app(
             "X-Route-User-Region": "region-a",
             "X-Route-Reason": "simple" if tier == "edge" else "pinned",
         }
+        if timing.predicted_ttft_ms is not None:
+            headers["X-Route-Predicted-Ttft-Ms"] = f"{timing.predicted_ttft_ms:.0f}"
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     async def ready(_: Request) -> Response:

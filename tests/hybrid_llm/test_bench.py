@@ -95,6 +95,47 @@ async def test_routes_grouped_from_router_headers(server: UvicornThread) -> None
 
 
 @pytest.mark.anyio
+async def test_the_routers_predicted_ttft_is_scored_against_the_measured_one() -> None:
+    # The router predicted half the TTFT the server takes: every request under-predicted.
+    with UvicornThread(create_app(Timing(ttft=0.2, itl=0.0, predicted_ttft_ms=100))) as srv:
+        plan = _plan(srv.url, max_requests=4)
+        report = build_report(plan, await run_plan(plan), "ttft_ms.p99")
+    error = report["steps"][0]["summary"]["prediction"]
+    assert error["n"] == 4
+    assert error["under_share"] == 1.0
+    assert 0.4 < error["mape"] < 0.55  # |100 - 200..220| / 200..220
+
+
+def test_prediction_error_counts_only_requests_with_a_prediction() -> None:
+    from hybrid_llm.bench import RequestRecord
+    from hybrid_llm.bench.stats import prediction_error
+
+    def rec(ttft: float, predicted: float | None, p90: float | None = None) -> RequestRecord:
+        return RequestRecord(
+            0.0, "w", ok=True, ttft=ttft, predicted_ttft=predicted, predicted_ttft_p90=p90
+        )
+
+    records = [rec(1.0, 0.5), rec(1.0, 1.5, 2.0), rec(2.0, 2.0, 2.5), rec(3.0, 2.0, 2.5)]
+    error = prediction_error([*records, rec(1.0, None)])
+    assert error["n"] == 4
+    assert error["mape"] == pytest.approx((0.5 + 0.5 + 0.0 + 1 / 3) / 4)
+    assert error["under_share"] == pytest.approx(2 / 4)
+    learned = error["learned"]
+    assert learned["n"] == 3
+    assert learned["under_share"] == pytest.approx(1 / 3)
+    assert learned["within_p90"] == pytest.approx(2 / 3)
+    nothing = prediction_error([rec(1.0, None)])
+    assert (nothing["n"], nothing["mape"], nothing["learned"]["within_p90"]) == (0, None, None)
+    from hybrid_llm.bench.report import _prediction
+
+    assert _prediction(error) == (
+        "MAPE 33%, under-predicted 50% of 4; "
+        "learned: MAPE 28%, under-predicted 33%, within P90 67% of 3"
+    )
+    assert _prediction(nothing) == ""
+
+
+@pytest.mark.anyio
 async def test_errors_counted_and_completions_api() -> None:
     with UvicornThread(create_app(Timing(ttft=0.0, itl=0.0, fail_every=3))) as srv:
         workload = Workload("m", [parse_bucket("8:4")], api="completions")

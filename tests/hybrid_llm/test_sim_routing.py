@@ -81,7 +81,9 @@ def test_reports_carry_the_busy_slowdown_the_instance_measured() -> None:
     assert inst.report().busy_ms_per_seq == pytest.approx(9.5)
 
 
-def _local(weight: float = 1.0, neighbour_ms: float = 40, **kw: object) -> SimConfig:
+def _local(
+    weight: float = 1.0, neighbour_ms: float = 40, learn: bool = True, **kw: object
+) -> SimConfig:
     """configs/local-sim.yaml's shape: users and edge-a in a, edge-b 40 ms away."""
     base: dict[str, object] = {
         "rtt": {"same_region_ms": 2, "default_ms": 150, "rtt_ms": {"a": {"b": neighbour_ms}}},
@@ -97,7 +99,9 @@ def _local(weight: float = 1.0, neighbour_ms: float = 40, **kw: object) -> SimCo
         ),
         "policy": PolicySpec(
             name="hybrid",
-            router={"center_bias_ms": 1000, "busy_slowdown_weight": weight},
+            router={"center_bias_ms": 1000, "busy_slowdown_weight": weight}
+            # learn=False: the formula alone (the TTFT predictor never learns).
+            | ({} if learn else {"prediction": {"min_samples": 10**6}}),
         ),
         # What the real edges reported: a's TTFT window has a long tail (P95 - P50 400 ms).
         "warm": {
@@ -126,14 +130,17 @@ def _routes(config: SimConfig) -> list[str]:
 def test_busy_penalty_spills_to_the_second_edge_under_overlap() -> None:
     # edge-b 10 ms away: an arrival while edge-a runs one or more sequences is
     # predicted 9.5 ms (what edge-a measures) slower per sequence there.
-    with_penalty = _routes(_local(neighbour_ms=10))
-    without = _routes(_local(weight=0.0, neighbour_ms=10))
+    with_penalty = _routes(_local(neighbour_ms=10, learn=False))
+    without = _routes(_local(weight=0.0, neighbour_ms=10, learn=False))
     assert len(with_penalty) > 250
     share = with_penalty.count("b") / len(with_penalty)
     # About the share of arrivals that find edge-a busy (some ~40%) goes to edge-b.
     assert 0.15 < share < 0.5
     # Without the penalty a busy edge below its slot count looks idle.
     assert without.count("b") / len(without) < 0.05
+    # Unless the router learns from the first tokens it sees what running sequences cost.
+    learned = _routes(_local(weight=0.0, neighbour_ms=10))
+    assert 0.15 < learned.count("b") / len(learned) < 0.5
 
 
 def test_router_counts_its_own_requests_and_discounts_stale_reports() -> None:

@@ -113,8 +113,8 @@ class Policy(Protocol):
 
     def sent(self, target: Target) -> None: ...
 
-    def primed(self, target: Target, ttft_s: float) -> None:
-        """The first token from ``target`` reached the router ``ttft_s`` after sending."""
+    def primed(self, req: SimRequest, target: Target, ttft_s: float) -> None:
+        """``req``'s first token from ``target`` reached the router ``ttft_s`` after sending."""
         ...
 
     def released(self, target: Target, failed: bool = False) -> None:
@@ -135,7 +135,7 @@ class AllToCenter:
     def sent(self, target: Target) -> None:
         return None
 
-    def primed(self, target: Target, ttft_s: float) -> None:
+    def primed(self, req: SimRequest, target: Target, ttft_s: float) -> None:
         return None
 
     def released(self, target: Target, failed: bool = False) -> None:

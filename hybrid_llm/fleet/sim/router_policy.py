@@ -10,7 +10,9 @@ counts, its recent TTFT P50/P95, decode and prefill rates; see
 :meth:`hybrid_llm.fleet.sim.instance.Instance.report`). The router's
 :class:`~geo_router.tracker.Tracker` counts its own requests in flight and the
 ones that ended since a report (so a stale report is discounted), its own TTFT
-per instance (the hedge delay) and 429s (ranked last for a moment); its
+per instance and each request's predicted TTFT there (``geo_router.predictor``,
+learned from the first tokens it hears: the hedge delay), and 429s (ranked last
+for a moment); its
 :class:`~geo_router.scoring.Scorer` predicts each candidate's TTFT (RTT + queue
 wait + prefill + busy slowdown, power-of-two choices among the near-best) and
 orders them. The tier logic is ``geo_router.planner``'s own
@@ -32,10 +34,12 @@ has sent that prefix everywhere.
 from __future__ import annotations
 
 import random
+import weakref
 from collections.abc import Callable
 
 from geo_router.dispatch import hedge_delay_s  # the dispatcher's own hedge rule
 from geo_router.planner import rank_classified, tier_bias_ms  # the planner's own ranking
+from geo_router.predictor import Prediction
 from geo_router.scoring import Scored, Scorer
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
@@ -89,7 +93,7 @@ class RouterPolicy:
         router_region: str | None = None,
     ) -> None:
         self.routing = routing
-        self.tracker = Tracker(routing.breaker)
+        self.tracker = Tracker(routing.breaker, routing.prediction)
         self.scorer = Scorer(routing, rtt, self.tracker, rng)
         self.rtt = rtt
         self.rng = rng
@@ -101,6 +105,10 @@ class RouterPolicy:
         self.states: dict[str, InstanceState] = {}
         self._infos: dict[str, InstanceInfo] = {}
         self._scored: dict[str, Scored] = {}
+        # Each request's predictions per instance, until its first token teaches one.
+        self._predicted: weakref.WeakKeyDictionary[SimRequest, dict[str, Prediction]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # -- the router's view of the fleet: polled load reports ------------------
     def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
@@ -157,6 +165,7 @@ class RouterPolicy:
         ordered = rank_classified(scored, preferred, req.region, self.routing, self.scorer.order)
         ordered = ordered[: self.routing.max_attempts]
         self._scored = {s.id: s for s in ordered}
+        self._predicted[req] = {s.id: s.prediction for s in ordered if s.prediction is not None}
         return [by_id[s.id] for s in ordered]
 
     # -- what the router hears --------------------------------------------------
@@ -171,8 +180,9 @@ class RouterPolicy:
     def sent(self, target: Target) -> None:
         self.tracker.acquire(target.name, self.clock())
 
-    def primed(self, target: Target, ttft_s: float) -> None:
-        self.tracker.success(target.name, ttft_s * 1000.0)
+    def primed(self, req: SimRequest, target: Target, ttft_s: float) -> None:
+        predicted = self._predicted.pop(req, {}).get(target.name)
+        self.tracker.success(target.name, ttft_s * 1000.0, predicted, self.clock())
 
     def released(self, target: Target, failed: bool = False) -> None:
         now = self.clock()

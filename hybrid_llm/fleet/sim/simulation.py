@@ -222,7 +222,7 @@ class Simulation:
         req.winner = job
         req.ttft = self.loop.now + self._client_s / 2 - req.arrival
         if job.target is not None:
-            self.policy.primed(job.target, self.loop.now - job.sent)
+            self.policy.primed(req, job.target, self.loop.now - job.sent)
         for other in req.jobs:
             if other is not job:
                 self._release(other)  # the router drops the losing attempt now

@@ -1,0 +1,244 @@
+"""The online TTFT predictor, and the hedge delay and deadline taken from it."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from geo_router.attempt import first_token_deadline_s
+from geo_router.dispatch import hedge_delay_s
+from geo_router.predictor import Features, TtftModel
+from geo_router.scoring import Scored, Scorer
+from geo_router.settings import PredictionSettings, RegionSettings, RoutingSettings
+from geo_router.tracker import Tracker
+from servekit.engine.protocol import LoadReport
+from servekit.registry.protocol import InstanceInfo, InstanceState
+
+REGIONS = RegionSettings(default="east", rtt_ms={"east": {"center": 20.0}})
+
+
+def features(
+    tokens: int, wait_ms: float = 0.0, ms_per_token: float = 2.5, busy: int = 0
+) -> Features:
+    rtt = 20.0
+    return Features(
+        rtt_ms=rtt,
+        uncached_tokens=tokens,
+        wait_ms=wait_ms,
+        reported_wait_ms=0.0,
+        busy_seqs=busy,
+        prior_ms=rtt + wait_ms + tokens * ms_per_token,
+        ms_per_token=ms_per_token,
+    )
+
+
+def engine_ttft(f: Features, rng: random.Random) -> float:
+    """An engine unlike the prior: 150 ms overhead, 1.6 ms a token, wait as told, noisy."""
+    return (f.rtt_ms + 150.0 + 1.6 * f.uncached_tokens + f.wait_ms) * rng.lognormvariate(0, 0.1)
+
+
+def test_the_formula_until_enough_first_tokens_were_seen() -> None:
+    model = TtftModel(PredictionSettings(min_samples=5))
+    rng = random.Random(1)
+    for i in range(4):
+        f = features(500 + 100 * i)
+        p = model.predict(f, 0.0)
+        assert (p.median_ms, p.p90_ms, p.learned) == (f.prior_ms, None, False)
+        model.observe(p, engine_ttft(f, rng), 0.0)
+    p = model.predict(features(500), 0.0)
+    model.observe(p, engine_ttft(features(500), rng), 0.0)
+    assert model.predict(features(500), 0.0).learned
+
+
+def test_it_learns_an_engine_the_formula_misprices_and_its_p90_is_calibrated() -> None:
+    model = TtftModel(PredictionSettings())
+    rng = random.Random(2)
+
+    def request() -> Features:
+        return features(rng.randrange(20, 4000), wait_ms=rng.choice([0.0, 0.0, 300.0, 900.0]))
+
+    for _ in range(150):
+        f = request()
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng), 0.0)
+    errors, under_p90, formula_errors = [], 0, []
+    for _ in range(400):
+        f = request()
+        p = model.predict(f, 0.0)
+        actual = engine_ttft(f, rng)
+        model.observe(p, actual, 0.0)
+        errors.append(abs(p.median_ms - actual) / actual)
+        formula_errors.append(abs(f.prior_ms - actual) / actual)
+        assert p.p90_ms is not None
+        assert p.p90_ms >= p.median_ms
+        under_p90 += actual <= p.p90_ms
+    mape = sum(errors) / len(errors)
+    assert mape < 0.12, mape
+    assert sum(formula_errors) / len(formula_errors) > 2 * mape  # it learned something
+    assert 0.8 <= under_p90 / 400 <= 0.97
+
+
+def test_forgetting_follows_an_engine_that_slows_down() -> None:
+    model = TtftModel(PredictionSettings(forgetting=0.95))
+    rng = random.Random(3)
+    for slow in (1.0, 3.0):
+        for _ in range(120):
+            f = features(rng.randrange(100, 3000))
+            model.observe(model.predict(f, 0.0), engine_ttft(f, rng) * slow, 0.0)
+    f = features(2000)
+    expected = (f.rtt_ms + 150.0 + 1.6 * 2000) * 3.0
+    assert model.predict(f, 0.0).median_ms == pytest.approx(expected, rel=0.15)
+
+
+def test_an_instance_that_slowed_for_good_is_not_cut_forever() -> None:
+    """Cut at every deadline, it would never teach the model it slowed down: the
+    misses themselves (lower bounds) raise the P90 until answers arrive in time."""
+    model = TtftModel(PredictionSettings())
+    rng = random.Random(5)
+    for _ in range(60):
+        f = features(rng.randrange(100, 1000))
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng), 0.0)
+    misses = 0
+    for _ in range(40):
+        f = features(rng.randrange(100, 1000))
+        p = model.predict(f, 0.0)
+        assert p.p90_ms is not None
+        deadline = 2 * p.p90_ms
+        actual = engine_ttft(f, rng) * 4  # four times slower from now on
+        if actual > deadline:
+            model.censored(p, deadline)
+            misses += 1
+        else:
+            model.observe(p, actual, 0.0)
+    assert 0 < misses < 15
+    f = features(500)
+    p90 = model.predict(f, 0.0).p90_ms
+    assert p90 is not None
+    assert 2 * p90 > (f.rtt_ms + 150.0 + 1.6 * 500) * 4 * 1.1
+
+
+def test_it_learns_what_each_running_sequence_costs_beyond_the_formula() -> None:
+    model = TtftModel(PredictionSettings())
+    rng = random.Random(7)
+    for _ in range(200):
+        f = features(rng.randrange(100, 1000), busy=rng.randrange(0, 4))
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng) + 80.0 * f.busy_seqs, 0.0)
+    idle, busy = model.predict(features(500), 0.0), model.predict(features(500, busy=3), 0.0)
+    assert busy.median_ms - idle.median_ms == pytest.approx(240.0, rel=0.25)
+
+
+def test_an_instance_left_alone_fades_back_to_the_formula() -> None:
+    """Avoided after a slow spell, it would teach nothing more and stay avoided."""
+    model = TtftModel(PredictionSettings(stale_half_life_s=60.0))
+    rng = random.Random(8)
+    for _ in range(30):
+        f = features(rng.randrange(100, 1000))
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng) * 4, 0.0)
+    f = features(500)
+    now = model.predict(f, 0.0)
+    later = model.predict(f, 60.0)
+    much_later = model.predict(f, 600.0)
+    assert now.median_ms > 3 * f.prior_ms
+    assert later.median_ms == pytest.approx((now.median_ms + f.prior_ms) / 2)
+    assert much_later.median_ms == pytest.approx(f.prior_ms, rel=0.01)
+    assert now.p90_ms is not None
+    assert much_later.p90_ms == pytest.approx(f.prior_ms + now.p90_ms - now.median_ms, rel=0.01)
+
+
+def test_it_learns_an_instance_nearer_than_the_rtt_table_says() -> None:
+    """The table says 150 ms; short prompts' first tokens come after 30 ms, long
+    prompts' after their prefill: a short one is predicted near 30 ms."""
+    model = TtftModel(PredictionSettings())
+    rng = random.Random(9)
+
+    def at(tokens: int) -> Features:
+        return Features(150.0, tokens, 0.0, 0.0, 0, 150.0 + tokens * 2.5, 2.5)
+
+    for _ in range(60):
+        f = at(rng.choice([20, 20, rng.randrange(500, 4000)]))
+        model.observe(model.predict(f, 0.0), 25.0 + 2.5 * f.uncached_tokens, 0.0)
+    short, long = model.predict(at(20), 0.0), model.predict(at(3000), 0.0)
+    assert short.median_ms == pytest.approx(75.0, abs=20.0)
+    assert short.p90_ms is not None
+    assert short.p90_ms < 100.0
+    assert long.median_ms == pytest.approx(25.0 + 2.5 * 3000, rel=0.05)
+
+
+def center(iid: str = "c") -> InstanceState:
+    info = InstanceInfo(iid, "center", "center", "127.0.0.1", 1, "m")
+    load = LoadReport(ready=True, capacity=8, prefill_tokens_per_s=400.0)
+    return InstanceState(info, load, True, time.time())
+
+
+def scored_after_long_prompts(
+    routing: RoutingSettings, short_tokens: int
+) -> tuple[Scored, Tracker]:
+    """A center whose history is long, slow prompts, then a short request scored there."""
+    tracker = Tracker(routing.breaker, routing.prediction)
+    scorer = Scorer(routing, REGIONS.rtt_table(), tracker, random.Random(0))
+    rng = random.Random(4)
+    for _ in range(30):
+        tokens = rng.randrange(3000, 8000)
+        cand = scorer.score(center(), "east", tokens)
+        assert cand.prediction is not None
+        actual = 20.0 + 100.0 + 2.4 * tokens * rng.lognormvariate(0, 0.1)
+        tracker.success("c", actual, cand.prediction)
+    return scorer.score(center(), "east", short_tokens), tracker
+
+
+def test_a_short_request_after_long_slow_prompts_is_hedged_and_cut_on_its_own_time() -> None:
+    routing = RoutingSettings.model_validate(
+        {"slow_start_s": 0, "hedge": {"enabled": True, "min_delay_ms": 50}}
+    )
+    short, tracker = scored_after_long_prompts(routing, short_tokens=40)
+    p95 = tracker.stats("c").ttft_p95_ms()
+    assert p95 is not None
+    assert p95 > 15_000
+    assert short.ttft_p90_ms is not None
+    assert short.ttft_p90_ms < 600
+    assert hedge_delay_s(routing.hedge, tracker, short) < 0.6
+    assert first_token_deadline_s(routing, short) < 1.5  # 2 x its P90, not 10 s or the P95
+    # A long one there keeps a long deadline: it is cut on its own predicted time too.
+    long = scored_after_long_prompts(routing, short_tokens=6000)[0]
+    assert first_token_deadline_s(routing, long) > 2 * 6000 * 2.4 / 1000
+
+
+def test_without_a_learned_model_the_fixed_rules_stay() -> None:
+    routing = RoutingSettings.model_validate({"prediction": {"min_samples": 1000}})
+    short, tracker = scored_after_long_prompts(routing, short_tokens=40)
+    assert short.ttft_p90_ms is None
+    assert hedge_delay_s(routing.hedge, tracker, short) > 15.0  # the instance's P95
+    assert first_token_deadline_s(routing, short) == routing.ttft_deadline_s
+
+
+def test_explain_shows_the_median_and_the_p90() -> None:
+    routing = RoutingSettings.model_validate({"slow_start_s": 0})
+    short = scored_after_long_prompts(routing, short_tokens=40)[0]
+    shown = short.to_dict()
+    assert shown["prediction"] == "learned"
+    assert shown["predicted_ttft_p90_ms"] >= shown["predicted_ttft_ms"] > 0
+    fresh = Scorer(routing, REGIONS.rtt_table(), Tracker(routing.breaker)).score(
+        center(), "east", 40, bias_ms=30.0
+    )
+    shown = fresh.to_dict()
+    assert (shown["prediction"], shown["predicted_ttft_p90_ms"]) == ("formula", None)
+    assert shown["rank_ms"] == pytest.approx(shown["predicted_ttft_ms"] + 30.0)
+
+
+def test_ranking_follows_what_each_instance_was_learned_to_take() -> None:
+    """Two centers the formula cannot tell apart: the one seen to be three times
+    slower than its report says ranks second."""
+    routing = RoutingSettings.model_validate({"slow_start_s": 0, "p2c_window_ms": 0})
+    tracker = Tracker(routing.breaker, routing.prediction)
+    scorer = Scorer(routing, REGIONS.rtt_table(), tracker, random.Random(0))
+    rng = random.Random(6)
+    for _ in range(20):
+        for iid, slow in (("fast", 1.0), ("slow", 3.0)):
+            tokens = rng.randrange(200, 2000)
+            cand = scorer.score(center(iid), "east", tokens)
+            assert cand.prediction is not None
+            tracker.success(iid, cand.prediction.features.prior_ms * slow, cand.prediction)
+    ranked = scorer.order([scorer.score(center(i), "east", 800) for i in ("slow", "fast")])
+    assert [c.id for c in ranked] == ["fast", "slow"]
+    assert ranked[1].ttft_ms == pytest.approx(3 * ranked[0].ttft_ms, rel=0.1)
