@@ -52,12 +52,17 @@ class LimitsSettings(Section):
     )
 
 
+def capacity(rate_per_min: float, burst_s: float) -> float:
+    """A bucket's size: ``burst_s`` seconds of the rate, at least one unit."""
+    return max(1.0, rate_per_min / 60.0 * burst_s)
+
+
 class TokenBucket:
     """``rate_per_min`` units per minute, bursting up to ``burst_s`` seconds' worth."""
 
     def __init__(self, rate_per_min: float, now: float, burst_s: float = 60.0) -> None:
         self.rate = rate_per_min / 60.0
-        self.capacity = max(1.0, self.rate * burst_s)
+        self.capacity = capacity(rate_per_min, burst_s)
         self.level = self.capacity
         self.stamp = now
 
@@ -153,6 +158,9 @@ class RedisBuckets:
 
     def __init__(self, settings: LimitsSettings, on_fallback: Callable[[bool], None]) -> None:
         import redis.asyncio as aioredis  # only routers configured for Redis need the client
+        import redis.exceptions
+
+        self._errors = (redis.exceptions.RedisError, OSError)  # what "Redis is away" looks like
 
         timeout = settings.timeout_ms / 1000
         self._redis = aioredis.Redis.from_url(
@@ -174,10 +182,9 @@ class RedisBuckets:
     async def take(
         self, name: str, rate_per_min: float, burst_s: float, amount: float, now: float
     ) -> float:
-        rate = rate_per_min / 60.0
-        capacity = max(1.0, rate * burst_s)
-        expiry_ms = int(1000 * (capacity / rate + 60))
-        args: list[str | int] = [repr(rate), repr(capacity), repr(float(amount)), expiry_ms]
+        rate, size = rate_per_min / 60.0, capacity(rate_per_min, burst_s)
+        expiry_ms = int(1000 * (size / rate + 60))
+        args: list[str | int] = [repr(rate), repr(size), repr(float(amount)), expiry_ms]
         answer = await self._shared(lambda: self._take(keys=[self._prefix + name], args=args))
         if answer is None:
             return await self._fallback.take(name, rate_per_min, burst_s, amount, now)
@@ -186,21 +193,18 @@ class RedisBuckets:
     async def give_back(
         self, name: str, rate_per_min: float, burst_s: float, amount: float
     ) -> None:
-        capacity = max(1.0, rate_per_min / 60.0 * burst_s)
-        args = [repr(capacity), repr(float(amount))]
+        args = [repr(capacity(rate_per_min, burst_s)), repr(float(amount))]
         done = await self._shared(lambda: self._give(keys=[self._prefix + name], args=args))
         if done is None:
             await self._fallback.give_back(name, rate_per_min, burst_s, amount)
 
     async def _shared(self, call: Callable[[], Awaitable[object]]) -> object | None:
         """The script's answer, or None while Redis is away (then the fallback decides)."""
-        import redis.exceptions
-
         if self._down and time.monotonic() < self._down_until:
             return None
         try:
             answer = await call()
-        except (redis.exceptions.RedisError, OSError) as exc:
+        except self._errors as exc:
             self._down_until = time.monotonic() + self._retry_s
             if not self._down:
                 self._down = True
