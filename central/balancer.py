@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from central.settings import BalancingSettings
 from servekit.engine.protocol import GenerationRequest
+from servekit.prefix_blocks import conversation_text
 
 __all__ = ["Balancer", "Candidate", "prefix_key"]
 
@@ -62,7 +63,7 @@ def prefix_key(request: GenerationRequest, chars: int) -> str | None:
     if request.messages is not None:
         messages = request.messages
         shared = messages[:-1] if len(messages) > 1 else messages
-        text = "".join(f"{m.role}\x1f{m.content}\x1e" for m in shared)
+        text = conversation_text((m.role, m.content) for m in shared)
     else:
         text = request.prompt or ""
     return text[:chars] or None
