@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from geo_router.classifier import TaskClassifier
+from geo_router.feedback import ACCEPTED
 from geo_router.policy import PolicySettings
 from geo_router.reading import read
 from geo_router.settings import RouterSettings
@@ -181,7 +182,7 @@ def acceptance(path: Path) -> dict[str, dict[str, Any]]:
         key = f"{item.get('task', '-')}/{item.get('tier', '-')}"
         row = counts.setdefault(key, [0, 0])
         row[0] += 1
-        row[1] += float(item.get("rating", 0.0)) >= 0.5
+        row[1] += float(item.get("rating", 0.0)) >= ACCEPTED
     return {k: {"rated": n, "accepted": round(a / n, 4)} for k, (n, a) in sorted(counts.items())}
 
 

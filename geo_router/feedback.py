@@ -79,10 +79,6 @@ class Acceptance:
     rated: int = 0
     accepted: int = 0
 
-    @property
-    def rate(self) -> float | None:
-        return self.accepted / self.rated if self.rated else None
-
 
 # The body's JSON schema, for the OpenAPI document (parse_rating is what enforces it).
 RATING_SCHEMA: dict[str, Any] = {

@@ -8,7 +8,7 @@ differ in how much worse a 7B-class model answers them than a large one
     explanation, math, reasoning, code, code_review
 
 Features of a request (:func:`features`), read through
-:func:`geo_router.classifier.read` (the ask of the latest user turn without
+:func:`geo_router.reading.read` (the ask of the latest user turn without
 pasted material, and figures of its context):
 
 - words and word bigrams of the ask (lower case, digits as 0), its first word,

@@ -88,8 +88,8 @@ class RunPlan:
         if not self.more_urls:
             return self.workload.path
         urls = (self.url, *self.more_urls)
-        self.sent += 1
-        return urls[self.sent % len(urls)] + self.workload.path
+        turn, self.sent = self.sent, self.sent + 1
+        return urls[turn % len(urls)] + self.workload.path
 
 
 class _Budget:

@@ -19,7 +19,6 @@ start time (:mod:`servekit.procfs`), so a pid reused since is never signalled.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -28,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybrid_llm.local.supervisor import ProcessSpec, Supervisor
-from servekit.procfs import group_left_by, port_taken, same_process, stat, stop_group
+from hybrid_llm.local.supervisor import ProcessSpec, Supervisor, port_holders
+from servekit.procfs import group_left_by, same_process, stat, stop_group
 
 __all__ = [
     "LOCK_FILE",
@@ -72,12 +71,6 @@ class RunLock:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def held_elsewhere(self) -> bool:
-        if self.acquire():
-            self.release()
-            return False
-        return True
 
 
 @dataclass(frozen=True)
@@ -169,11 +162,8 @@ def running_message(data: dict[str, Any] | None) -> str:
 
 def port_conflicts(specs: Sequence[ProcessSpec]) -> list[str]:
     """One line per port a service needs that something else holds now."""
-    lines = []
-    for spec in specs:
-        for port in spec.ports:
-            with contextlib.suppress(OSError):
-                holder = port_taken(port)
-                if holder is not None:
-                    lines.append(f"port {port} ({spec.name}) is held by {holder}")
-    return lines
+    return [
+        f"port {port} ({spec.name}) is held by {holder}"
+        for spec in specs
+        for port, holder in port_holders(spec)
+    ]

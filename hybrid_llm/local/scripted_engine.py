@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Literal
 
 from servekit.engine.prompting import completion_budget
 from servekit.engine.protocol import (
@@ -57,7 +57,6 @@ class ScriptedEngine:
         self.pace_s = pace_s
         self.hold_start = hold_start
         self.arrivals: list[str] = []
-        self.priorities: list[Any] = []
         self.requests: list[GenerationRequest] = []
         self.fail_next = 0
         self.release = asyncio.Event()
@@ -96,7 +95,6 @@ class ScriptedEngine:
             raise NotReady("model is not loaded", retry_after=1)  # as the real engines do
         text = request.messages[-1].content if request.messages else (request.prompt or "")
         self.arrivals.append(text)
-        self.priorities.append(request.extra.get("priority"))
         self.requests.append(request)
         prompt_tokens = sum(len(m.content.split()) for m in request.messages or ()) or len(
             text.split()

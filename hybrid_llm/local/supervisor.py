@@ -92,6 +92,17 @@ async def _listening(ports: Sequence[int]) -> bool:
     return True
 
 
+def port_holders(spec: ProcessSpec) -> list[tuple[int, str]]:
+    """The ports ``spec`` needs that something holds now, with what holds each."""
+    held = []
+    for port in spec.ports:
+        with contextlib.suppress(OSError):
+            holder = port_taken(port)
+            if holder is not None:
+                held.append((port, holder))
+    return held
+
+
 class Supervisor:
     """Runs :class:`ProcessSpec` children; :meth:`start`, then :meth:`watch`, then :meth:`stop`."""
 
@@ -204,10 +215,8 @@ class Supervisor:
 
     def _bind_failure(self, child: ChildState) -> str | None:
         """Why ``child`` (just exited) could not run, if a port of its was taken."""
-        for port in child.spec.ports:
-            holder = port_taken(port)
-            if holder is not None:
-                return f"{child.spec.name} cannot bind port {port} (held by {holder})"
+        for port, holder in port_holders(child.spec):
+            return f"{child.spec.name} cannot bind port {port} (held by {holder})"
         return None
 
     async def _wait_ready(self, child: ChildState, client: httpx.AsyncClient) -> None:
