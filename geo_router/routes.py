@@ -8,7 +8,6 @@ models, health, readiness and metrics are the shared ops routes
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter
@@ -20,7 +19,8 @@ from geo_router.feedback import RATING_SCHEMA, parse_rating
 from geo_router.openapi import ERROR_RESPONSES, request_body
 from geo_router.ops import router_state
 from geo_router.state import RouterState, intake
-from servekit.errors import InvalidRequest, PermissionDenied
+from servekit import jsonlimits
+from servekit.errors import PermissionDenied
 
 __all__ = ["explain_router"]
 
@@ -46,11 +46,7 @@ async def _feedback(request: Request) -> Response:
     state: RouterState = router_state(request.app)
     tenant = state.auth.authenticate(request.headers.get("authorization"))
     raw = await request.body()  # bounded by the front door (413)
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidRequest("the body is not valid JSON") from None
-    rating = parse_rating(body)
+    rating = parse_rating(jsonlimits.loads(raw))  # hostile JSON is a 400 here too
     served = await state.feedback.rate(tenant.name, rating)
     return JSONResponse(
         {

@@ -205,7 +205,7 @@ def acceptance(
             f"answer acceptance {new_rate:.1%} vs {old_rate:.1%} on the replaced version "
             f"(allowed -{gates.max_acceptance_drop:.1%})"
         )
-        failed = [r for r in result.reasons if result.verdict == "fail"]
+        failed = result.reasons if result.verdict == "fail" else []
         return GateResult("fail", [*failed, reason], figures)
     passed = f"answer acceptance {new_rate:.1%} (old {old_rate:.1%})"
     return GateResult(result.verdict, [*result.reasons, passed], figures)

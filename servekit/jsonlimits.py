@@ -59,15 +59,10 @@ _DECODER = json.JSONDecoder(parse_int=_int, parse_float=_float, parse_constant=_
 def loads(raw: bytes | str) -> Any:
     """``raw`` decoded as JSON, or :class:`InvalidRequest` naming the limit it broke."""
     try:
-        # json.loads's own reading of bytes: UTF-8, -16 or -32, lone surrogates kept
-        text = (
-            raw.decode(json.detect_encoding(raw), "surrogatepass")
-            if isinstance(raw, bytes)
-            else raw
-        )
-        if text.count("[") + text.count("{") <= MAX_DEPTH:
-            return _DECODER.decode(text)
+        text = _text(raw) if isinstance(raw, bytes) else raw
         value = _DECODER.decode(text)
+        if text.count("[") + text.count("{") <= MAX_DEPTH:
+            return value  # cannot nest deeper than it has brackets
     except _Refused as exc:
         raise InvalidRequest(f"request body is not accepted: {exc}", code="invalid_json") from None
     except RecursionError:

@@ -152,9 +152,6 @@ class ProcessRecord:
             return None
         return cls(name, pid, child.start_ticks, me.pid, me.start_ticks, ports)
 
-    def running(self) -> bool:
-        return same_process(self.pid, self.start_ticks)
-
     def parent_running(self) -> bool:
         return same_process(self.parent_pid, self.parent_start_ticks)
 
