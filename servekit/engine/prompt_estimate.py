@@ -79,6 +79,7 @@ class PromptEstimator:
     def __init__(self, slots: int) -> None:
         self._held: list[str] = [""] * slots  # per slot: the text of the prompt it caches
         self._blocks: list[tuple[int, ...]] = [()] * slots  # and its chained block names
+        self._report: tuple[int, tuple[int, ...]] | None = None  # (stride, held_blocks())
         self._chars = 0.0
         self._tokens = 0.0
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
@@ -101,10 +102,15 @@ class PromptEstimator:
 
     def held_blocks(self, stride: int) -> tuple[int, ...]:
         """Block names of what the slots hold, every ``stride``-th and each slot's last."""
-        return tuple(name for blocks in self._blocks for name in sampled(blocks, stride))
+        report = self._report
+        if report is None or report[0] != stride:  # a load report asks on every request
+            names = tuple(name for blocks in self._blocks for name in sampled(blocks, stride))
+            report = self._report = (stride, names)
+        return report[1]
 
     def hold(self, slot: int, text: str, blocks: tuple[int, ...] = ()) -> None:
         """Slot ``slot`` now caches the prompt of ``text`` ("" once it is emptied)
         whose block names are ``blocks``."""
         self._held[slot] = text
         self._blocks[slot] = blocks
+        self._report = None
