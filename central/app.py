@@ -31,7 +31,7 @@ from servekit.errors import NotReady
 from servekit.metrics import ServingMetrics
 from servekit.registration import Registration
 from servekit.service_auth import TokenGate, warn_if_open
-from servekit.tracing import start_tracing
+from servekit.tracing import instance_resource, start_tracing
 
 __all__ = ["CentralGateway", "create_app"]
 
@@ -56,12 +56,7 @@ class CentralGateway:
             load=self._load,
         )
         self.registry.register(ReplicaCollector(self.pool, self.metrics.labels))
-        resource = {
-            "hybrid_llm.tier": "center",
-            "hybrid_llm.region": settings.instance.region,
-            "service.instance.id": settings.instance.id,
-            "hybrid_llm.model": settings.model,
-        }
+        resource = instance_resource("center", settings.instance, settings.model)
         self.core = ServingCore(
             FixedEngine(self.pool),
             self.admission,

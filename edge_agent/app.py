@@ -31,7 +31,7 @@ from servekit.metrics import ServingMetrics
 from servekit.registration import Registration, instance_entry
 from servekit.registry import InstanceInfo
 from servekit.service_auth import TokenGate, warn_if_open
-from servekit.tracing import start_tracing
+from servekit.tracing import instance_resource, start_tracing
 
 __all__ = ["EdgeAgent", "create_app"]
 
@@ -64,7 +64,11 @@ class EdgeAgent:
             aliases=frozenset(settings.aliases),
             version=version,
             max_tokens_limit=settings.engine.context_window,
-            tracing=start_tracing(settings.tracing, "edge-agent", self._resource()),
+            tracing=start_tracing(
+                settings.tracing,
+                "edge-agent",
+                instance_resource("edge", settings.instance, settings.engine.model_name),
+            ),
         )
         for collector in engine_collectors(
             settings.engine, lambda: self.slot.current().engine, self.metrics.labels
@@ -73,15 +77,6 @@ class EdgeAgent:
         self.load_error: BaseException | None = None
         self.registration = Registration(settings.registry, self.instance_info, self._load)
         self.reconciling: asyncio.Task[None] | None = None
-
-    def _resource(self) -> dict[str, str]:
-        s = self.settings
-        return {
-            "hybrid_llm.tier": "edge",
-            "hybrid_llm.region": s.instance.region,
-            "service.instance.id": s.instance.id,
-            "hybrid_llm.model": s.engine.model_name,
-        }
 
     def instance_info(self) -> InstanceInfo:
         s = self.settings

@@ -27,6 +27,7 @@ httpx errors are translated into :class:`DownloadError` here and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -42,7 +43,7 @@ import anyio.to_thread
 import httpx
 
 from model_sync.manifest import INSTALLED_MANIFEST
-from model_sync.modeldir import ModelDir
+from model_sync.modeldir import ModelDir, UnsafePath, within
 from model_sync.records import ArtifactRecord
 from servekit.modelfetch import sha256_file
 from servekit.peers import PeerCredentials, async_client
@@ -215,11 +216,9 @@ class Downloader:
     def _local_allowed(self, source: Path) -> Path:
         if self.local_roots is None:
             return source
-        resolved = source.resolve()
         for root in self.local_roots:
-            top = root.resolve()
-            if resolved == top or top in resolved.parents:
-                return resolved
+            with contextlib.suppress(UnsafePath):
+                return within(root, source)
         raise SourceUnavailable(
             f"{source}: local artifact outside the allowed local_roots; refused"
         )

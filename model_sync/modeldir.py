@@ -14,11 +14,19 @@ from pathlib import Path
 
 from model_sync.keys import InvalidName, check_name
 
-__all__ = ["ModelDir", "UnsafePath"]
+__all__ = ["ModelDir", "UnsafePath", "within"]
 
 
 class UnsafePath(InvalidName):
     """A path that would leave the model directory."""
+
+
+def within(base: Path, path: Path) -> Path:
+    """``path`` resolved, if it stays inside ``base`` (links followed); else :class:`UnsafePath`."""
+    base, resolved = base.resolve(), path.resolve()
+    if resolved != base and base not in resolved.parents:
+        raise UnsafePath(f"{path} resolves outside {base}")
+    return resolved
 
 
 class ModelDir:
@@ -30,15 +38,7 @@ class ModelDir:
 
     def inside(self, base: Path, path: Path) -> Path:
         """``path`` resolved, if it stays inside ``base`` (itself inside the root)."""
-        base = self._within(self.root, base)
-        return self._within(base, path)
-
-    @staticmethod
-    def _within(base: Path, path: Path) -> Path:
-        base, resolved = base.resolve(), path.resolve()
-        if resolved != base and base not in resolved.parents:
-            raise UnsafePath(f"{path} resolves outside {base}")
-        return resolved
+        return within(within(self.root, base), path)
 
     def model_dir(self, name: str) -> Path:
         return self._inside(self.root / check_name("model name", name))

@@ -40,7 +40,17 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
     from opentelemetry.util.types import Attributes
 
-__all__ = ["OFF", "Tracing", "TracingSettings", "ending", "mark_failed", "start_tracing"]
+    from servekit.settings import InstanceSettings
+
+__all__ = [
+    "OFF",
+    "Tracing",
+    "TracingSettings",
+    "ending",
+    "instance_resource",
+    "mark_failed",
+    "start_tracing",
+]
 
 
 class TracingSettings(Section):
@@ -182,6 +192,16 @@ def ending(span: Span, finished: Callable[[], bool] = lambda: False) -> Iterator
         raise
     finally:
         span.end()
+
+
+def instance_resource(tier: str, instance: InstanceSettings, model: str) -> dict[str, str]:
+    """What every span of an edge agent's or central gateway's says about where it ran."""
+    return {
+        "hybrid_llm.tier": tier,
+        "hybrid_llm.region": instance.region,
+        "service.instance.id": instance.id,
+        "hybrid_llm.model": model,
+    }
 
 
 def start_tracing(
