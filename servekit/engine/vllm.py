@@ -71,6 +71,12 @@ class VllmEngineSettings(VllmServeArgs):
     )
     log_dir: Path = Field(Path("var/log/vllm"), description="The engine's output, one file each.")
     probe_interval_s: float = Field(0.5, gt=0.0, description="Metrics scrape / health period.")
+    unhealthy_after: int = Field(
+        3,
+        ge=1,
+        description="Failed checks in a row (process alive) before the engine counts as down:"
+        " one slow answer while a second server starts on the same cores is not an outage.",
+    )
     read_timeout_s: float = Field(120.0, gt=0.0, description="Longest silence between chunks.")
     warmup: bool = Field(True, description="Answer one one-token request before ready.")
     request_fields: dict[str, Any] = Field(
@@ -130,6 +136,7 @@ class VllmEngine:
         self._start_lock = asyncio.Lock()
         self._started = False
         self._healthy = False
+        self._failed_checks = 0  # checks in a row that got no answer
         self._gauges = VllmGauges()
         self._max_model_len = settings.max_model_len
         self._rates = RateTracker()
@@ -296,7 +303,13 @@ class VllmEngine:
             if not self.process.alive:
                 await self._restart()
                 continue
-            self._healthy = await self._scrape() or await self._health()
+            if await self._scrape() or await self._health():
+                self._failed_checks = 0
+                self._healthy = True
+                continue
+            self._failed_checks += 1
+            if self._failed_checks >= self.settings.unhealthy_after:
+                self._healthy = False
 
     async def _restart(self) -> None:
         self._healthy = False

@@ -107,6 +107,12 @@ class StaticSettings(_Strict):
     entries: list[StaticEntry] = Field(default_factory=list)
     probe_interval_s: float = Field(2.0, gt=0, description="How often /ready is polled.")
     probe_timeout_s: float = Field(1.0, gt=0)
+    unreachable_after: int = Field(
+        2,
+        ge=1,
+        description="Probes in a row without an answer before an entry counts as down (a"
+        " 503 from /ready counts at once): one probe timing out on a busy host is not an outage.",
+    )
     load_path: str | None = Field(
         "/load", description="JSON LoadReport endpoint polled with /ready; null to skip."
     )

@@ -3,6 +3,9 @@
 The configured list is the whole catalog. Health comes from polling each
 instance's ``/ready`` (200 = healthy) every ``probe_interval_s``, and its
 load from ``/load`` (a JSON :class:`LoadReport`) when that endpoint exists.
+An answer other than 200 takes an entry out at once; no answer at all does
+after ``unreachable_after`` probes in a row (the request path's own failure
+handling covers the seconds between).
 
 Writes are deliberately harmless where they come from instances and loud
 where they need shared state:
@@ -85,6 +88,7 @@ class StaticRegistry:
             info.id: InstanceState(info=info, load=LoadReport(), healthy=False, last_heartbeat=0.0)
             for info, _ in self._infos
         }
+        self._unanswered: dict[str, int] = {}  # probes in a row without an answer, by id
         self._index = 1
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -136,7 +140,11 @@ class StaticRegistry:
         except httpx.HTTPError as exc:
             self._problems.failed(url, exc)  # a refused certificate says so, once
             log.debug("static probe of %s failed: %s", url, exc)
+            missed = self._unanswered[info.id] = self._unanswered.get(info.id, 0) + 1
+            if missed < self.settings.unreachable_after:
+                return old
             return dataclasses.replace(old, healthy=False)
+        self._unanswered.pop(info.id, None)
         seen = time.time() if healthy else old.last_heartbeat
         return InstanceState(info=info, load=load, healthy=healthy, last_heartbeat=seen)
 

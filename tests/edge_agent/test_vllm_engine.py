@@ -146,6 +146,38 @@ def test_load_and_metrics_come_from_vllm(edge: str, client: openai.OpenAI) -> No
     assert 'tier="edge"' in metrics
 
 
+def _ready_throughout(edge: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if httpx.get(edge + "/ready").status_code != 200:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def test_a_stalled_engine_is_down_only_after_checks_in_a_row_fail(
+    edge: str, client: openai.OpenAI
+) -> None:
+    """SIGSTOP the vLLM server: one check timing out (a second server starting on the
+    same cores does that) keeps the engine ready; a stall through several checks does not."""
+    pid = int(httpx.get(edge + "/engine").json()["pid"])
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        # Each check waits 2 s for /metrics and 2 s for /health: 5 s fails one at most.
+        assert _ready_throughout(edge, 5.0), "one slow check took the engine out"
+        assert not _ready_throughout(edge, 25.0), "a stalled engine stayed ready"
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while httpx.get(edge + "/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the engine did not come back after the stall"
+        time.sleep(0.2)
+    done = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 4
+    assert int(httpx.get(edge + "/engine").json()["pid"]) == pid  # not restarted
+
+
 def test_a_killed_engine_is_restarted_and_serves_again(edge: str, client: openai.OpenAI) -> None:
     """SIGKILL the vLLM server: /ready turns 503, the agent restarts it, answers resume."""
     before = httpx.get(edge + "/engine").json()

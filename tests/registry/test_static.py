@@ -25,6 +25,7 @@ class Instance:
 
     def __init__(self, *, with_load: bool) -> None:
         self.ready = True
+        self.stall_s = 0.0  # how long /ready takes to answer
         self.load = LoadReport(ready=True, running=2, capacity=4, model="m", version="v1")
         routes = [Route("/ready", self._ready)]
         if with_load:
@@ -32,6 +33,7 @@ class Instance:
         self.app = Starlette(routes=routes)
 
     async def _ready(self, request: Request) -> Response:
+        await asyncio.sleep(self.stall_s)
         if self.ready:
             return PlainTextResponse("ok")
         return PlainTextResponse("draining", status_code=503)
@@ -134,5 +136,36 @@ async def test_probe_loop_keeps_running() -> None:
             while (await registry.instances())[0].load.running != 7:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
+        finally:
+            await registry.aclose()
+
+
+async def test_an_unanswered_probe_is_an_outage_only_when_repeated() -> None:
+    """One probe timing out (a busy host) keeps the entry; ``unreachable_after`` in a
+    row take it out; an answer brings it back; a 503 takes it out at once."""
+    instance = Instance(with_load=True)
+    with UvicornThread(instance.app) as a:
+        settings = StaticSettings(
+            entries=[StaticEntry(url=a.url, tier="edge", region="eu", model="m", id="a")],
+            probe_timeout_s=0.2,
+            unreachable_after=3,
+        )
+        registry = StaticRegistry(settings)
+        try:
+
+            async def healthy() -> bool:
+                await registry.probe_once()
+                return [s.info.id for s in await registry.instances()] == ["a"]
+
+            assert await healthy()
+            instance.stall_s = 0.5
+            assert [await healthy() for _ in range(4)] == [True, True, False, False]
+            instance.stall_s = 0.0
+            assert await healthy()
+            instance.stall_s = 0.5
+            assert await healthy()  # the count starts again after an answer
+            instance.stall_s = 0.0
+            instance.ready = False
+            assert not await healthy()
         finally:
             await registry.aclose()
