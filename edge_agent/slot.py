@@ -11,7 +11,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from servekit.engine.protocol import Engine, GenerationEvent, GenerationRequest, LoadReport
+from servekit.engine.protocol import (
+    Engine,
+    GenerationEvent,
+    GenerationRequest,
+    LoadReport,
+    uncached_tokens,
+)
 
 __all__ = ["LeasedEngine", "ModelSlot"]
 
@@ -47,6 +53,9 @@ class LeasedEngine:
 
     def load(self) -> LoadReport:
         return self.engine.load()
+
+    def uncached_tokens(self, request: GenerationRequest) -> int | None:
+        return uncached_tokens(self.engine, request)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         return self._generate(request)

@@ -175,7 +175,11 @@ class Attempt:
         """Send the request and read up to its first token; raises what went wrong
         (foreign failures as they are: :meth:`failed` maps them). The whole
         request's timeout bounds it; the first-token deadline is the dispatcher's."""
-        r, headers = self._routing, self.req.headers
+        r, cand = self._routing, self.cand
+        headers = self.req.headers
+        if cand.prompt_tokens:  # what admission there charges for this request's prefill
+            uncached = max(1, cand.prompt_tokens - cand.cached_tokens)
+            headers = {**headers, "x-prefill-tokens": str(uncached)}
         if self.span is not None:
             headers = dict(headers)
             r.tracing.inject(self.span, headers)

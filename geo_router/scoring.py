@@ -64,6 +64,7 @@ from geo_router.prefix_index import Prefix
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
 from geo_router.trimming import Trim
+from servekit.admission import charged_ttft_ms
 from servekit.registry.protocol import InstanceState
 from servekit.rtt import RttTable
 
@@ -205,7 +206,9 @@ class Scorer:
         per_seq = load.busy_ms_per_seq or 0.0
         busy_ms = min(busy, capacity) * per_seq * self._routing.busy_slowdown_weight
         budget = load.ttft_budget_ms
-        over = stats.refused_until > now or (budget is not None and queue_ms + busy_ms > budget)
+        over = stats.refused_until > now or (
+            budget is not None and charged_ttft_ms(queue_ms + busy_ms, prefill_ms, budget) > budget
+        )
         rtt = self._rtt.rtt(user_region, info.region)
         ramp = self._routing.slow_start_s
         weight = 1.0 if ramp <= 0 else min(1.0, max(0.05, (now - stats.first_seen) / ramp))

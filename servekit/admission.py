@@ -31,11 +31,22 @@ prediction for a newcomer:
   prompt at once) is admitted at a predicted wait of zero and each later
   arrival waits seconds behind them.
 
-The request's own prefill is not in it: the queue does not know the new
-prompt's length or how much of it the engine holds cached, and a guess from
-the engine's recent TTFTs would feed back on itself (once refusals stop
-admitting requests, a high median would never come down). So the budget is
-for the wait: set it to the TTFT target less a typical prefill.
+- its own prefill (``own_prefill_ms``, given by the caller): the prompt
+  tokens the engine does not hold cached, at its measured prefill rate. A
+  queue that left it out admitted a cold 500-token prompt at a predicted
+  wait of zero, and that request still took seconds to its first token.
+  The engine prices it where it can tell what its slots hold
+  (``servekit.engine.protocol.uncached_tokens``); otherwise the router's
+  estimate for that instance (``X-Prefill-Tokens``); otherwise it is left
+  out. It is priced from the request, not from the engine's recent TTFTs:
+  those would feed back on themselves (once refusals stop admitting
+  requests, a high median would never come down).
+
+So the budget is the TTFT the instance promises, queueing and prefill both.
+A prompt whose prefill alone would spend most of it cannot meet it on any
+instance like this one, and refusing it everywhere helps nobody: its own
+prefill counts up to ``OWN_PREFILL_SHARE`` of the budget, so it may still
+wait the rest (a quarter of the budget) before it is refused.
 """
 
 from __future__ import annotations
@@ -49,7 +60,16 @@ from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
 from servekit.settings import AdmissionSettings
 
-__all__ = ["AdmissionQueue", "Ticket"]
+__all__ = ["OWN_PREFILL_SHARE", "AdmissionQueue", "Ticket", "charged_ttft_ms"]
+
+OWN_PREFILL_SHARE = 0.75  # of the budget, at most, charged for a request's own prefill
+
+
+def charged_ttft_ms(wait_ms: float, own_prefill_ms: float, budget_ms: float) -> float:
+    """The TTFT a budget is held against: the wait and the request's own prefill, the
+    prefill counted up to ``OWN_PREFILL_SHARE`` of the budget (see above). A router
+    judging whether an instance would refuse asks the same."""
+    return wait_ms + min(max(0.0, own_prefill_ms), OWN_PREFILL_SHARE * budget_ms)
 
 
 @dataclass(eq=False)
@@ -141,7 +161,8 @@ class AdmissionQueue:
 
     def predicted_wait_ms(self, now: float | None = None) -> float | None:
         """Predicted wait of a request arriving now, before its own prefill (see
-        above); ``None`` when it would queue and no hold time is measured yet."""
+        above); ``None`` when it would queue and no hold time is measured yet.
+        A request's predicted TTFT is this plus its ``own_prefill_ms``."""
         now = time.monotonic() if now is None else now
         ahead = self.waiting
         hold = self._service_s
@@ -157,11 +178,17 @@ class AdmissionQueue:
         busy = beside * (self.busy_ms_per_seq or 0.0)
         return slot_wait * 1000.0 + busy + (self.prefill_backlog_ms or 0.0)
 
-    def _check_budget(self) -> None:
+    def _charged_ttft(self, wait: float | None, own_prefill_ms: float) -> float | None:
+        if wait is None:
+            return None
+        return charged_ttft_ms(wait, own_prefill_ms, self.ttft_budget_ms or 0.0)
+
+    def _check_budget(self, own_prefill_ms: float) -> None:
         if self.ttft_budget_ms is None:
             return
         wait = self.predicted_wait_ms()
-        if not self.over_budget(wait):
+        ttft = self._charged_ttft(wait, own_prefill_ms)
+        if not self.over_budget(ttft):
             return
         self.shed += 1
         if wait is None:
@@ -170,10 +197,13 @@ class AdmissionQueue:
                 "busy and no request has finished yet to tell how long they take); retry later",
                 retry_after=self.retry_after(),
             )
+        assert ttft is not None
         raise QueueFull(
-            f"server cannot start this request within its TTFT budget "
-            f"(predicted wait {wait:.0f} ms > {self.ttft_budget_ms:.0f} ms); retry later",
-            retry_after=max(1.0, (wait - self.ttft_budget_ms) / 1000.0),
+            f"server cannot start this request within its TTFT budget (predicted wait "
+            f"{wait:.0f} ms + own prefill {own_prefill_ms:.0f} ms > "
+            f"{self.ttft_budget_ms:.0f} ms); retry later",
+            # Its own prefill does not shrink by waiting: the wait must.
+            retry_after=max(1.0, (ttft - self.ttft_budget_ms) / 1000.0),
         )
 
     def _admit(self, ticket: Ticket, now: float) -> Ticket:
@@ -181,18 +211,26 @@ class AdmissionQueue:
         self._held[ticket] = now
         return ticket
 
-    def try_acquire(self, priority: Priority = Priority.INTERACTIVE) -> Ticket | None:
+    def try_acquire(
+        self, priority: Priority = Priority.INTERACTIVE, own_prefill_ms: float = 0.0
+    ) -> Ticket | None:
         """A slot at once if one is free, nobody waits and the budget allows; else None."""
         if self._running < self.slots and self.waiting == 0:
-            if self.ttft_budget_ms is not None and self.over_budget(self.predicted_wait_ms()):
-                return None  # acquire() refuses it, with the figures
+            if self.ttft_budget_ms is not None:
+                ttft = self._charged_ttft(self.predicted_wait_ms(), own_prefill_ms)
+                if self.over_budget(ttft):
+                    return None  # acquire() refuses it, with the figures
             now = time.monotonic()
             self._running += 1
             return self._admit(Ticket(self, priority, now), now)
         return None
 
-    async def acquire(self, priority: Priority = Priority.INTERACTIVE) -> Ticket:
-        self._check_budget()
+    async def acquire(
+        self, priority: Priority = Priority.INTERACTIVE, own_prefill_ms: float = 0.0
+    ) -> Ticket:
+        """A slot, waiting for it if need be; :class:`QueueFull` at once when the queue
+        is full or (with a budget) the wait plus ``own_prefill_ms`` exceeds it."""
+        self._check_budget(own_prefill_ms)
         now = time.monotonic()
         ticket = Ticket(self, priority, now)
         if self._running < self.slots and self.waiting == 0:

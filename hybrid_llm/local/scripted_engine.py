@@ -62,6 +62,7 @@ class ScriptedEngine:
         self.release = asyncio.Event()
         self.running = 0
         self.prefill_backlog_ms: float | None = None  # what load() reports
+        self.prefill_tokens_per_s: float | None = None  # and this
         self.started = False
         self.closed = False
 
@@ -85,6 +86,7 @@ class ScriptedEngine:
             running=self.running,
             max_context_tokens=self.context_window,
             prefill_backlog_ms=self.prefill_backlog_ms,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
         )
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:

@@ -181,6 +181,7 @@ def _generation(
     """Validate the body against the served model and limits; the engine request."""
     priority = Priority.parse(header(scope, b"x-priority"))
     request_id = header(scope, b"x-request-id")
+    prefill = _count(header(scope, b"x-prefill-tokens"))
     if kind == "chat":
         chat = parse_request(ChatCompletionRequest, raw)
         core.check_model(chat.model)
@@ -188,9 +189,18 @@ def _generation(
             max_tokens=chat.max_tokens, max_completion_tokens=chat.max_completion_tokens
         )
         rid = request_id or new_id("chatcmpl")
-        return GenerationRequest.from_chat(chat, rid, priority), chat.stream, chat.include_usage()
+        gen = GenerationRequest.from_chat(chat, rid, priority)
+        return replace(gen, prefill_tokens=prefill), chat.stream, chat.include_usage()
     text = parse_request(CompletionRequest, raw)
     core.check_model(text.model)
     core.check_token_limits(max_tokens=text.max_tokens)
     rid = request_id or new_id("cmpl")
-    return GenerationRequest.from_completion(text, rid, priority), text.stream, text.include_usage()
+    gen = GenerationRequest.from_completion(text, rid, priority)
+    return replace(gen, prefill_tokens=prefill), text.stream, text.include_usage()
+
+
+def _count(value: str | None) -> int | None:
+    """A header's non-negative integer; ``None`` when absent or not one (it is a hint)."""
+    if value is None or not value.isascii() or not value.isdigit() or len(value) > 9:
+        return None
+    return int(value)

@@ -19,7 +19,15 @@ from servekit.api.core import ServingCore
 from servekit.api.frames import FrameBuilder
 from servekit.api.serving_trace import ServingTrace
 from servekit.asgi import Send, raw_headers, send_json
-from servekit.engine.protocol import Finish, GenerationEvent, GenerationRequest, TextDelta
+from servekit.engine.protocol import (
+    Engine,
+    Finish,
+    GenerationEvent,
+    GenerationRequest,
+    LoadReport,
+    TextDelta,
+    uncached_tokens,
+)
 from servekit.errors import EngineFailure, QueueFull, ServeError
 from servekit.sse import DONE_FRAME, encode_error
 
@@ -87,6 +95,19 @@ async def _close(events: AsyncIterator[GenerationEvent], ticket: Ticket) -> None
         ticket.release()
 
 
+def own_prefill_ms(engine: Engine, gen: GenerationRequest, report: LoadReport) -> float:
+    """How long ``engine`` would take to prefill ``gen``'s uncached prompt tokens at its
+    measured rate: the engine's own count where it knows what its slots hold, else the
+    router's (``X-Prefill-Tokens``); 0 when neither or no rate is known."""
+    tokens = uncached_tokens(engine, gen)
+    if tokens is None:
+        tokens = gen.prefill_tokens
+    rate = report.prefill_tokens_per_s
+    if not tokens or not rate:
+        return 0.0
+    return tokens / rate * 1000.0
+
+
 async def serve_generation(
     core: ServingCore,
     gen: GenerationRequest,
@@ -105,11 +126,13 @@ async def serve_generation(
     ``Server-Timing`` header gives its ``queue`` wait and its ``prefill``
     (admission to the engine's first event).
     """
+    own = 0.0
     if core.admission.ttft_budget_ms is not None:
-        core.observe_engine()  # the prediction needs the engine's backlog of this moment
+        # The prediction needs the engine's backlog and prefill rate of this moment.
+        own = own_prefill_ms(core.engines.current(), gen, core.observe_engine())
     try:
-        ticket = core.admission.try_acquire(gen.priority) or await core.admission.acquire(
-            gen.priority
+        ticket = core.admission.try_acquire(gen.priority, own) or await core.admission.acquire(
+            gen.priority, own
         )
     except ServeError as exc:
         _record_failure(core, exc)

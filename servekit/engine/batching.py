@@ -161,6 +161,10 @@ class BatchingLlamaEngine:
             if not done:
                 scheduler.cancel(job)
 
+    def uncached_tokens(self, request: GenerationRequest) -> int:
+        """Prompt tokens of ``request`` no slot holds (``servekit.engine.prompt_estimate``)."""
+        return self._estimator.uncached_tokens(request_text(request))
+
     def stats(self) -> BatchingSnapshot:
         """Scheduler figures for metrics: slots, running/waiting, batch sizes, rates."""
         return self._stats.snapshot()

@@ -29,6 +29,7 @@ __all__ = [
     "SamplingParams",
     "TextDelta",
     "pooled_figures",
+    "uncached_tokens",
 ]
 
 
@@ -87,6 +88,9 @@ class GenerationRequest:
     extra: Mapping[str, Any] = field(default_factory=dict)
     # The W3C trace context an HTTP engine sends on (tracing on): vLLM continues it.
     traceparent: str | None = None
+    # The router's estimate of the prompt tokens this instance must prefill (those it
+    # does not hold cached): what admission charges when the engine cannot tell.
+    prefill_tokens: int | None = None
 
     @property
     def kind(self) -> Literal["chat", "completion"]:
@@ -275,3 +279,14 @@ class Engine(Protocol):
     async def ready(self) -> bool: ...
 
     async def aclose(self) -> None: ...
+
+
+def uncached_tokens(engine: object, request: GenerationRequest) -> int | None:
+    """The prompt tokens of ``request`` that ``engine`` would have to prefill were it
+    submitted now, if the engine can tell (one that knows what its slots hold
+    defines ``uncached_tokens(request)``); ``None`` otherwise."""
+    estimate = getattr(engine, "uncached_tokens", None)
+    if estimate is None:
+        return None
+    tokens = estimate(request)
+    return tokens if isinstance(tokens, int) else None

@@ -209,6 +209,30 @@ async def test_the_engines_prefill_backlog_of_the_moment_counts_against_the_budg
         assert (await c.post("/v1/chat/completions", json=body())).status_code == 200
 
 
+async def test_the_requests_own_prefill_from_the_routers_count_counts_against_the_budget(
+    scripted_settings: Callable[..., EdgeSettings],
+) -> None:
+    """An engine that cannot tell what it holds: the router's ``X-Prefill-Tokens`` at
+    the engine's prefill rate is added to the wait; a bad header is ignored, not a 400."""
+    settings = scripted_settings(admission__ttft_budget_ms=500)
+    engines = ScriptedEngines()
+    async with in_process(scripted_app(settings, engines)) as c:
+        assert (await c.post("/v1/chat/completions", json=body())).status_code == 200
+        engines.current.prefill_backlog_ms = 300.0
+        engines.current.prefill_tokens_per_s = 1000.0
+        cold = {"x-prefill-tokens": "400"}  # 400 ms here: 300 + 375 (its share) > 500
+        shed = await c.post("/v1/chat/completions", json=body(), headers=cold)
+        assert_openai_error(shed, 429)
+        assert "own prefill 400 ms" in shed.json()["error"]["message"]
+        warm = {"x-prefill-tokens": "50"}
+        assert (await c.post("/v1/chat/completions", json=body(), headers=warm)).status_code == 200
+        for bad in ("-5", "lots", "1" * 30):
+            sent = await c.post(
+                "/v1/chat/completions", json=body(), headers={"x-prefill-tokens": bad}
+            )
+            assert sent.status_code == 200
+
+
 async def test_a_ttft_budget_sheds_at_once_and_shows_in_load_and_metrics(
     scripted_settings: Callable[..., EdgeSettings],
 ) -> None:

@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from servekit.engine.protocol import (
     Message,
     SamplingParams,
     TextDelta,
+    uncached_tokens,
 )
 from servekit.errors import ContextLengthExceeded
 
@@ -172,6 +174,11 @@ async def test_finished_prompt_is_reused_as_a_prefix(engine: BatchingLlamaEngine
             Message("user", "How high is it?"),
         ),
     )
+    # What admission charges for the follow-up's prefill: only what no slot holds.
+    cold = replace(follow, messages=(Message("user", "What is the deepest lake on Earth?"),
+                                     *(follow.messages or ())[1:]))  # fmt: skip
+    assert uncached_tokens(engine, follow) == engine.uncached_tokens(follow)
+    assert engine.uncached_tokens(follow) < engine.uncached_tokens(cold)
     _, fin3, _ = await collect(engine, follow)
     assert fin3.cached_prompt_tokens >= fin1.prompt_tokens - 2
     assert engine.stats().reused_prompt_tokens > 0

@@ -13,6 +13,7 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from geo_router.app import create_app
+from geo_router.conversation import estimate_prompt_tokens
 from geo_router.settings import RouterSettings, hash_key
 from tests.geo_router.conftest import BATCH_KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
@@ -87,6 +88,8 @@ async def test_routes_non_streamed_chat_and_names_the_route(auth: dict[str, str]
     sent = edge.seen[0]
     assert sent["body"]["model"] == "small"  # the alias became the instance's model
     assert sent["headers"]["x-priority"] == "interactive"
+    # Nothing cached there yet: the whole prompt is what its admission charges for.
+    assert int(sent["headers"]["x-prefill-tokens"]) == estimate_prompt_tokens(CHAT)
 
 
 async def test_streams_completions_and_forwards_batch_priority() -> None:

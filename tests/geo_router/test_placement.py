@@ -165,6 +165,19 @@ def test_an_edge_that_would_refuse_on_its_budget_ranks_behind_those_that_can_sta
     assert p2.plan(support("hi"), EAST, "u").candidates[0].id == "edge-b"
 
 
+def test_over_budget_counts_the_requests_own_prefill_as_the_instance_does() -> None:
+    """Idle slots but a cold long prompt: over budget once a little backlog is added to
+    its prefill; the same prompt on an idle instance is not (its share is capped)."""
+    long_prompt = "Summarize this: " + "the ferry left the harbour before dawn. " * 60
+    budget = {"ttft_budget_ms": 1000.0, "prefill_tokens_per_s": 1000.0}
+    for busy, over in ((0, False), (3, True)):
+        states = [inst("edge-a", running=busy, capacity=4, busy_ms_per_seq=100.0, **budget)]
+        p, _, _ = planner(states)
+        (cand,) = p.plan(support(long_prompt), EAST, "u").candidates
+        assert cand.prefill_ms > 500.0  # its own prefill alone is most of the budget
+        assert cand.over_budget is over, (busy, cand.busy_ms, cand.prefill_ms)
+
+
 def test_a_prefix_cached_only_in_another_city_warms_the_same_city_edge_once() -> None:
     states = [
         inst("edge-a", prefill_tokens_per_s=150.0),
