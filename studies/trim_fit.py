@@ -118,7 +118,7 @@ def main() -> None:
         )
     slowest = max(planning) * 1000
     print(f"{served + refused} conversations: {served} fit a window as sent, {refused} would get")
-    print(f"the engine's 400; fit and trim took at most {slowest:.1f} ms a conversation")
+    print(f"the engine's 400; fit and trim took at most {slowest:.2f} ms a conversation")
 
 
 if __name__ == "__main__":
