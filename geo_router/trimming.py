@@ -177,7 +177,8 @@ def truncate_text(text: str, max_tokens: int) -> tuple[str, int] | None:
     characters left out, or ``None`` when even the marker alone exceeds it.
 
     The head and the tail are kept, half the kept characters each, with a marker
-    naming what was left out in between (``\n[... N characters omitted ...]\n``).
+    on a line of its own naming what was left out in between
+    (``[... N characters omitted ...]``).
     Why the middle: a long message is mostly a pasted document, log or code,
     and the request about it sits before it ("Summarize the following: ...")
     or after it ("... What does this function do?"); keeping only the head
