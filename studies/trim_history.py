@@ -8,9 +8,11 @@ with one thread, 2048 tokens per slot) and takes ShareGPT conversations
 that window but is longer than ``--budget`` (by the router's estimate). Each is
 sent twice, cold, streamed, greedy, ``max_tokens`` 48: whole, and trimmed by
 the router's own policy (``geo_router.trimming.trim_messages``: system prompt
-and the latest turns within the budget). Per conversation it prints the
-engine's prompt tokens and TTFT of both, and how alike the two answers are
-(difflib ratio of their text; 1.0: the same answer); then the medians.
+and the latest turns within the budget; one whose last turn alone is longer,
+which the policy would cut inside, is left out: this study is of dropping
+turns). Per conversation it prints the engine's prompt tokens and TTFT of
+both, and how alike the two answers are (difflib ratio of their text; 1.0:
+the same answer); then the medians.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def main() -> None:
             print("conv  msgs  kept  prompt whole/trimmed  TTFT whole/trimmed (s)  alike")
             for i, (messages, _) in enumerate(found):
                 trim = trim_messages(messages, args.budget)
-                if trim is None:
+                if trim is None or trim.truncated:  # the study is of dropping turns
                     continue
                 t_whole, p_whole, a_whole = ask(url, model, messages)
                 t_trim, p_trim, a_trim = ask(url, model, trim.messages)

@@ -164,3 +164,25 @@ def test_a_tier_pinned_too_small_answers_400_naming_its_limit(router: str) -> No
     error = r.json()["error"]
     assert error["code"] == "context_length_exceeded"
     assert "256" in error["message"]
+
+
+def test_one_message_longer_than_every_window_is_cut_inside_and_answered(
+    trimming_router: str,
+) -> None:
+    """Issue 31: a pasted document with no history to drop, by the real engine's count."""
+    document = (
+        "Summarize this garden diary.\n"
+        + "".join(f"Day {i}: the roses opened and the tulips closed. " for i in range(300))
+        + "\nWhich flower did better?"
+    )
+    messages = [{"role": "user", "content": document}]
+    plan = _explain(trimming_router, messages)
+    assert plan["prompt_tokens"] > 1024
+    assert all(c["trimmed"]["truncated_messages"] == 1 for c in plan["candidates"])
+    body = {"model": "auto", "max_tokens": 8, "stream": False, "messages": messages}
+    r = httpx.post(trimming_router + "/v1/chat/completions", json=body, headers=AUTH, timeout=240)
+    assert r.status_code == 200, r.text
+    trimmed = dict(part.split("=") for part in r.headers["x-route-trimmed"].split("; "))
+    assert trimmed["truncated"] == "1"
+    window = 256 if r.headers["x-route-tier"] == "edge" else 1024
+    assert r.json()["usage"]["prompt_tokens"] <= window - 8
