@@ -87,6 +87,9 @@ class PrefixIndex:
         # per instance: the report's names (the object, to spot a new report), as
         # a set, and when this router first saw that report
         self._reports: dict[str, tuple[object, frozenset[int], float]] = {}
+        # per prefix anchor: rent paid for serving it away from a same-city edge, and
+        # when last (``geo_router.planner``: moving a prefix home, priced)
+        self._rent: OrderedDict[int, tuple[float, float]] = OrderedDict()
 
     def prefix(self, turns: Sequence[Turn], prompt_tokens: int, max_chars: int = 65536) -> Prefix:
         """The chained block names of a conversation (only whole blocks count)."""
@@ -168,6 +171,39 @@ class PrefixIndex:
             cap = max(len(prefix.blocks), min(cap, int(limit_tokens / prefix.tokens_per_block)))
         while len(held) > cap:
             held.popitem(last=False)
+
+    def rent_paid(self, anchor: int, now: float | None = None) -> float:
+        """Rent paid lately (within ``ttl_s`` of its last payment) for the prefix
+        opening with ``anchor``."""
+        paid = self._rent.get(anchor)
+        now = time.monotonic() if now is None else now
+        if paid is None or now - paid[1] > self.ttl_s:
+            return 0.0
+        return paid[0]
+
+    def served(
+        self,
+        instance_id: str,
+        prefix: Prefix,
+        limit_tokens: int | None = None,
+        *,
+        warming: bool = False,
+        rent_ms: float = 0.0,
+        now: float | None = None,
+    ) -> None:
+        """A request of ``prefix`` was served by the instance (:meth:`record`); it moved
+        the prefix home (``warming``: its rent is settled) or paid ``rent_ms`` for
+        being served away from a same-city edge (``geo_router.planner``)."""
+        now = time.monotonic() if now is None else now
+        self.record(instance_id, prefix, limit_tokens, now)
+        anchor = prefix.anchor
+        if warming:
+            self._rent.pop(anchor, None)
+        elif rent_ms > 0:
+            self._rent[anchor] = (self.rent_paid(anchor, now) + rent_ms, now)
+            self._rent.move_to_end(anchor)
+            while len(self._rent) > self.max_blocks:
+                self._rent.popitem(last=False)
 
     def forget_missing(self, present: set[str]) -> None:
         for iid in [i for i in self._held if i not in present]:
