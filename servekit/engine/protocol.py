@@ -87,6 +87,10 @@ class GenerationRequest:
     extra: Mapping[str, Any] = field(default_factory=dict)
     # The W3C trace context an HTTP engine sends on (tracing on): vLLM continues it.
     traceparent: str | None = None
+    # The caller's cache scope (the router's per-tenant salt): an engine reuses a
+    # cached prompt prefix only for a request of the same salt, and an HTTP engine
+    # sends it on as vLLM's ``cache_salt``.
+    cache_salt: str | None = None
 
     @property
     def kind(self) -> Literal["chat", "completion"]:
@@ -106,6 +110,7 @@ class GenerationRequest:
             model=body.model,
             priority=priority,
             continue_final_message=body.continue_final_message,
+            cache_salt=body.cache_salt,
         )
 
     @classmethod
@@ -121,6 +126,7 @@ class GenerationRequest:
             prompt=body.prompt_text(),
             model=body.model,
             priority=priority,
+            cache_salt=body.cache_salt,
         )
 
 
