@@ -142,7 +142,7 @@ class BatchingLlamaEngine:
 
         text = request_text(request)
         blocks = request_blocks(request, self._settings.prefix_report_block_chars)
-        estimate = self._estimator.uncached_tokens(text)
+        estimate = self._estimator.uncached_tokens(text, request.cache_salt)
         job = Job(request, emit, text=text, blocks=blocks, estimate=estimate)
         scheduler.submit(job)
         done = False
