@@ -7,12 +7,16 @@ counts only what the same scope left on an instance.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from edge_agent.app import create_app as edge_app
+from edge_agent.settings import EdgeSettings
 from geo_router.auth import Authenticator, Tenant
 from geo_router.settings import AuthSettings, hash_key
+from hybrid_llm.local.servers import UvicornThread, wait_ready
 from servekit.engine.protocol import LoadReport
 from servekit.prefix_blocks import sampled
 from tests.geo_router.conftest import KEY, router_settings, serve_fake, upstream
@@ -121,3 +125,46 @@ def test_an_instances_report_vouches_only_for_the_scope_its_slots_hold() -> None
         prefix = p.shape(support("Hours?"), tenant.cache_salt).prefix
         found = index.cached_blocks("edge-a", prefix, report)
         assert (found.blocks > 0) is hit
+
+
+@pytest.mark.model
+@pytest.mark.anyio
+async def test_through_a_real_edge_another_tenant_sees_no_cached_tokens(model_path: Path) -> None:
+    edge = EdgeSettings.model_validate(
+        {
+            "instance": {"id": "edge-e2e", "region": "east", "version": "v1"},
+            "engine": {"kind": "llama-batching", "model_path": str(model_path),
+                       "model_name": "smol", "slots": 2, "ctx_per_slot": 512,
+                       "chunk_tokens": 64, "n_threads": 2, "warmup_tokens": 2},
+            "server": {"log_level": "warning"},
+        }
+    )  # fmt: skip
+    entries = keys(
+        {"tenant": "acme"},
+        {"tenant": "evil"},
+        {"tenant": "a", "cache_scope": "shared"},
+        {"tenant": "b", "cache_scope": "shared"},
+    )
+    body = {"model": "auto", "max_tokens": 2, "temperature": 0, "messages": [
+        {"role": "system", "content": "You help the Harbour Street library's readers. " * 10},
+        {"role": "user", "content": "When do you open on Sundays?"},
+    ]}  # fmt: skip
+
+    with UvicornThread(edge_app(edge)) as server:
+        wait_ready(server.url, timeout=120)
+        settings = router_settings([upstream(server.url)], auth={"keys": entries})
+        async with router(settings) as c:
+
+            async def cached(key: int) -> int:
+                headers = {"Authorization": f"Bearer sk-{key}"}
+                r = await c.post("/v1/chat/completions", json=body, headers=headers)
+                assert r.status_code == 200, r.text
+                usage = r.json()["usage"]
+                assert usage["prompt_tokens"] > 80
+                return int(usage.get("prompt_tokens_details", {}).get("cached_tokens", 0))
+
+            assert await cached(0) == 0  # acme sends it first
+            assert await cached(1) == 0  # evil probes with the same text: no hit
+            assert await cached(0) > 80  # acme's own cache still serves acme
+            assert await cached(2) == 0
+            assert await cached(3) > 80  # b shares a's scope on purpose
