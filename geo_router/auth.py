@@ -12,9 +12,10 @@ Each tenant carries the ``cache_salt`` its requests are sent upstream with
 salt (vLLM's ``cache_salt``; this project's llama.cpp engines alike), and the
 router's prefix index names prefixes per salt. The salt is an HMAC of the
 key's cache scope (its tenant, or a scope several keys name on purpose), so
-it says nothing of the tenant's name to an engine's logs, and without
-``auth.cache_salt_key`` nobody can compute it. Clients never choose it: the
-router refuses a client's ``cache_salt`` (``servekit.wire.unknown_fields``).
+it says nothing of the tenant's name to an engine's logs, and with
+``auth.cache_salt_key`` set nobody without that key can compute it. Clients
+never choose it: the router refuses a client's ``cache_salt``
+(``servekit.wire.unknown_fields``).
 """
 
 from __future__ import annotations
