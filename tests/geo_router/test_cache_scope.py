@@ -7,6 +7,7 @@ counts only what the same scope left on an instance.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import pytest
 from edge_agent.app import create_app as edge_app
 from edge_agent.settings import EdgeSettings
 from geo_router.auth import Authenticator, Tenant
+from geo_router.continuation import Partial
+from geo_router.request import RouteRequest, continued, upstream_body
 from geo_router.settings import AuthSettings, hash_key
 from hybrid_llm.local.servers import UvicornThread, wait_ready
 from servekit.engine.protocol import LoadReport
@@ -168,3 +171,15 @@ async def test_through_a_real_edge_another_tenant_sees_no_cached_tokens(model_pa
             assert await cached(0) > 80  # acme's own cache still serves acme
             assert await cached(2) == 0
             assert await cached(3) > 80  # b shares a's scope on purpose
+
+
+def test_a_continuation_goes_on_in_the_same_scope() -> None:
+    p, _, _ = planner([inst("edge-a", prefill_tokens_per_s=150.0)])
+    body = support("Hours?")
+    cand = p.plan(body, EAST, "u").candidates[0]
+    req = RouteRequest(body, "chat", "/v1/chat/completions", EAST, "u", {}, 0.0, cache_salt="s1")
+    resumed = continued(req, Partial("We open at", 3))
+    assert resumed is not None
+    assert json.loads(upstream_body(resumed, cand))["cache_salt"] == "s1"
+    plain = RouteRequest(body, "chat", "/v1/chat/completions", EAST, "u", {}, 0.0)
+    assert "cache_salt" not in json.loads(upstream_body(plain, cand))
