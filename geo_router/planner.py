@@ -79,6 +79,7 @@ class RequestShape:
     tokens: int
     max_tokens: int | None
     prefix: Prefix
+    cache_salt: str | None = None  # its cache scope (a trimmed prefix is named in it too)
 
     @property
     def out_tokens(self) -> int:
@@ -169,17 +170,22 @@ class Planner:
         self._traffic = traffic
         self.prefixes = prefixes
 
-    def shape(self, body: Mapping[str, Any]) -> RequestShape:
+    def shape(self, body: Mapping[str, Any], cache_salt: str | None = None) -> RequestShape:
         turns = turns_of(body)
         tokens = estimate_prompt_tokens(body)
         messages = body.get("messages")
-        prefix = EMPTY if self.prefixes is None else self.prefixes.prefix(turns, tokens)
+        prefix = (
+            EMPTY
+            if self.prefixes is None
+            else self.prefixes.prefix(turns, tokens, cache_salt=cache_salt)
+        )
         return RequestShape(
             turns,
             messages if isinstance(messages, list) else None,
             tokens,
             output_budget(body),
             prefix,
+            cache_salt,
         )
 
     def healthy(self) -> list[InstanceState]:
@@ -197,7 +203,10 @@ class Planner:
         *,
         tenant: str | None = None,
         use_case: str | None = None,
+        cache_salt: str | None = None,
     ) -> Decision:
+        """Candidates for ``body``, best first; ``cache_salt`` is the tenant's cache
+        scope (prefixes another scope left on an instance earn no credit)."""
         name = str(body.get("model", ""))
         aliases = self._routing.aliases
         listed = self._candidates()
@@ -224,7 +233,7 @@ class Planner:
             decision = Decision(region, None, None, name)
             pool = [s for s in pool if s.info.model == name]
         pool = self._canary(pool, sticky_key, decision)
-        shape = self.shape(body)
+        shape = self.shape(body, cache_salt)
         decision.prompt_tokens = shape.tokens
         decision.candidates = self._rank(pool, decision, shape, tenant)
         if not decision.candidates and not exclude:
@@ -280,7 +289,8 @@ class Planner:
         prefix, cached, source = shape.prefix, 0, "none"
         if self.prefixes is not None:
             if trim is not None:
-                prefix = self.prefixes.prefix(turns_of({"messages": trim.messages}), tokens)
+                turns = turns_of({"messages": trim.messages})
+                prefix = self.prefixes.prefix(turns, tokens, cache_salt=shape.cache_salt)
             found = self.prefixes.cached_blocks(state.info.id, prefix, state.load)
             cached, source = prefix.tokens(found.blocks), found.source
         return self._scorer.score(

@@ -20,7 +20,14 @@ cache-aware policies do, the router names a request's conversation in blocks:
   and context window can hold when it reports them); entries unused for
   ``ttl_s`` are forgotten;
 - a request's cached estimate at an instance is its leading run of blocks
-  held there, converted to tokens at the router's rate for its text.
+  held there, converted to tokens at the router's rate for its text;
+- names are per cache scope: a request's chain starts from its tenant's
+  ``cache_salt`` (``servekit.prefix_blocks.scope_seed``), and engines name
+  what their slots hold the same way, so the index is keyed by scope as well
+  as instance without a table per scope. A prefix another tenant left on an
+  instance earns this request no placement credit (it would get no cache hit
+  there either: engines salt their caches alike), and so placement cannot
+  tell one tenant what another sent.
 
 Without reports it is an estimate of this router's traffic only: the load
 bound in scoring, the engines' admission budgets and failover cover the
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 
 from geo_router.conversation import Turn
 from servekit.engine.protocol import LoadReport
-from servekit.prefix_blocks import chained_names, conversation_text, leading_run
+from servekit.prefix_blocks import chained_names, conversation_text, leading_run, scope_seed
 
 __all__ = ["Cached", "Prefix", "PrefixIndex"]
 
@@ -91,11 +98,18 @@ class PrefixIndex:
         # when last (``geo_router.planner``: moving a prefix home, priced)
         self._rent: OrderedDict[int, tuple[float, float]] = OrderedDict()
 
-    def prefix(self, turns: Sequence[Turn], prompt_tokens: int, max_chars: int = 65536) -> Prefix:
-        """The chained block names of a conversation (only whole blocks count)."""
+    def prefix(
+        self,
+        turns: Sequence[Turn],
+        prompt_tokens: int,
+        max_chars: int = 65536,
+        cache_salt: str | None = None,
+    ) -> Prefix:
+        """The chained block names of a conversation (only whole blocks count) in
+        the cache scope of ``cache_salt``."""
         text = conversation_text((t.role, t.text) for t in turns)[:max_chars]
         size = self.block_chars
-        blocks = chained_names(text, size)
+        blocks = chained_names(text, size, scope_seed(cache_salt))
         if not blocks:
             return EMPTY
         anchor = blocks[min(len(blocks), max(1, self.anchor_chars // size)) - 1]

@@ -3,6 +3,7 @@ layer, then end to end against a real edge agent process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -113,6 +114,21 @@ async def test_request_fields_are_the_services_setting() -> None:
     [e async for e in engine_for(handler, request_fields=fields).generate(REQ)]
     assert bodies[0]["ignore_eos"] is True
     assert bodies[0]["max_tokens"] == 4  # the request's own fields win
+
+
+async def test_the_callers_cache_salt_is_sent_unless_the_upstream_refuses_it() -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        content = sse(chunk("a", "stop"), b"[DONE]")
+        return httpx.Response(200, content=content, headers={"content-type": "text/event-stream"})
+
+    salted = dataclasses.replace(REQ, cache_salt="s" * 64)
+    [e async for e in engine_for(handler).generate(salted)]
+    [e async for e in engine_for(handler).generate(REQ)]
+    [e async for e in engine_for(handler, send_cache_salt=False).generate(salted)]
+    assert [b.get("cache_salt") for b in bodies] == ["s" * 64, None, None]
 
 
 @pytest.mark.parametrize(
