@@ -209,13 +209,7 @@ class Scorer:
         busy_ms = min(busy, capacity) * per_seq * self._routing.busy_slowdown_weight
         budget = load.ttft_budget_ms
         over = stats.refused_until > now or (
-            budget is not None
-            and over_ttft_budget(
-                queue_ms + busy_ms,
-                prefill_ms,
-                budget,
-                idle=busy == 0 and not load.prefill_backlog_ms,
-            )
+            budget is not None and over_ttft_budget(queue_ms + busy_ms, prefill_ms, budget)
         )
         rtt = self._rtt.rtt(user_region, info.region)
         ramp = self._routing.slow_start_s

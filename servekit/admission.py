@@ -43,10 +43,12 @@ prediction for a newcomer:
   requests, a high median would never come down).
 
 So the budget is the TTFT the instance promises, queueing and prefill both.
-An idle instance (nothing running, waiting or left to prefill) takes any request: a
-prompt whose prefill alone exceeds the budget cannot meet it on any instance
-like this one, refusing it everywhere helps nobody, and the requests after
-it see its prefill in the backlog. A busy one refuses it.
+A prompt whose prefill alone would spend most of it cannot meet it on any
+instance like this one, and refusing it everywhere helps nobody (a client
+sent a 28 s document to a center that was never idle, and got 429s): its
+own prefill counts up to ``OWN_PREFILL_SHARE`` of the budget, so it is taken
+while the wait ahead of it is under the rest (a quarter of the budget), and
+the requests after it see its prefill in the backlog.
 """
 
 from __future__ import annotations
@@ -60,14 +62,17 @@ from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
 from servekit.settings import AdmissionSettings
 
-__all__ = ["AdmissionQueue", "Ticket", "over_ttft_budget"]
+__all__ = ["OWN_PREFILL_SHARE", "AdmissionQueue", "Ticket", "over_ttft_budget"]
+
+OWN_PREFILL_SHARE = 0.75  # of the budget, at most, charged for a request's own prefill
 
 
-def over_ttft_budget(wait_ms: float, own_prefill_ms: float, budget_ms: float, idle: bool) -> bool:
-    """Would a request miss a TTFT budget: its wait and its own prefill beyond it, on an
-    instance that is not idle (see above)? A router judging whether an instance would
-    refuse asks the same."""
-    return not idle and wait_ms + max(0.0, own_prefill_ms) > budget_ms
+def over_ttft_budget(wait_ms: float, own_prefill_ms: float, budget_ms: float) -> bool:
+    """Would a request miss a TTFT budget: its wait and its own prefill, the prefill
+    counted up to ``OWN_PREFILL_SHARE`` of the budget (see above)? A router judging
+    whether an instance would refuse asks the same."""
+    charged = min(max(0.0, own_prefill_ms), OWN_PREFILL_SHARE * budget_ms)
+    return wait_ms + charged > budget_ms
 
 
 @dataclass(eq=False)
@@ -174,10 +179,9 @@ class AdmissionQueue:
         """Past the budget (see :func:`over_ttft_budget`), or a wait unknown."""
         if self.ttft_budget_ms is None:
             return False
-        idle = self._running == 0 and self.waiting == 0 and not self.prefill_backlog_ms
         if wait is None:
-            return not idle
-        return over_ttft_budget(wait, own_prefill_ms, self.ttft_budget_ms, idle)
+            return True
+        return over_ttft_budget(wait, own_prefill_ms, self.ttft_budget_ms)
 
     def _check_budget(self, own_prefill_ms: float) -> None:
         if self.ttft_budget_ms is None:

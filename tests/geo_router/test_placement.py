@@ -170,8 +170,8 @@ def test_an_edge_that_would_refuse_on_its_budget_ranks_behind_those_that_can_sta
 
 
 def test_over_budget_counts_the_requests_own_prefill_as_the_instance_does() -> None:
-    """A cold long prompt: over budget on a busy instance once its own prefill is added
-    to the wait; the same prompt on an idle instance is not (nothing to protect there)."""
+    """A cold long prompt: over budget once a little wait is added to its prefill (as
+    the instance's admission counts it); on an idle instance it is not (its share is capped)."""
     long_prompt = "Summarize this: " + "the ferry left the harbour before dawn. " * 60
     budget = {"ttft_budget_ms": 1000.0, "prefill_tokens_per_s": 1000.0}
     for busy, over in ((0, False), (3, True)):
