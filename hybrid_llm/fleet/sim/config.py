@@ -14,6 +14,7 @@ from hybrid_llm.fleet.sim.profiles import PRESETS, EngineProfile
 from servekit.rtt import RttTable
 
 __all__ = [
+    "GPU_HOUR_USD",
     "CenterSpec",
     "LengthDist",
     "PolicyName",
@@ -26,6 +27,15 @@ __all__ = [
 ]
 
 PolicyName = Literal["all-center", "hybrid", "hybrid-hedge"]
+
+# On-demand list prices per GPU-hour, AWS us-east-1 as published in 2024, quoted
+# from memory (no internet where this was written; check today's before buying):
+# - L4: g6.xlarge (1 x L4, 4 vCPU, 16 GiB) $0.8048/h.
+# - H100: p5.48xlarge (8 x H100 SXM 80 GB) $98.32/h, i.e. $12.29 per GPU. AWS cut
+#   P5 on-demand prices by up to ~45% in mid-2025; `--gpu-price H100=6.88` prices
+#   that ($55.04 / 8).
+# The instance price includes its CPUs, memory and disk, as a buyer pays it.
+GPU_HOUR_USD: dict[str, float] = {"L4": 0.8048, "H100": 12.29}
 
 
 def resolve_profile(value: str | EngineProfile) -> EngineProfile:
@@ -181,6 +191,10 @@ class SimConfig(BaseModel):
     warm: dict[str, WarmState] = Field(
         default_factory=dict,
         description="instance name (edge/<region>/<i>, center/<i>) -> its engine's state at t=0",
+    )
+    gpu_hour_usd: dict[str, float] = Field(
+        default_factory=lambda: dict(GPU_HOUR_USD),
+        description="GPU kind -> USD per GPU-hour (sizing's cost); defaults: AWS on-demand list",
     )
     duration_s: float = Field(60.0, gt=0, description="arrivals are generated for this long")
     warmup_s: float = Field(5.0, ge=0, description="arrivals before this are not measured")
