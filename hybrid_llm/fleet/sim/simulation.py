@@ -149,9 +149,9 @@ class Simulation:
         # Drawn only when configured, so other workloads keep their random streams.
         history_dist = wl.history_tokens if wl.followup_share > 0 else None
         if history_dist is not None and self.rng.random() < wl.followup_share:
-            history = history_dist.sample(self.rng)
-            req.prompt_tokens += history
-            cached += history
+            req.history_tokens = history_dist.sample(self.rng)
+            req.prompt_tokens += req.history_tokens
+            cached += req.history_tokens
         req.cached_tokens = min(cached, req.prompt_tokens - 1)
         req.estimated_tokens = max(1, req.prompt_tokens - wl.template_tokens)
         self.requests.append(req)
