@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -235,6 +236,17 @@ def test_figures_are_rounded_to_what_they_mean() -> None:
     }
 
 
+def _floats(value: object) -> Iterator[float]:
+    if isinstance(value, float):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _floats(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _floats(v)
+
+
 def test_size_command_prints_tidy_figures_and_the_ratio(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -249,9 +261,11 @@ def test_size_command_prints_tidy_figures_and_the_ratio(
     printed = capsys.readouterr().out
     assert "vs all-center" in printed
     assert not re.search(r"\d\.\d{5,}", printed)
-    text = report.read_text(encoding="utf-8")
-    assert not re.search(r"\d\.\d{5,}", text)
-    rows = {r["policy"]: r for r in json.loads(text)["rows"]}
+    data = json.loads(report.read_text(encoding="utf-8"))
+    floats = list(_floats(data))
+    assert len(floats) > 50
+    assert all(len(f"{abs(x):e}".split("e")[0].replace(".", "").rstrip("0")) <= 4 for x in floats)
+    rows = {r["policy"]: r for r in data["rows"]}
     assert rows["all-center"]["vs_all_center"] == 1.0
     hybrid = rows["hybrid"]
     priced = 2 * hybrid["edges_per_region"] * 1.0 + hybrid["center_replicas"] * 2 * 20.0

@@ -174,7 +174,17 @@ def _print_sizing(rows: list[dict[str, Any]], console: Console, title: str) -> N
         table.add_column(col, justify="right")
     for row in rows:
         if not row["feasible"]:
-            table.add_row(row["policy"], "[red]no fleet within the bounds meets the SLO")
+            big, t = row["largest"]["fleet"], row["largest"]["ttft_ms"]
+            table.add_row(
+                row["policy"],
+                f"[red]none ({big['edges_per_region']})",
+                f"[red]none ({big['center_replicas']})",
+                "",
+                "",
+                "",
+                "",
+                f"[red]{_f(t['p50'])}/{_f(t['p95'])}/{_f(t['p99'])}",
+            )
             continue
         t = row["ttft_ms"]
         ratio = row["vs_all_center"]
@@ -191,3 +201,8 @@ def _print_sizing(rows: list[dict[str, Any]], console: Console, title: str) -> N
             f"{row['edge_share']:.0%}",
         )
     console.print(table)
+    if not all(row["feasible"] for row in rows):
+        console.print(
+            "none (n): no fleet up to n edges per region and n center replicas meets the SLO; "
+            "its latency is that largest fleet's"
+        )

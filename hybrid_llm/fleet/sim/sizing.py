@@ -168,10 +168,14 @@ class Sizer:
                 edges_cap = e
                 if e == 1:
                     break
+        largest = self.probe(policy, 0 if policy == "all-center" else max_edges, max_replicas)
         return {
             "policy": policy,
             "feasible": best is not None,
             "result": best,
+            # What the largest fleet within the bounds reaches: a tail that more GPUs
+            # do not lower is set by RTT or prefill, not capacity.
+            "largest": {"fleet": largest["fleet"], "ttft_ms": largest["same_city"]["ttft_ms"]},
             "probes": len(self.probes) - before,
             "runtime_s": time.perf_counter() - started,
         }
@@ -221,6 +225,7 @@ def compare(sized: Sequence[dict[str, Any]], total_rps: float) -> list[dict[str,
     rows = []
     for s in sized:
         row: dict[str, Any] = {"policy": s["policy"], "feasible": s["feasible"]}
+        row["largest"] = s["largest"]
         if s["feasible"]:
             res = s["result"]
             usd = res["fleet"]["usd_per_hour"]
