@@ -95,7 +95,8 @@ def _simulate(config: SimConfig, policy: str, edges: int, replicas: int) -> dict
 
 
 def _meets(summary: dict[str, object]) -> bool:
-    return _p(summary, "p99") < 250 and _p(summary, "p95") < 150
+    on_edges = summary["hard"]["on_edges"]  # type: ignore[index]
+    return _p(summary, "p99") < 250 and _p(summary, "p95") < 150 and on_edges <= 0.01
 
 
 def test_all_center_sizing_is_the_fewest_replicas_meeting_the_slo() -> None:
@@ -133,6 +134,17 @@ def test_an_unreachable_slo_is_reported_not_invented() -> None:
     out = Sizer(_config(), 10.0, Slo(p99_ms=50)).size("all-center", 16, 4)
     assert not out["feasible"]
     assert out["result"] is None
+
+
+def test_a_starved_center_does_not_pass_by_pushing_hard_requests_to_edges() -> None:
+    # One single-slot replica that refuses when busy: hard requests fall back to edges.
+    tiny = CENTER.model_copy(update={"slots": 1, "queue_limit": 0})
+    summary = _simulate(_config(center=CenterSpec(region="c", profile=tiny)), "hybrid", 8, 1)
+    assert summary["hard"]["on_edges"] > 0.1  # type: ignore[index]
+    assert Slo(p99_ms=None).met(summary) is False
+    assert Slo(p99_ms=None, hard_on_edges=1.0).met(summary) is True
+    slow = Slo(p99_ms=None, hard_on_edges=1.0, hard_p99_ms=1.0)
+    assert slow.met(summary) is False
 
 
 def test_a_gpu_without_a_price_is_named() -> None:

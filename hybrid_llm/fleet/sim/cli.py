@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--total-rps", type=float, help="sizing: offered requests/s over all regions")
     p.add_argument("--slo-ms", type=float, default=200.0, help="sizing: same-city P99 TTFT SLO")
     p.add_argument("--slo-p95-ms", type=float, help="sizing: same-city P95 TTFT SLO (default none)")
+    p.add_argument(
+        "--hard-slo-ms",
+        type=float,
+        default=1000.0,
+        help="sizing: TTFT P99 of hard requests (the center's; at most 1%% may land on edges)",
+    )
     p.add_argument("--max-edges", type=int, default=100, help="sizing: upper bound per region")
     p.add_argument("--max-replicas", type=int, default=64, help="sizing: upper bound, center")
     p.add_argument(
@@ -101,14 +107,14 @@ def _size(args: argparse.Namespace, config: SimConfig, console: Console) -> dict
         prices = dict(config.gpu_hour_usd) | _prices(args.gpu_price)
         config = config.model_copy(update={"gpu_hour_usd": prices})
         total = args.total_rps or sum(r.rate for r in config.regions)
-        slo = Slo(p99_ms=args.slo_ms, p95_ms=args.slo_p95_ms)
+        slo = Slo(p99_ms=args.slo_ms, p95_ms=args.slo_p95_ms, hard_p99_ms=args.hard_slo_ms)
         sizer = Sizer(config, total, slo, log=lambda m: console.print(f"[dim]{m}"))
         sized = [sizer.size(p, args.max_edges, args.max_replicas) for p in args.policy or POLICIES]
     except ValueError as exc:  # a malformed --gpu-price, a GPU kind without a price
         console.print(f"[red]{exc}")
         return None
     rows = compare(sized, total)
-    _print_sizing(rows, console, title=f"cheapest fleet for same-city TTFT {slo}, {total:g} req/s")
+    _print_sizing(rows, console, title=f"cheapest fleet for {slo}, {total:g} req/s")
     return {
         "total_rps": total,
         "slo": str(slo),

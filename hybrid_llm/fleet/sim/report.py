@@ -80,6 +80,10 @@ def summarize_result(result: SimResult) -> dict[str, Any]:
         t["busy"] /= t["instances"]
         t["occupancy"] /= t["instances"]
     simple = [r for r in window if not r.hard]
+    hard = [r for r in window if r.hard]
+    hard_on_edges = sum(
+        1 for r in hard if r.winner and r.winner.instance and r.winner.instance.tier == "edge"
+    )
     return {
         "policy": result.config.policy.name,
         "offered_rps": sum(r.rate for r in result.config.regions),
@@ -90,6 +94,9 @@ def summarize_result(result: SimResult) -> dict[str, Any]:
         "hedged": sum(r.hedged for r in window),
         "all": _latency(served),
         "same_city": _latency(simple),
+        # Hard requests belong on the center's model; an edge answering one is a
+        # fallback that costs quality, not a route the policy chose.
+        "hard": _latency(hard) | {"on_edges": hard_on_edges / len(hard) if hard else 0.0},
         "by_tier": {k: _latency(v) for k, v in sorted(by_tier.items())},
         "by_region": {k: _latency(v)["ttft_ms"] for k, v in sorted(by_region.items())},
         "tiers": tiers,
