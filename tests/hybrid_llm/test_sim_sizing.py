@@ -96,7 +96,7 @@ def _simulate(config: SimConfig, policy: str, edges: int, replicas: int) -> dict
 
 def _meets(summary: dict[str, object]) -> bool:
     on_edges = summary["hard"]["on_edges"]  # type: ignore[index]
-    return _p(summary, "p99") < 250 and _p(summary, "p95") < 150 and on_edges <= 0.01
+    return _p(summary, "p99") < 250 and _p(summary, "p95") < 150 and on_edges <= 0.05
 
 
 def test_all_center_sizing_is_the_fewest_replicas_meeting_the_slo() -> None:

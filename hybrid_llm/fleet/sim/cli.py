@@ -47,7 +47,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--hard-slo-ms",
         type=float,
         default=1000.0,
-        help="sizing: TTFT P99 of hard requests (the center's; at most 1%% may land on edges)",
+        help="sizing: TTFT P99 bound of hard requests (the center's)",
+    )
+    p.add_argument(
+        "--max-hard-on-edges",
+        type=float,
+        default=0.05,
+        help="sizing: share of hard requests an edge may answer (a starved center's fallback)",
     )
     p.add_argument("--max-edges", type=int, default=100, help="sizing: upper bound per region")
     p.add_argument("--max-replicas", type=int, default=64, help="sizing: upper bound, center")
@@ -107,7 +113,12 @@ def _size(args: argparse.Namespace, config: SimConfig, console: Console) -> dict
         prices = dict(config.gpu_hour_usd) | _prices(args.gpu_price)
         config = config.model_copy(update={"gpu_hour_usd": prices})
         total = args.total_rps or sum(r.rate for r in config.regions)
-        slo = Slo(p99_ms=args.slo_ms, p95_ms=args.slo_p95_ms, hard_p99_ms=args.hard_slo_ms)
+        slo = Slo(
+            p99_ms=args.slo_ms,
+            p95_ms=args.slo_p95_ms,
+            hard_p99_ms=args.hard_slo_ms,
+            hard_on_edges=args.max_hard_on_edges,
+        )
         sizer = Sizer(config, total, slo, log=lambda m: console.print(f"[dim]{m}"))
         sized = [sizer.size(p, args.max_edges, args.max_replicas) for p in args.policy or POLICIES]
     except ValueError as exc:  # a malformed --gpu-price, a GPU kind without a price
