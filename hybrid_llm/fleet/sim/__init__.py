@@ -18,8 +18,9 @@ from hybrid_llm.fleet.sim.config import (
 from hybrid_llm.fleet.sim.instance import Instance
 from hybrid_llm.fleet.sim.policy import AllToCenter, CenterPool, Fleet, Policy
 from hybrid_llm.fleet.sim.profiles import PRESETS, EngineProfile
-from hybrid_llm.fleet.sim.report import size_edges, summarize_result
+from hybrid_llm.fleet.sim.report import summarize_result, tidy
 from hybrid_llm.fleet.sim.simulation import SimResult, Simulation
+from hybrid_llm.fleet.sim.sizing import Sizer, Slo, fleet_price, size_edges
 
 __all__ = [
     "PRESETS",
@@ -36,8 +37,12 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "Simulation",
+    "Sizer",
+    "Slo",
     "WarmState",
     "WorkloadSpec",
+    "fleet_price",
     "size_edges",
     "summarize_result",
+    "tidy",
 ]

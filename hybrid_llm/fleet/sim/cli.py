@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from hybrid_llm.fleet.sim.config import PolicyName, SimConfig
-from hybrid_llm.fleet.sim.report import size_edges, summarize_result
+from hybrid_llm.fleet.sim.report import fmt_ms, summarize_result, tidy
 from hybrid_llm.fleet.sim.simulation import Simulation
+from hybrid_llm.fleet.sim.sizing import Sizer, Slo, compare
 
 __all__ = ["register"]
 
@@ -34,10 +35,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--policy", choices=POLICIES, action="append", help="default: all three")
     p.add_argument("--duration", type=float, help="override duration_s")
     p.add_argument("--seed", type=int)
-    p.add_argument("--size", action="store_true", help="sizing mode (edges per region)")
+    p.add_argument(
+        "--size",
+        action="store_true",
+        help="sizing mode: the cheapest fleet (edges per region, center replicas) per policy",
+    )
     p.add_argument("--total-rps", type=float, help="sizing: offered requests/s over all regions")
     p.add_argument("--slo-ms", type=float, default=200.0, help="sizing: same-city P99 TTFT SLO")
+    p.add_argument("--slo-p95-ms", type=float, help="sizing: same-city P95 TTFT SLO (default none)")
+    p.add_argument(
+        "--hard-slo-ms",
+        type=float,
+        default=1000.0,
+        help="sizing: TTFT P99 bound of hard requests (the center's)",
+    )
+    p.add_argument(
+        "--max-hard-on-edges",
+        type=float,
+        default=0.05,
+        help="sizing: share of hard requests an edge may answer (a starved center's fallback)",
+    )
     p.add_argument("--max-edges", type=int, default=100, help="sizing: upper bound per region")
+    p.add_argument("--max-replicas", type=int, default=64, help="sizing: upper bound, center")
+    p.add_argument(
+        "--gpu-price",
+        action="append",
+        default=[],
+        metavar="KIND=USD",
+        help="sizing: USD per GPU-hour of a GPU kind (overrides gpu_hour_usd; e.g. H100=6.88)",
+    )
     p.add_argument("--json", type=Path, help="write the full report here")
     p.set_defaults(func=run)
 
@@ -59,19 +85,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out: dict[str, Any]
     if args.size:
-        policy = (args.policy or ["hybrid"])[0]
-        config = config.model_copy(
-            update={"policy": config.policy.model_copy(update={"name": policy})}
-        )
-        total = args.total_rps or sum(r.rate for r in config.regions)
-        out = size_edges(
-            config,
-            total,
-            slo_ms=args.slo_ms,
-            max_edges=args.max_edges,
-            log=lambda m: console.print(f"[dim]{m}"),
-        )
-        _print_sizing(out, console, len(config.regions))
+        sized = _size(args, config, console)
+        if sized is None:
+            return 2
+        out = sized
     else:
         out = {"runs": []}
         for name in args.policy or POLICIES:
@@ -85,13 +102,53 @@ def run(args: argparse.Namespace) -> int:
         _print_runs(out["runs"], console)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1, default=str), encoding="utf-8")
+        args.json.write_text(json.dumps(tidy(out), indent=1, default=str), encoding="utf-8")
         console.print(f"report: {args.json}")
     return 0
 
 
-def _f(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _size(args: argparse.Namespace, config: SimConfig, console: Console) -> dict[str, Any] | None:
+    """``--size``: the cheapest fleet per policy, printed side by side (None: bad input)."""
+    try:
+        prices = dict(config.gpu_hour_usd) | _prices(args.gpu_price)
+        config = config.model_copy(update={"gpu_hour_usd": prices})
+        total = args.total_rps or sum(r.rate for r in config.regions)
+        slo = Slo(
+            p99_ms=args.slo_ms,
+            p95_ms=args.slo_p95_ms,
+            hard_p99_ms=args.hard_slo_ms,
+            hard_on_edges=args.max_hard_on_edges,
+        )
+        sizer = Sizer(config, total, slo, log=lambda m: console.print(f"[dim]{m}"))
+        sized = [sizer.size(p, args.max_edges, args.max_replicas) for p in args.policy or POLICIES]
+    except ValueError as exc:  # a malformed --gpu-price, a GPU kind without a price
+        console.print(f"[red]{exc}")
+        return None
+    rows = compare(sized, total)
+    _print_sizing(rows, console, title=f"cheapest fleet for {slo}, {total:g} req/s")
+    return {
+        "total_rps": total,
+        "slo": str(slo),
+        "gpu_hour_usd": prices,
+        "rows": rows,
+        "runs": sized,
+    }
+
+
+def _prices(items: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        kind, sep, usd = item.partition("=")
+        try:
+            out[kind.strip()] = float(usd)
+        except ValueError:
+            sep = ""
+        if not sep or not kind.strip():
+            raise ValueError(f"--gpu-price wants KIND=USD (e.g. H100=12.29), got {item!r}")
+    return out
+
+
+_f = fmt_ms
 
 
 def _util(tiers: dict[str, Any], tier: str) -> str:
@@ -125,21 +182,44 @@ def _print_runs(runs: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
-def _print_sizing(out: dict[str, Any], console: Console, regions: int) -> None:
-    if not out["feasible"]:
-        p99 = out["at_max"]["same_city"]["ttft_ms"]["p99"]
-        console.print(
-            f"[red]not feasible: even {out['at_max']['edges_per_region']} edges per region "
-            f"give same-city P99 TTFT {_f(p99)} ms (prefill or RTT alone may exceed the SLO)"
+def _print_sizing(rows: list[dict[str, Any]], console: Console, title: str) -> None:
+    table = Table(title=title)
+    cols = ["policy", "edges/region", "center replicas", "GPUs edge+center", "$/hour"]
+    cols += ["$/M requests"]
+    cols += ["vs all-center", "same-city TTFT p50/p95/p99 ms", "TPOT p50 ms", "to edges"]
+    for col in cols:
+        table.add_column(col, justify="right")
+    for row in rows:
+        if not row["feasible"]:
+            big, t = row["largest"]["fleet"], row["largest"]["ttft_ms"]
+            table.add_row(
+                row["policy"],
+                f"[red]none ({big['edges_per_region']})",
+                f"[red]none ({big['center_replicas']})",
+                "",
+                "",
+                "",
+                "",
+                f"[red]{_f(t['p50'])}/{_f(t['p95'])}/{_f(t['p99'])}",
+            )
+            continue
+        t = row["ttft_ms"]
+        ratio = row["vs_all_center"]
+        table.add_row(
+            row["policy"],
+            str(row["edges_per_region"]),
+            str(row["center_replicas"]),
+            f"{row['edge_gpus']}+{row['center_gpus']}",
+            f"{row['usd_per_hour']:,.0f}",
+            f"{row['usd_per_million']:,.2f}",
+            "-" if ratio is None else f"{ratio:.2f}",
+            f"{_f(t['p50'])}/{_f(t['p95'])}/{_f(t['p99'])}",
+            _f(row["tpot_ms"]["p50"]),
+            f"{row['edge_share']:.0%}",
         )
-        return
-    res = out["result"]
-    t = res["same_city"]["ttft_ms"]
-    edges = out["edges_per_region"]
-    console.print(
-        f"[green]{edges} edges per region[/] ({edges * regions} in total) keep same-city "
-        f"P99 TTFT under {out['slo_ms']:.0f} ms at {out['total_rps']:.0f} req/s: "
-        f"p50/p95/p99 {_f(t['p50'])}/{_f(t['p95'])}/{_f(t['p99'])} ms; "
-        f"edge occupancy {res['tiers']['edge']['occupancy']:.0%}; "
-        f"{out['probes']} simulations in {out['runtime_s']:.1f}s"
-    )
+    console.print(table)
+    if not all(row["feasible"] for row in rows):
+        console.print(
+            "none (n): no fleet up to n edges per region and n center replicas meets the SLO; "
+            "its latency is that largest fleet's"
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
 from typing import Any, Literal
@@ -12,6 +14,7 @@ from hybrid_llm.fleet.sim.profiles import PRESETS, EngineProfile
 from servekit.rtt import RttTable
 
 __all__ = [
+    "GPU_HOUR_USD",
     "CenterSpec",
     "LengthDist",
     "PolicyName",
@@ -25,6 +28,15 @@ __all__ = [
 
 PolicyName = Literal["all-center", "hybrid", "hybrid-hedge"]
 
+# On-demand list prices per GPU-hour, AWS us-east-1 as published in 2024, quoted
+# from memory (no internet where this was written; check today's before buying):
+# - L4: g6.xlarge (1 x L4, 4 vCPU, 16 GiB) $0.8048/h.
+# - H100: p5.48xlarge (8 x H100 SXM 80 GB) $98.32/h, i.e. $12.29 per GPU. AWS cut
+#   P5 on-demand prices by up to ~45% in mid-2025; `--gpu-price H100=6.88` prices
+#   that ($55.04 / 8).
+# The instance price includes its CPUs, memory and disk, as a buyer pays it.
+GPU_HOUR_USD: dict[str, float] = {"L4": 0.8048, "H100": 12.29}
+
 
 def resolve_profile(value: str | EngineProfile) -> EngineProfile:
     if isinstance(value, EngineProfile):
@@ -35,21 +47,46 @@ def resolve_profile(value: str | EngineProfile) -> EngineProfile:
 
 
 class LengthDist(BaseModel):
-    """Token-length distribution: ``fixed``, ``uniform`` or ``lognormal`` (clamped)."""
+    """Token-length distribution: ``fixed``, ``uniform``, ``lognormal`` (clamped) or
+    ``quantiles`` (measured: ``(q, tokens)`` pairs from q = 0 to q = 1, drawn by
+    inverse CDF, linear between them)."""
 
-    kind: Literal["fixed", "uniform", "lognormal"] = "fixed"
+    kind: Literal["fixed", "uniform", "lognormal", "quantiles"] = "fixed"
     value: int = Field(128, ge=1)
     low: int = Field(1, ge=1)
     high: int = Field(256, ge=1)
     median: float = Field(128.0, gt=0)
     sigma: float = Field(0.6, ge=0)
     max: int = Field(8192, ge=1)
+    quantiles: list[tuple[float, float]] = Field(
+        default_factory=list, description="kind quantiles: (q, tokens), q rising from 0 to 1"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> LengthDist:
+        if self.kind != "quantiles":
+            return self
+        qs = [q for q, _ in self.quantiles]
+        values = [v for _, v in self.quantiles]
+        if len(qs) < 2 or qs[0] != 0 or qs[-1] != 1 or qs != sorted(set(qs)):
+            raise ValueError("quantiles need rising q from 0 to 1 (at least two pairs)")
+        if values != sorted(values) or values[0] < 1:
+            raise ValueError("quantiles need non-decreasing token counts of at least 1")
+        return self
 
     def sample(self, rng: random.Random) -> int:
         if self.kind == "fixed":
             return self.value
         if self.kind == "uniform":
             return rng.randint(self.low, self.high)
+        if self.kind == "quantiles":
+            u = rng.random()
+            i = min(
+                max(bisect.bisect_right([q for q, _ in self.quantiles], u), 1),
+                len(self.quantiles) - 1,
+            )
+            (q0, v0), (q1, v1) = self.quantiles[i - 1], self.quantiles[i]
+            return max(1, min(self.max, round(v0 + (v1 - v0) * (u - q0) / (q1 - q0))))
         return max(1, min(self.max, round(rng.lognormvariate(math.log(self.median), self.sigma))))
 
     def mean(self) -> float:
@@ -57,6 +94,10 @@ class LengthDist(BaseModel):
             return float(self.value)
         if self.kind == "uniform":
             return (self.low + self.high) / 2
+        if self.kind == "quantiles":
+            pairs = itertools.pairwise(self.quantiles)
+            mean = sum((q1 - q0) * (v0 + v1) / 2 for (q0, v0), (q1, v1) in pairs)
+            return min(float(self.max), mean)
         return min(float(self.max), self.median * math.exp(self.sigma**2 / 2))
 
 
@@ -92,6 +133,19 @@ class WorkloadSpec(BaseModel):
         ge=0,
         description="prompt tokens the client did not send (the chat template's): the router "
         "estimates a prompt's tokens from the client's text, without them",
+    )
+    followup_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of requests that continue a conversation: their prompt also "
+        "carries `history_tokens` of earlier turns",
+    )
+    history_tokens: LengthDist | None = Field(
+        None,
+        description="earlier turns of a follow-up request, added to its prompt and held in "
+        "the serving instance's prefix cache (the router keeps a conversation where its "
+        "prefix lives), so they count as cached, not prefilled",
     )
 
 
@@ -137,6 +191,10 @@ class SimConfig(BaseModel):
     warm: dict[str, WarmState] = Field(
         default_factory=dict,
         description="instance name (edge/<region>/<i>, center/<i>) -> its engine's state at t=0",
+    )
+    gpu_hour_usd: dict[str, float] = Field(
+        default_factory=lambda: dict(GPU_HOUR_USD),
+        description="GPU kind -> USD per GPU-hour (sizing's cost); defaults: AWS on-demand list",
     )
     duration_s: float = Field(60.0, gt=0, description="arrivals are generated for this long")
     warmup_s: float = Field(5.0, ge=0, description="arrivals before this are not measured")

@@ -280,7 +280,10 @@ class Instance:
             self.prefill_job = job
             self.prefill_start = now
             riders = self._riders_s(job, boundary)
-            cost = max(0.0, self.profile.prefill_s(job.req.prompt_tokens) + riders)
+            # A measured prefill time at a prompt length already holds what copying the
+            # shared preamble saves; a conversation's cached history is not computed.
+            computed = job.req.prompt_tokens - job.req.history_tokens
+            cost = max(0.0, self.profile.prefill_s(computed) + riders)
             self.prefill_end = now + cost * self._prefill_spread.draw()
         self.epoch += 1
         if self.prefill_job is not None:

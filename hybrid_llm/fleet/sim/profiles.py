@@ -35,6 +35,9 @@ class EngineProfile(BaseModel):
     slots: int = Field(1, ge=1, description="sequences decoded together (max batch)")
     queue_limit: int = Field(64, ge=0, description="waiting requests before it answers 429")
     gpus: int = Field(1, ge=0, description="GPUs one instance occupies (0 for CPU)")
+    gpu_kind: str = Field(
+        "", description="GPU model, the key of its price in `gpu_hour_usd` (empty: no GPU)"
+    )
     overhead_ms: float = Field(0.0, ge=0, description="fixed per-request cost (HTTP, tokenize)")
     chunk_tokens: int | None = Field(
         None,
@@ -133,6 +136,7 @@ PRESETS: dict[str, EngineProfile] = {
         slots=128,
         queue_limit=512,
         gpus=4,
+        gpu_kind="H100",
         overhead_ms=3.0,
     ),
     "l4-llama8b-awq": EngineProfile(
@@ -143,6 +147,7 @@ PRESETS: dict[str, EngineProfile] = {
         slots=16,
         queue_limit=32,
         gpus=1,
+        gpu_kind="L4",
         overhead_ms=2.0,
     ),
     "cpu-smollm2-135m": EngineProfile(

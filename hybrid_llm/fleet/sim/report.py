@@ -1,18 +1,41 @@
 """What a simulation run says: latency percentiles by tier, utilisation and GPU
-count per tier; and the sizing search built on it."""
+count per tier; and its figures rounded to what they mean."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Sequence
 from typing import Any
 
 from hybrid_llm.bench.stats import percentile
-from hybrid_llm.fleet.sim.config import SimConfig
 from hybrid_llm.fleet.sim.request import SimRequest
-from hybrid_llm.fleet.sim.simulation import SimResult, Simulation
+from hybrid_llm.fleet.sim.simulation import SimResult
 
-__all__ = ["size_edges", "summarize_result"]
+__all__ = ["fmt_ms", "summarize_result", "tidy"]
+
+# Significant digits a simulated figure carries: its seed alone moves a P99 by
+# more than a part in a thousand.
+DIGITS = 4
+
+
+def fmt_ms(value: float | None) -> str:
+    """A latency in ms as printed: tenths below 100 ms, whole ms above; '-' for none."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def tidy(value: Any, digits: int = DIGITS) -> Any:
+    """``value`` with every float rounded to ``digits`` significant digits (for reports)."""
+    if isinstance(value, float):
+        if value == 0 or not math.isfinite(value):
+            return value
+        return round(value, digits - 1 - math.floor(math.log10(abs(value))))
+    if isinstance(value, dict):
+        return {k: tidy(v, digits) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [tidy(v, digits) for v in value]
+    return value
 
 
 def _dist_ms(values: Sequence[float | None]) -> dict[str, float | None]:
@@ -57,6 +80,10 @@ def summarize_result(result: SimResult) -> dict[str, Any]:
         t["busy"] /= t["instances"]
         t["occupancy"] /= t["instances"]
     simple = [r for r in window if not r.hard]
+    hard = [r for r in window if r.hard]
+    hard_on_edges = sum(
+        1 for r in hard if r.winner and r.winner.instance and r.winner.instance.tier == "edge"
+    )
     return {
         "policy": result.config.policy.name,
         "offered_rps": sum(r.rate for r in result.config.regions),
@@ -67,75 +94,11 @@ def summarize_result(result: SimResult) -> dict[str, Any]:
         "hedged": sum(r.hedged for r in window),
         "all": _latency(served),
         "same_city": _latency(simple),
+        # Hard requests belong on the center's model; an edge answering one is a
+        # fallback that costs quality, not a route the policy chose.
+        "hard": _latency(hard) | {"on_edges": hard_on_edges / len(hard) if hard else 0.0},
         "by_tier": {k: _latency(v) for k, v in sorted(by_tier.items())},
         "by_region": {k: _latency(v)["ttft_ms"] for k, v in sorted(by_region.items())},
         "tiers": tiers,
         "events": result.events,
-    }
-
-
-def size_edges(
-    config: SimConfig,
-    total_rps: float,
-    *,
-    slo_ms: float = 200.0,
-    max_edges: int = 100,
-    metric: Callable[[dict[str, Any]], float | None] = lambda s: s["same_city"]["ttft_ms"]["p99"],
-    log: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
-    """Fewest edges per region (same in every region) keeping ``metric`` under ``slo_ms``.
-
-    The offered ``total_rps`` is split over regions in proportion to their
-    configured rates. Binary search over 1..max_edges (the metric falls as
-    edges are added); each probe is one full simulation.
-    """
-    weights = [r.rate for r in config.regions]
-    scale = total_rps / sum(weights) if sum(weights) else 0.0
-
-    def probe(edges: int) -> dict[str, Any]:
-        regions = [
-            r.model_copy(update={"edges": edges, "rate": r.rate * scale}) for r in config.regions
-        ]
-        cfg = config.model_copy(update={"regions": regions})
-        t0 = time.perf_counter()
-        summary = summarize_result(Simulation(cfg).run())
-        value = metric(summary)
-        log(
-            f"edges/region={edges}: same-city P99 TTFT {value} ms ({time.perf_counter() - t0:.1f}s)"
-        )
-        summary["edges_per_region"] = edges
-        return summary
-
-    def ok(summary: dict[str, Any]) -> bool:
-        value = metric(summary)
-        return value is not None and value < slo_ms
-
-    started = time.perf_counter()
-    probes: dict[int, dict[str, Any]] = {}
-    lo, hi = 1, max_edges
-    probes[hi] = probe(hi)
-    if not ok(probes[hi]):
-        return {
-            "feasible": False,
-            "edges_per_region": None,
-            "at_max": probes[hi],
-            "runtime_s": time.perf_counter() - started,
-            "probes": len(probes),
-        }
-    while lo < hi:
-        mid = (lo + hi) // 2
-        probes[mid] = probe(mid)
-        if ok(probes[mid]):
-            hi = mid
-        else:
-            lo = mid + 1
-    best = probes[hi]
-    return {
-        "feasible": True,
-        "edges_per_region": hi,
-        "slo_ms": slo_ms,
-        "total_rps": total_rps,
-        "result": best,
-        "runtime_s": time.perf_counter() - started,
-        "probes": len(probes),
     }

@@ -21,6 +21,7 @@ class SimRequest:
     output_tokens: int
     hard: bool
     cached_tokens: int = 0  # leading prompt tokens an engine copies from another slot
+    history_tokens: int = 0  # of those, earlier turns the serving instance already holds
     estimated_tokens: int = 0  # what the router estimates from the client's text
     jobs: list[Job] = field(default_factory=list)
     winner: Job | None = None

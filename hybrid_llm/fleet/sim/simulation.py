@@ -145,7 +145,14 @@ class Simulation:
             output_tokens=wl.output_tokens.sample(self.rng),
             hard=self.rng.random() < wl.hard_fraction,
         )
-        req.cached_tokens = min(wl.cached_prefix_tokens, req.prompt_tokens - 1)
+        cached = wl.cached_prefix_tokens
+        # Drawn only when configured, so other workloads keep their random streams.
+        history_dist = wl.history_tokens if wl.followup_share > 0 else None
+        if history_dist is not None and self.rng.random() < wl.followup_share:
+            req.history_tokens = history_dist.sample(self.rng)
+            req.prompt_tokens += req.history_tokens
+            cached += req.history_tokens
+        req.cached_tokens = min(cached, req.prompt_tokens - 1)
         req.estimated_tokens = max(1, req.prompt_tokens - wl.template_tokens)
         self.requests.append(req)
         self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
