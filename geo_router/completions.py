@@ -119,7 +119,8 @@ async def _serve(
     finally:
         await stream.aclose()
         transcript = stream.transcript
-        transcript.sync()  # parses what was recorded: the answer's id
+        transcript.sync()  # parses what was recorded: the answer's id and usage
+        await state.limiter.settle(taken.tenant, taken.charged_tokens, transcript.usage)
         info = cand.state.info
         task = cls.task if cls is not None else "-"
         served = Served(req.tenant or "-", cand.tier, info.model, info.version or "-", task)

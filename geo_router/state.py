@@ -66,6 +66,7 @@ class Intake:
     decision: Decision
     stages: Stages  # the intake's stages so far (Server-Timing)
     tenant: Tenant  # whose key: operator or not, its in-flight cap
+    charged_tokens: int = 0  # taken from its tokens-per-minute bucket (0: not limited)
 
 
 async def intake(
@@ -92,8 +93,10 @@ async def intake(
     routing = state.settings.routing
     budget = capped_max_tokens(body, routing.default_max_tokens, routing.max_tokens_cap)
     stages.mark("body")
+    charged = 0
     if limit:
-        await state.limiter.check(tenant, estimate_prompt_tokens(body) + budget)
+        charged = estimate_prompt_tokens(body) + budget
+        await state.limiter.check(tenant, charged)
         stages.mark("limit")
     region = state.resolver.resolve(peer, headers)
     stages.mark("region")
@@ -122,4 +125,4 @@ async def intake(
     )
     if span is not None:
         trace_intake(state.routing.tracing, span, stages, decision, tenant.name)
-    return Intake(req, decision, stages, tenant)
+    return Intake(req, decision, stages, tenant, charged if tenant.tpm is not None else 0)

@@ -60,11 +60,33 @@ async def test_the_token_limit_charges_what_is_forwarded(auth: dict[str, str]) -
         async with router(settings) as c:
             codes = []
             for _ in range(4):  # a capped 50,000 costs 400, as forwarded: two fit in 1000
-                body = {**CHAT, "max_tokens": 50_000}
+                body = {**CHAT, "max_tokens": 50_000, "stream": True}  # no usage asked
                 codes.append(
                     (await c.post("/v1/chat/completions", json=body, headers=auth)).status_code
                 )
     assert codes == [200, 200, 429, 429]
+
+
+async def test_the_token_limit_gives_back_what_the_usage_shows_unused(
+    auth: dict[str, str],
+) -> None:
+    """Charged the capped budget at intake, settled from ``usage`` afterwards: an 8-word
+    answer of a 400-token budget leaves the rest of the bucket to the tenant."""
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(tpm=1000, burst_s=60)
+    edge = Behavior(words=8)
+    routing = {"default_max_tokens": 300, "max_tokens_cap": 400}
+    with serve_fake(edge) as url:
+        settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
+        async with router(settings) as c:
+            answers = []
+            for stream in (False, False, True, False, False):
+                body = {**CHAT, "max_tokens": 50_000, "stream": stream}
+                if stream:
+                    body["stream_options"] = {"include_usage": True}
+                answers.append(await c.post("/v1/chat/completions", json=body, headers=auth))
+    assert [a.status_code for a in answers] == [200] * 5  # 5 x 400 charged > 1000
+    assert answers[0].json()["usage"]["completion_tokens"] == 8
 
 
 async def test_a_clients_request_id_is_never_the_requests_id(auth: dict[str, str]) -> None:
