@@ -1,7 +1,9 @@
 """Running an engine server as a supervised child process; one copy for both tiers.
 
 A :class:`ProcessCommand` is what to run: argv, the environment it adds and
-files to write first. Building one has no side effects, so operators and tests
+files to write first. The child's environment is an allowlisted part of
+ours plus what the command adds (:mod:`servekit.engine.environ`), never all
+of it. Building one has no side effects, so operators and tests
 see precisely what would run. :class:`EngineProcess` runs it: the child gets a
 session of its own (a stop reaches vLLM's engine-core and worker processes,
 and trtllm-serve's per-GPU ranks, too) and a lifeline to this process
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servekit.engine.environ import engine_environ
 from servekit.lifeline import DEFAULT_GRACE_S, Lifeline
 from servekit.procfs import (
     ProcessRecord,
@@ -163,8 +166,7 @@ class EngineProcess:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(self.command.env)
+        env = engine_environ(self.command.env)
         if self._lifeline is not None:
             self._lifeline.cut()  # the previous run's: it has exited
         with self.log_path.open("ab") as out:
