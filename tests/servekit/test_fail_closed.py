@@ -149,3 +149,29 @@ def test_a_reload_that_adds_or_drops_a_client_ca_is_refused(tmp_path: Path) -> N
         reload_server_context(live, mutual)
     assert live.verify_mode == ssl.CERT_NONE
     reload_server_context(server_context(mutual), mutual)  # a renewed bundle is fine
+
+
+# The edge's own `vllm serve`: a key of its own per server, never on show.
+
+
+@pytest.mark.anyio
+async def test_each_vllm_server_requires_a_random_key_its_engine_sends(tmp_path: Path) -> None:
+    from servekit.engine.vllm import VllmEngine, VllmEngineSettings
+
+    (tmp_path / "config.json").write_text("{}")
+    settings = VllmEngineSettings(
+        model=str(tmp_path), model_name="m", env={"VLLM_API_KEY": "from-config"}
+    )
+    first, second = VllmEngine(settings, version="v1"), VllmEngine(settings, version="v2")
+    try:
+        key = first.command.env["VLLM_API_KEY"]
+        assert len(key) >= 32
+        assert key not in ("from-config", second.command.env["VLLM_API_KEY"])
+        assert not any(key in arg for arg in first.command.argv)  # not in `ps`
+        assert key not in str(first.status())  # /engine and the start log line
+        assert "VLLM_API_KEY='***'" in str(first.status()["command"])
+        assert first._client.headers["Authorization"] == f"Bearer {key}"
+        assert first._http.settings.api_key == key
+    finally:
+        await first.aclose()
+        await second.aclose()
