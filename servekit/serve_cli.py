@@ -149,7 +149,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         return cast(S, load_settings(model, args.config, **overrides))
 
     settings = load()
-    refuse_open(service.name, settings)
+    refuse_open(settings)
     app = service.create_app(settings)
     hooks: ServiceHooks = app.state.hooks
     running = settings
@@ -160,7 +160,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         refusal = reload_refusal(running, fresh)
         if refusal is not None:
             raise ConfigError(f"reload refused, the running settings stay: {refusal}")
-        refuse_open(service.name, fresh)
+        refuse_open(fresh)
         hooks.reload(fresh)
         running = fresh
         return fresh.server.tls
@@ -179,11 +179,10 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
     return 0
 
 
-def refuse_open(name: str, settings: ServiceSettings) -> None:
-    """:class:`ConfigError` if service ``name`` would listen open on a non-loopback address."""
+def refuse_open(settings: ServiceSettings) -> None:
+    """:class:`ConfigError` if the service would listen open on a non-loopback address."""
     try:
         refuse_open_bind(
-            name,
             settings.server.host,
             settings.open_because,
             settings.server.allow_unauthenticated,

@@ -223,8 +223,8 @@ def warn_if_open(gate: TokenGate, service: str, host: str, port: int) -> None:
         )
 
 
-def refuse_open_bind(service: str, host: str, open_because: str | None, allowed: bool) -> None:
-    """``ValueError`` when ``service`` would answer anyone on a non-loopback ``host``.
+def refuse_open_bind(host: str, open_because: str | None, allowed: bool) -> None:
+    """``ValueError`` when a service would answer anyone on a non-loopback ``host``.
 
     ``open_because`` says why it takes unauthenticated calls (None: it does
     not); ``allowed`` is ``server.allow_unauthenticated``. Loopback stays
@@ -233,7 +233,7 @@ def refuse_open_bind(service: str, host: str, open_because: str | None, allowed:
     if open_because is None or allowed or is_loopback(host):
         return
     raise ValueError(
-        f"{service}: refusing to listen on {host} without authentication ({open_because}): "
+        f"refusing to listen on {host} without authentication ({open_because}): "
         "anyone who reaches the port could call it; configure authentication, listen on "
         "127.0.0.1, or set server.allow_unauthenticated: true to run it open on purpose"
     )

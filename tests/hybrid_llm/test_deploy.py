@@ -131,7 +131,7 @@ def test_production_configs_load_with_credentials_and_certificates_in_place(
     dumped = settings.model_dump_json()
     assert "token-" not in dumped  # the secrets were read, and stay hidden
     if module != "model_sync.settings":  # services on 0.0.0.0 must authenticate callers
-        refuse_open(module, settings)
+        refuse_open(settings)
 
 
 def test_prometheus_config_parses_and_scrapes_every_service() -> None:

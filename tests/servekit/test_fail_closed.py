@@ -32,16 +32,16 @@ CONFIGS = REPO / "configs"
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "[::1]", "localhost"])
 def test_loopback_may_run_open(host: str) -> None:
-    refuse_open_bind("edge agent", host, "server.auth has no tokens", allowed=False)
+    refuse_open_bind(host, "server.auth has no tokens", allowed=False)
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "edge-a.internal"])
 def test_a_reachable_address_needs_auth_or_an_explicit_allow(host: str) -> None:
     with pytest.raises(ValueError, match=r"server\.allow_unauthenticated: true") as info:
-        refuse_open_bind("edge agent", host, "server.auth has no tokens", allowed=False)
+        refuse_open_bind(host, "server.auth has no tokens", allowed=False)
     assert "server.auth has no tokens" in str(info.value)
-    refuse_open_bind("edge agent", host, "server.auth has no tokens", allowed=True)
-    refuse_open_bind("edge agent", host, None, allowed=False)  # tokens configured
+    refuse_open_bind(host, "server.auth has no tokens", allowed=True)
+    refuse_open_bind(host, None, allowed=False)  # tokens configured
 
 
 def _run(module: str, config: Path) -> subprocess.CompletedProcess[str]:
@@ -80,15 +80,21 @@ def test_an_edge_without_tokens_refuses_to_listen_on_all_addresses(tmp_path: Pat
     assert "server.allow_unauthenticated" in proc.stderr
 
 
-def test_allow_unauthenticated_is_a_server_setting_of_every_service() -> None:
-    router = RouterSettings.model_validate(
-        {"server": {"host": "0.0.0.0", "allow_unauthenticated": True}, "auth": {"required": False}}
-    )
-    refuse_open("geo-router", router)
-    with pytest.raises(ConfigError, match="allow_unauthenticated"):
-        refuse_open(
-            "geo-router", router.model_copy(update={"server": type(router.server)(host="0.0.0.0")})
-        )
+def test_allow_unauthenticated_is_a_server_setting_of_every_service(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    engine = {"kind": "vllm", "model": str(tmp_path), "model_name": "m"}
+    replica = {"name": "r", "kind": "url", "url": "http://10.0.0.9:8000"}
+    shapes: list[tuple[type[Any], dict[str, Any]]] = [
+        (RouterSettings, {"auth": {"required": False}}),
+        (EdgeSettings, {"engine": engine}),
+        (CentralSettings, {"model": "m", "replicas": [replica]}),
+    ]
+    for model, rest in shapes:
+        opened = model.model_validate({**rest, "server": {"host": "0.0.0.0"}})
+        with pytest.raises(ConfigError, match="allow_unauthenticated"):
+            refuse_open(opened)
+        allowed = {"host": "0.0.0.0", "allow_unauthenticated": True}
+        refuse_open(model.model_validate({**rest, "server": allowed}))
 
 
 @pytest.mark.parametrize(
@@ -112,7 +118,7 @@ def test_the_shipped_configs_would_start(name: str, model: type[Any], tmp_path: 
         (tmp_path / "config.json").write_text("{}")
         overrides["engine.model"] = str(tmp_path)
     settings = load_settings(model, CONFIGS / name, **overrides)
-    refuse_open(name, settings)
+    refuse_open(settings)
 
 
 # Reload (SIGHUP): what a live service cannot take on is refused, never half-applied.
