@@ -8,13 +8,14 @@ whose name says it is a secret (:func:`servekit.secrets.is_secret_name`,
 so ``HF_TOKEN`` stays behind even though ``HF_*`` passes), plus what its
 command sets: the launcher's own (``CUDA_VISIBLE_DEVICES``, ``VLLM_*`` cache
 and CPU settings, the replica's key) and the config's ``env:`` block. A
-model that needs a hub token names it there.
+model that needs a hub token gets it by name (``process.pass_env: [HF_TOKEN]``,
+``supervision.pass_env`` on the gateway), so the secret stays out of the YAML.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from servekit.secrets import is_secret_name
 
@@ -37,10 +38,14 @@ INHERITED_PREFIXES = (
 
 
 def engine_environ(
-    added: Mapping[str, str], parent: Mapping[str, str] | None = None
+    added: Mapping[str, str],
+    passed: Collection[str] = (),
+    parent: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of an engine process: the allowed part of ``parent``
-    (default ``os.environ``) and then ``added`` (the command's, which wins)."""
+    (default ``os.environ``), the variables the config names in ``passed``
+    (``process.pass_env``: a secret the service holds, e.g. ``HF_TOKEN``, given
+    on purpose), then ``added`` (the command's, which wins)."""
     source = os.environ if parent is None else parent
     env = {
         name: value
@@ -48,5 +53,6 @@ def engine_environ(
         if (name in INHERITED_NAMES or name.startswith(INHERITED_PREFIXES))
         and not is_secret_name(name)
     }
+    env.update((name, source[name]) for name in passed if name in source)
     env.update(added)
     return env

@@ -31,7 +31,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -95,6 +95,11 @@ class ProcessSettings(BaseModel):
         60.0, gt=0.0, description="Uptime after which the restart backoff resets."
     )
     stop_timeout_s: float = Field(30.0, gt=0.0, description="SIGTERM grace before SIGKILL.")
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="Variables of the service's environment the engine gets beyond the "
+        "allowlist (e.g. HF_TOKEN for a gated model); servekit.engine.environ.",
+    )
 
 
 class Backoff:
@@ -125,9 +130,11 @@ class EngineProcess:
         *,
         ports: tuple[int, ...] = (),
         orphan_grace_s: float = DEFAULT_GRACE_S,
+        pass_env: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.command = command
+        self.pass_env = tuple(pass_env)  # names from our environment, beyond the allowlist
         self.log_path = log_path
         self.ports = ports
         self.orphan_grace_s = orphan_grace_s  # SIGTERM to SIGKILL once this process is gone
@@ -166,7 +173,7 @@ class EngineProcess:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = engine_environ(self.command.env)
+        env = engine_environ(self.command.env, self.pass_env)
         if self._lifeline is not None:
             self._lifeline.cut()  # the previous run's: it has exited
         with self.log_path.open("ab") as out:

@@ -128,7 +128,11 @@ class VllmEngine:
         self.command = vllm_command(settings, self.port, api_key)
         label = f"vllm-{version or 'engine'}-{self.port}"
         self.process = EngineProcess(
-            label, self.command, settings.log_dir / f"{label}.log", ports=(self.port,)
+            label,
+            self.command,
+            settings.log_dir / f"{label}.log",
+            ports=(self.port,),
+            pass_env=settings.process.pass_env,
         )
         self._supervisor = ProcessSupervisor(self.process, settings.process)
         served = settings.served_model_name or settings.model_name

@@ -75,8 +75,10 @@ async def test_the_engine_gets_an_allowlisted_environment_not_ours(
     }
     for name, value in ours.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NGC_API_KEY", "passed-by-name")
     code = "import json, os; print('ENV', json.dumps(dict(os.environ)))"
-    proc = EngineProcess("e", _plan(code, HF_TOKEN="given-by-config"), tmp_path / "e.log")
+    plan = _plan(code, HF_TOKEN="given-by-config")
+    proc = EngineProcess("e", plan, tmp_path / "e.log", pass_env=["NGC_API_KEY", "UNSET_ONE"])
     proc.start()
     await _wait_exit(proc)
     line = next(x for x in (tmp_path / "e.log").read_text().splitlines() if x.startswith("ENV "))
@@ -84,6 +86,8 @@ async def test_the_engine_gets_an_allowlisted_environment_not_ours(
     for name in ("CONSUL_HTTP_TOKEN", "CREDENTIALS_DIRECTORY", "AWS_SECRET_ACCESS_KEY"):
         assert name not in seen
     assert seen["HF_TOKEN"] == "given-by-config"  # the config may add it explicitly
+    assert seen["NGC_API_KEY"] == "passed-by-name"  # or name it in process.pass_env
+    assert "UNSET_ONE" not in seen
     for name in ("HF_HUB_OFFLINE", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS", "LC_ALL"):
         assert seen[name] == ours[name]
     assert seen["PATH"] == os.environ["PATH"]
