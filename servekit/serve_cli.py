@@ -159,7 +159,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         fresh = load()
         refusal = reload_refusal(running, fresh)
         if refusal is not None:
-            raise ConfigError(f"reload refused, the running settings stay: {refusal}")
+            raise ConfigError(f"reload refused: {refusal}")
         refuse_open(fresh)
         hooks.reload(fresh)
         running = fresh
