@@ -21,6 +21,7 @@ import yaml
 from central.specs import LlamaCppReplica, TrtllmReplica, UrlReplica, VllmReplica
 from servekit.engine.llama import LlamaSettings
 from servekit.engine.process import ProcessCommand
+from servekit.engine.vllm_args import VLLM_API_KEY_ENV
 
 if TYPE_CHECKING:
     from central.settings import CentralSettings
@@ -42,7 +43,7 @@ LoadSource = Literal["vllm", "trtllm", "load", "none"]
 
 # Where a launched replica finds the gateway's service token: the environment,
 # never the command line (``ps`` shows that to every user of the host).
-VLLM_TOKEN_ENV = "VLLM_API_KEY"  # `vllm serve` checks it on /v1 routes
+VLLM_TOKEN_ENV = VLLM_API_KEY_ENV  # `vllm serve` checks it on /v1 routes
 STANDIN_TOKEN_ENV = "HYBRID_LLM_SERVICE_TOKEN"
 
 # trtllm-serve's /metrics handler gathers `get_stats_async(2)`: it returns after a

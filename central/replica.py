@@ -87,7 +87,11 @@ class Replica:
             self.endpoint = plan.endpoint
             self.plan = plan
             self.process = EngineProcess(
-                spec.name, plan.command, run_dir / f"{spec.name}.log", ports=(port,)
+                spec.name,
+                plan.command,
+                run_dir / f"{spec.name}.log",
+                ports=(port,),
+                pass_env=supervision.pass_env,
             )
             self._supervisor = ProcessSupervisor(self.process, supervision)
         self.engine = self._local or engine_factory(self.endpoint)

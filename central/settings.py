@@ -104,6 +104,11 @@ class CentralSettings(Section):
         "Launched replicas are given the token (VLLM_API_KEY, the stand-in's server.auth).",
     )
 
+    @property
+    def open_because(self) -> str | None:
+        """Why anyone may call the gateway (None: a service token is required)."""
+        return self.server.open_because
+
     @model_validator(mode="after")
     def _replicas_disjoint(self) -> CentralSettings:
         names = [r.name for r in self.replicas]

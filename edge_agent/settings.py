@@ -164,6 +164,11 @@ class EdgeSettings(Section):
         default_factory=TracingSettings, description="OpenTelemetry traces (off by default)."
     )
 
+    @property
+    def open_because(self) -> str | None:
+        """Why anyone may call the agent (None: a service token is required)."""
+        return self.server.open_because
+
     @model_validator(mode="after")
     def _sync_needs_registry(self) -> EdgeSettings:
         if self.model_sync is not None and self.model_sync.enabled and self.registry is None:

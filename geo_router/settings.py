@@ -404,6 +404,11 @@ class RouterSettings(Section):
         default_factory=TracingSettings, description="OpenTelemetry traces (off by default)."
     )
 
+    @property
+    def open_because(self) -> str | None:
+        """Why anyone may call the router (None: an API key is required)."""
+        return None if self.auth.required else "auth.required is false: anonymous callers served"
+
     @model_validator(mode="before")
     @classmethod
     def _legacy_server_keys(cls, data: Any) -> Any:

@@ -349,7 +349,7 @@ def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
     from model_sync.artifacts import create_app
     from servekit.serve import run_service
     from servekit.service_auth import TokenGate, is_loopback, warn_if_open
-    from servekit.tls import ServerTLSSettings
+    from servekit.tls import ServerTLSSettings, client_ca_change
 
     overrides = {
         "artifact_server.auth.tokens_file": args.tokens_file,
@@ -375,9 +375,19 @@ def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
         return 2
     warn_if_open(gate, "artifact server", args.host, args.port)
 
+    running = server
+
     def reload() -> ServerTLSSettings | None:
+        # What a live server cannot take on is refused before anything applies.
+        nonlocal running
         fresh = load(args.config, **overrides).artifact_server
+        if running.auth.enabled and not fresh.auth.enabled:
+            raise ConfigError("reload refused: it removes every token; restart to serve open")
+        refusal = client_ca_change(running.tls, fresh.tls)
+        if refusal is not None:
+            raise ConfigError(f"reload refused: {refusal}")
         gate.update(fresh.auth)
+        running = fresh
         return fresh.tls
 
     app = create_app(args.directory, gate)

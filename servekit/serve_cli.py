@@ -12,6 +12,13 @@ for it (called on SIGTERM before connections close) and what a reload
 applies live. On SIGHUP the settings file is read again with the same flags
 and handed to ``reload`` (API keys, service tokens), and the certificates it
 names are loaded into the listening socket (:mod:`servekit.serve`).
+
+Fail closed: a service that would take unauthenticated calls on a
+non-loopback address does not start unless ``server.allow_unauthenticated``
+is set (:func:`servekit.service_auth.refuse_open_bind`). A reload that would
+open the service (its authentication removed) or change client-certificate
+checking (which a live socket cannot take on or drop) is refused: it is
+logged as an error and the running settings stay.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 from pydantic import BaseModel
 
 from servekit.config import ConfigError, load_settings
+from servekit.service_auth import refuse_open_bind
 from servekit.settings import ServerSettings
-from servekit.tls import ServerTLSSettings
+from servekit.tls import ServerTLSSettings, client_ca_change
 
 __all__ = [
     "FLAG_BLOCKS",
@@ -37,6 +45,8 @@ __all__ = [
     "ServiceHooks",
     "ServiceSettings",
     "add_serve_command",
+    "refuse_open",
+    "reload_refusal",
     "run_command",
     "serve",
     "serve_overrides",
@@ -47,10 +57,14 @@ FLAG_BLOCKS = ("server", "instance")
 
 
 class ServiceSettings(Protocol):
-    """A service's settings tree: it has a ``server:`` block."""
+    """A service's settings tree: it has a ``server:`` block and says whether
+    callers must authenticate (``open_because``: why not, or None)."""
 
     @property
     def server(self) -> ServerSettings: ...
+
+    @property
+    def open_because(self) -> str | None: ...
 
 
 S = TypeVar("S", bound=ServiceSettings)
@@ -135,12 +149,20 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         return cast(S, load_settings(model, args.config, **overrides))
 
     settings = load()
+    refuse_open(settings)
     app = service.create_app(settings)
     hooks: ServiceHooks = app.state.hooks
+    running = settings
 
     def reload() -> ServerTLSSettings | None:
+        nonlocal running
         fresh = load()
+        refusal = reload_refusal(running, fresh)
+        if refusal is not None:
+            raise ConfigError(f"reload refused: {refusal}")
+        refuse_open(fresh)
         hooks.reload(fresh)
+        running = fresh
         return fresh.server.tls
 
     server = settings.server
@@ -155,6 +177,28 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         on_reload=reload,
     )
     return 0
+
+
+def refuse_open(settings: ServiceSettings) -> None:
+    """:class:`ConfigError` if the service would listen open on a non-loopback address."""
+    try:
+        refuse_open_bind(
+            settings.server.host,
+            settings.open_because,
+            settings.server.allow_unauthenticated,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def reload_refusal(running: ServiceSettings, fresh: ServiceSettings) -> str | None:
+    """Why ``fresh`` cannot replace ``running`` on a live service (None: it can)."""
+    if running.open_because is None and fresh.open_because is not None:
+        return (
+            f"it removes authentication ({fresh.open_because}), which would open the "
+            "service to anyone; restart it to do that"
+        )
+    return client_ca_change(running.server.tls, fresh.server.tls)
 
 
 def run_command(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:

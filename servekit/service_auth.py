@@ -13,7 +13,9 @@ without a valid ``Authorization: Bearer <token>`` a request gets 401 in the
 OpenAI error shape, except on ``/health`` and ``/ready`` (load balancers and
 supervisors probe them) and, unless ``protect_metrics`` is set, ``/metrics``.
 With no token configured the middleware lets everything through (a laptop
-setup); services log a warning at start then.
+setup); services log a warning at start then, and refuse to start at all on
+an address other machines reach unless ``server.allow_unauthenticated`` says
+so (:func:`refuse_open_bind`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "check_sha256_hex",
     "hash_token",
     "is_loopback",
+    "refuse_open_bind",
     "warn_if_open",
 ]
 
@@ -218,3 +221,19 @@ def warn_if_open(gate: TokenGate, service: str, host: str, port: int) -> None:
             host,
             port,
         )
+
+
+def refuse_open_bind(host: str, open_because: str | None, allowed: bool) -> None:
+    """``ValueError`` when a service would answer anyone on a non-loopback ``host``.
+
+    ``open_because`` says why it takes unauthenticated calls (None: it does
+    not); ``allowed`` is ``server.allow_unauthenticated``. Loopback stays
+    allowed: only this machine reaches it (:func:`warn_if_open` says so).
+    """
+    if open_because is None or allowed or is_loopback(host):
+        return
+    raise ValueError(
+        f"refusing to listen on {host} without authentication ({open_because}): "
+        "anyone who reaches the port could call it; configure authentication, listen on "
+        "127.0.0.1, or set server.allow_unauthenticated: true to run it open on purpose"
+    )

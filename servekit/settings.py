@@ -55,11 +55,21 @@ class ServerSettings(Section):
     graceful_shutdown_s: float = Field(30.0, ge=0, description="Time to finish in-flight work.")
     log_level: LogLevel = Field("info", description="Log level of the service's own logger.")
     tls: ServerTLSSettings | None = Field(None, description="Serve HTTPS with this certificate.")
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Start on a non-loopback address even though callers need no token or "
+        "API key (a service refuses to otherwise).",
+    )
 
 
 class ServiceServerSettings(ServerSettings, ServerSecurity):
     """The ``server:`` block of a service called by other services (edge, center):
     it also takes service tokens."""
+
+    @property
+    def open_because(self) -> str | None:
+        """Why anyone may call the service (None: a service token is required)."""
+        return None if self.auth.enabled else "server.auth has no tokens"
 
 
 class InstanceSettings(Section):

@@ -27,6 +27,7 @@ from servekit.secrets import SecretSettings
 
 __all__ = [
     "ServerTLSSettings",
+    "client_ca_change",
     "client_context",
     "describe_tls_error",
     "reload_server_context",
@@ -94,12 +95,34 @@ def server_context(tls: ServerTLSSettings) -> ssl.SSLContext:
     return ctx
 
 
+def client_ca_change(
+    running: ServerTLSSettings | None, fresh: ServerTLSSettings | None
+) -> str | None:
+    """Why a reload from ``running`` to ``fresh`` cannot apply its client-CA setting
+    (None: it can). A live context neither starts nor stops requiring client
+    certificates; a renewed CA bundle in the same place is fine."""
+    before = running is not None and running.client_ca_file is not None
+    after = fresh is not None and fresh.client_ca_file is not None
+    if after and not before:
+        return "it adds server.tls.client_ca_file; requiring client certificates needs a restart"
+    if before and not after:
+        return "it drops server.tls.client_ca_file; accepting any client needs a restart"
+    return None
+
+
 def reload_server_context(ctx: ssl.SSLContext, tls: ServerTLSSettings) -> None:
     """Load ``tls``'s (renewed) files into the live ``ctx``: new handshakes use them.
 
     CA certificates can only be added to a live context, never removed;
-    dropping a client CA needs a restart.
+    dropping a client CA needs a restart. A client CA for a context that does
+    not require client certificates is refused (``ValueError``): loaded, it
+    would be trusted while nothing is checked.
     """
+    if tls.client_ca_file is not None and ctx.verify_mode != ssl.CERT_REQUIRED:
+        raise ValueError(
+            "server.tls.client_ca_file added on reload; requiring client certificates "
+            "needs a restart"
+        )
     _load_chain(ctx, tls.cert_file, tls.key_file, tls.key_password)
     if tls.client_ca_file is not None:
         _load_ca(ctx, tls.client_ca_file)

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import uvicorn
@@ -117,14 +117,20 @@ def service_process(
     ready_timeout: float = 180.0,
     env: dict[str, str] | None = None,
     verify: Any = True,
+    stderr: IO[bytes] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``python -m <args>`` from the repo root and wait for ``url/ready``."""
+    """Run ``python -m <args>`` from the repo root and wait for ``url/ready``
+    (its log to ``stderr`` if given)."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     if env:
         full_env.update(env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", *args], cwd=REPO, env=full_env, start_new_session=True
+        [sys.executable, "-m", *args],
+        cwd=REPO,
+        env=full_env,
+        start_new_session=True,
+        stderr=stderr,
     )
     try:
         try:

@@ -1,7 +1,9 @@
 """Running an engine server as a supervised child process; one copy for both tiers.
 
 A :class:`ProcessCommand` is what to run: argv, the environment it adds and
-files to write first. Building one has no side effects, so operators and tests
+files to write first. The child's environment is an allowlisted part of
+ours plus what the command adds (:mod:`servekit.engine.environ`), never all
+of it. Building one has no side effects, so operators and tests
 see precisely what would run. :class:`EngineProcess` runs it: the child gets a
 session of its own (a stop reaches vLLM's engine-core and worker processes,
 and trtllm-serve's per-GPU ranks, too) and a lifeline to this process
@@ -29,13 +31,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servekit.engine.environ import engine_environ
 from servekit.lifeline import DEFAULT_GRACE_S, Lifeline
 from servekit.procfs import (
     ProcessRecord,
@@ -92,6 +95,11 @@ class ProcessSettings(BaseModel):
         60.0, gt=0.0, description="Uptime after which the restart backoff resets."
     )
     stop_timeout_s: float = Field(30.0, gt=0.0, description="SIGTERM grace before SIGKILL.")
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="Variables of the service's environment the engine gets beyond the "
+        "allowlist (e.g. HF_TOKEN for a gated model); servekit.engine.environ.",
+    )
 
 
 class Backoff:
@@ -122,9 +130,11 @@ class EngineProcess:
         *,
         ports: tuple[int, ...] = (),
         orphan_grace_s: float = DEFAULT_GRACE_S,
+        pass_env: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.command = command
+        self.pass_env = tuple(pass_env)  # names from our environment, beyond the allowlist
         self.log_path = log_path
         self.ports = ports
         self.orphan_grace_s = orphan_grace_s  # SIGTERM to SIGKILL once this process is gone
@@ -163,8 +173,7 @@ class EngineProcess:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(self.command.env)
+        env = engine_environ(self.command.env, self.pass_env)
         if self._lifeline is not None:
             self._lifeline.cut()  # the previous run's: it has exited
         with self.log_path.open("ab") as out:

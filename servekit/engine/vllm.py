@@ -11,7 +11,12 @@ if it dies; meanwhile ``ready()`` is false. Generation goes through the shared
 OpenAI-HTTP engine, so errors and streaming are handled in one place.
 
 Each engine picks a free port at construction unless one is set, so a hot
-swap can run a second server beside the first.
+swap can run a second server beside the first. It also makes a random API key
+that its server requires on ``/v1`` (``VLLM_API_KEY`` in the server's
+environment, so it is in neither ``ps`` nor the command line ``/engine`` and
+the logs show): another user or process on the host cannot call the engine
+around the agent's auth, admission and limits. vLLM leaves ``/health`` and
+``/metrics`` open, which is what the probes read.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +50,7 @@ from servekit.engine.protocol import (
     SamplingParams,
 )
 from servekit.engine.rates import RateTracker, measured
-from servekit.engine.vllm_args import VllmServeArgs
+from servekit.engine.vllm_args import VLLM_API_KEY_ENV, VllmServeArgs
 from servekit.engine.vllm_metrics import VllmGauges, parse_vllm_metrics
 from servekit.errors import EngineFailure, NotReady
 
@@ -90,12 +96,17 @@ class VllmEngineSettings(VllmServeArgs):
         return self.max_model_len
 
 
-def vllm_command(settings: VllmEngineSettings, port: int) -> ProcessCommand:
-    """The engine's process: ``vllm serve`` and its environment."""
+def vllm_command(
+    settings: VllmEngineSettings, port: int, api_key: str | None = None
+) -> ProcessCommand:
+    """The engine's process: ``vllm serve`` and its environment; with ``api_key``,
+    the server requires it on ``/v1`` (given in the environment, over ``env:``)."""
     served = settings.served_model_name or settings.model_name
     argv = settings.serve_argv(settings.model, host=settings.host, port=port, served=served)
     env = settings.serve_env()
     env.update(settings.env)
+    if api_key is not None:
+        env[VLLM_API_KEY_ENV] = api_key
     return ProcessCommand(tuple(argv), env)
 
 
@@ -113,10 +124,15 @@ class VllmEngine:
         self.port = settings.port or free_port(settings.host)
         reach = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
         self.base_url = f"http://{reach}:{self.port}"
-        self.command = vllm_command(settings, self.port)
+        api_key = secrets.token_urlsafe(32)  # this server's alone: a hot swap's gets another
+        self.command = vllm_command(settings, self.port, api_key)
         label = f"vllm-{version or 'engine'}-{self.port}"
         self.process = EngineProcess(
-            label, self.command, settings.log_dir / f"{label}.log", ports=(self.port,)
+            label,
+            self.command,
+            settings.log_dir / f"{label}.log",
+            ports=(self.port,),
+            pass_env=settings.process.pass_env,
         )
         self._supervisor = ProcessSupervisor(self.process, settings.process)
         served = settings.served_model_name or settings.model_name
@@ -125,6 +141,7 @@ class VllmEngine:
                 base_url=self.base_url,
                 model=served,
                 served_name=settings.model_name,
+                api_key=api_key,
                 capacity=settings.capacity,
                 read_timeout_s=settings.read_timeout_s,
                 request_fields=settings.request_fields,
@@ -132,7 +149,10 @@ class VllmEngine:
             probe=None,
             version=version,
         )
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=2.0))
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(5.0, connect=2.0),
+            headers={"Authorization": f"Bearer {api_key}"},  # /v1/models needs it
+        )
         self._start_lock = asyncio.Lock()
         self._started = False
         self._healthy = False

@@ -18,12 +18,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "VLLM_API_KEY_ENV",
     "SpeculativeSpec",
     "VllmKvCacheDtype",
     "VllmQuantization",
     "VllmServeArgs",
     "default_max_num_seqs",
 ]
+
+# Where `vllm serve` reads the key it requires on /v1 (/health and /metrics stay
+# open; vllm/entrypoints/serve/middleware/authenticate.py): the environment, never
+# the command line, which `ps` shows every user of the host.
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
 
 # Quantization methods `vllm serve --quantization` accepts that make sense for
 # a served dense/MoE checkpoint (vLLM docs, "Supported Hardware" table).

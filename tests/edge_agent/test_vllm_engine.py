@@ -150,6 +150,19 @@ def test_errors_in_the_openai_shape(client: openai.OpenAI, edge: str) -> None:
     assert set(bad.json()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_vllm_answers_only_its_agent_but_probes_stay_open(edge: str) -> None:
+    """The server's per-launch key: /v1 without it is 401 from vLLM itself, while the
+    agent (which sends it) serves and reads /health and /metrics; the key is not shown."""
+    engine = httpx.get(edge + "/engine").json()
+    assert httpx.get(engine["url"] + "/v1/models").status_code == 401
+    wrong = {"Authorization": "Bearer guessed"}
+    assert httpx.get(engine["url"] + "/v1/models", headers=wrong).status_code == 401
+    assert httpx.get(engine["url"] + "/health").status_code == 200
+    assert httpx.get(engine["url"] + "/metrics").status_code == 200
+    assert "VLLM_API_KEY='***'" in engine["command"]
+    assert httpx.get(edge + "/load").json()["max_context_tokens"] == 2048  # via /v1/models
+
+
 def test_load_and_metrics_come_from_vllm(edge: str, client: openai.OpenAI) -> None:
     client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
     load = httpx.get(edge + "/load").json()

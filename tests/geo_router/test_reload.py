@@ -69,3 +69,26 @@ def test_sighup_reloads_the_api_keys(tmp_path: Path) -> None:
             time.sleep(0.5)
             assert (_status(url, NEW), _status(url, OLD)) == (200, 401)
             assert proc.poll() is None
+
+
+def test_a_reload_that_would_admit_anonymous_callers_is_refused(tmp_path: Path) -> None:
+    cfg = tmp_path / "router.yaml"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "router.log"
+    with serve_fake(Behavior()) as up:
+        _config(cfg, up, [OLD], port)
+        args = ["geo_router", "serve", "--config", str(cfg), "--log-level", "info"]
+        with log.open("wb") as out, service_process(args, url, stderr=out) as proc:
+            data = yaml.safe_load(cfg.read_text())
+            data["auth"]["required"] = False
+            cfg.write_text(yaml.safe_dump(data))
+            proc.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "reload refused" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            anonymous = httpx.get(url + "/v1/models", timeout=5).status_code
+            assert anonymous == 401  # still closed
+            assert _status(url, OLD) == 200
+            assert proc.poll() is None
+    assert "removes authentication (auth.required is false" in log.read_text()

@@ -18,6 +18,7 @@ from hybrid_llm.local.servers import REPO
 from servekit.config import load_settings
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
+from servekit.serve_cli import refuse_open
 
 DEPLOY = REPO / "deploy"
 NAME = re.compile(r"\b((?:vllm:|router_|hybrid_)[a-z0-9_:]+)")
@@ -129,6 +130,8 @@ def test_production_configs_load_with_credentials_and_certificates_in_place(
     settings = load_settings(settings_model, cfg, {"CREDENTIALS_DIRECTORY": str(creds)})
     dumped = settings.model_dump_json()
     assert "token-" not in dumped  # the secrets were read, and stay hidden
+    if module != "model_sync.settings":  # services on 0.0.0.0 must authenticate callers
+        refuse_open(settings)
 
 
 def test_prometheus_config_parses_and_scrapes_every_service() -> None:

@@ -20,6 +20,7 @@ import yaml
 from hybrid_llm.local.servers import REPO, free_port, wait_ready
 from hybrid_llm.local.topology import TopologySettings, build_specs, service_headers, with_services
 from servekit.config import ConfigError, load_settings
+from servekit.serve_cli import refuse_open
 
 
 def _proxied_port() -> int:
@@ -140,6 +141,7 @@ def test_local_topology_renders_valid_service_settings(
     # Every service shares the topology's registry; the router reads rollout shares there.
     assert settings.registry is not None
     assert settings.registry.embedded.path == topo.registry
+    refuse_open(settings)  # `up` starts it: loopback, or tokens
 
 
 def test_a_second_router_on_the_same_fleet(tmp_path: Path) -> None:

@@ -4,8 +4,10 @@ a file behind an open path, and an open server on a public address."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 
-from hybrid_llm.local.servers import REPO, UvicornThread, free_port
+from hybrid_llm.local.servers import REPO, UvicornThread, free_port, service_process
 from model_sync.agent import ReconcilerSettings
 from model_sync.artifacts import create_app
 from model_sync.download import Downloader, SourceUnavailable
@@ -127,3 +129,22 @@ def test_serve_artifacts_refuses_a_public_address_without_tokens(tmp_path: Path)
 )  # fmt: skip
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+def test_a_reload_that_removes_every_token_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "m.gguf").write_bytes(b"GGUF")
+    config = tmp_path / "model-sync.yaml"
+    config.write_text("artifact_server: {auth: {tokens: [art-1]}}\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["model_sync", "--config", str(config), "serve-artifacts", str(tmp_path / "store")]
+    with service_process([*args, "--port", str(port)], url, ready_timeout=60) as proc:
+        assert httpx.get(url + "/m.gguf").status_code == 401
+        config.write_text("artifact_server: {}\n")  # every token gone: it would open the store
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        assert httpx.get(url + "/m.gguf").status_code == 401
+        ok = httpx.get(url + "/m.gguf", headers={"Authorization": "Bearer art-1"})
+        assert ok.status_code == 200
+        assert proc.poll() is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -56,6 +57,41 @@ async def test_output_env_and_files_land_where_expected(tmp_path: Path) -> None:
     proc.start()
     await _wait_exit(proc)
     assert (tmp_path / "logs" / "r.log").read_text().count("--- ") == 2
+
+
+@pytest.mark.anyio
+async def test_the_engine_gets_an_allowlisted_environment_not_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours = {
+        "CONSUL_HTTP_TOKEN": "registry-secret",  # not on the list
+        "CREDENTIALS_DIRECTORY": "/run/credentials/edge-agent.service",
+        "AWS_SECRET_ACCESS_KEY": "cloud-secret",
+        "HF_TOKEN": "hub-secret",  # an allowed prefix, but a secret's name
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "DEBUG",
+        "OMP_NUM_THREADS": "2",
+        "LC_ALL": "C.UTF-8",
+    }
+    for name, value in ours.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NGC_API_KEY", "passed-by-name")
+    code = "import json, os; print('ENV', json.dumps(dict(os.environ)))"
+    plan = _plan(code, HF_TOKEN="given-by-config")
+    proc = EngineProcess("e", plan, tmp_path / "e.log", pass_env=["NGC_API_KEY", "UNSET_ONE"])
+    proc.start()
+    await _wait_exit(proc)
+    line = next(x for x in (tmp_path / "e.log").read_text().splitlines() if x.startswith("ENV "))
+    seen = json.loads(line.removeprefix("ENV "))
+    for name in ("CONSUL_HTTP_TOKEN", "CREDENTIALS_DIRECTORY", "AWS_SECRET_ACCESS_KEY"):
+        assert name not in seen
+    assert seen["HF_TOKEN"] == "given-by-config"  # the config may add it explicitly
+    assert seen["NGC_API_KEY"] == "passed-by-name"  # or name it in process.pass_env
+    assert "UNSET_ONE" not in seen
+    for name in ("HF_HUB_OFFLINE", "VLLM_LOGGING_LEVEL", "OMP_NUM_THREADS", "LC_ALL"):
+        assert seen[name] == ours[name]
+    assert seen["PATH"] == os.environ["PATH"]
+    assert "registry-secret" not in (tmp_path / "e.log").read_text().replace(line, "")
 
 
 @pytest.mark.anyio
