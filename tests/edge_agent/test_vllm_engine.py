@@ -7,12 +7,14 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from hybrid_llm.local.servers import free_port, service_process
+from servekit.engine.vllm_args import VLLM_API_KEY_ENV
 from tests.support.vllm import MODEL_NAME, require_vllm, vllm_engine, write_edge_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -77,7 +79,10 @@ def test_greedy_answers_match_vllm_itself(client: openai.OpenAI, edge: str) -> N
     """The agent passes text through unchanged: same tokens as asking vLLM directly."""
     engine_url = _engine_url(edge)
     body = {"model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 8}
-    direct = httpx.post(engine_url + "/v1/completions", json={**body, "temperature": 0}).json()
+    key = {"Authorization": f"Bearer {_engine_key(edge)}"}  # as the agent asks it
+    direct = httpx.post(
+        engine_url + "/v1/completions", json={**body, "temperature": 0}, headers=key
+    ).json()
     via = client.completions.create(
         model=MODEL_NAME, prompt="The capital of France is", max_tokens=8, temperature=0
     )
@@ -232,6 +237,14 @@ def test_a_killed_engine_is_restarted_and_serves_again(edge: str, client: openai
 
 def _engine_url(edge: str) -> str:
     return str(httpx.get(edge + "/engine").json()["url"])
+
+
+def _engine_key(edge: str) -> str:
+    """The per-launch key the agent gave its vLLM, read where an operator on the host
+    could read it: the server process's environment."""
+    environ = Path(f"/proc/{_engine_pid(edge)}/environ").read_bytes().split(b"\0")
+    name = VLLM_API_KEY_ENV.encode() + b"="
+    return next(v[len(name) :] for v in environ if v.startswith(name)).decode()
 
 
 def _engine_pid(edge: str) -> int:
