@@ -294,13 +294,15 @@ def _python(service: ServiceSpec, root: Path) -> str:
 
 
 def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
-    """Process specs in start order: delay proxies, then services as listed."""
+    """Process specs in start order: delay proxies, the trace store (so the first
+    spans find it), then services as listed."""
     state = root / topo.state_dir
     rendered_dir = state / "topology"
     rendered_dir.mkdir(parents=True, exist_ok=True)
     write_service_token(state)
     token_file = service_token_path(topo.state_dir)  # as the services see it (cwd=root)
-    services = topo.enabled()
+    store = topo.trace_store()
+    services = sorted(topo.enabled(), key=lambda s: s is not store)  # stable: listed order
     endpoint = topo.trace_endpoint()
     url_of = {s.name: topo.url(s) or "" for s in services}
     advertise_of = {s.name: topo.advertise(s) or "" for s in services}

@@ -9,6 +9,7 @@ Phoenix's REST API.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from geo_router.app import create_app as create_router
 from hybrid_llm.local.phoenix_serve import narrow
@@ -120,6 +122,55 @@ def test_phoenix_grpc_wildcards_are_narrowed_to_its_host(
     address: str, host: str, bound: str
 ) -> None:
     assert narrow(address, host) == bound
+
+
+def test_up_tracing_alone_runs_the_trace_store_and_prints_it(tmp_path: Path) -> None:
+    """``hybrid-llm up --tracing`` (no URL) through the real CLI, a tiny server as the store."""
+    store_port, router_port = free_port(), free_port()
+
+    def tiny(name: str, kind: str, port: int, **extra: Any) -> dict[str, Any]:
+        module = "tests.hybrid_llm.tiny_server"
+        spec = {"name": name, "kind": kind, "port": port, "module": module}
+        return {**spec, "args": ["--port", "{port}"], **extra}
+
+    topo = {
+        "state_dir": str(tmp_path / "var"),
+        "registry": str(tmp_path / "var" / "registry.db"),
+        "models": [],
+        "services": [
+            tiny("router", "router", router_port, settings={"greeting": "hi"}),
+            tiny("store", "traces", store_port, enabled=False),
+        ],
+    }
+    path = tmp_path / "topo.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "hybrid_llm", *args, "--config", str(path)]
+        return subprocess.run(
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    up = run("up", "--detach", "--tracing")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = json.loads((tmp_path / "var" / "hybrid-llm.json").read_text())
+        assert [c["name"] for c in state["children"]] == ["store", "router"]  # store first
+        rendered = yaml.safe_load((tmp_path / "var" / "topology" / "router.yaml").read_text())
+        endpoint = f"http://127.0.0.1:{store_port}/v1/traces"
+        assert rendered["tracing"] == {
+            "enabled": True,
+            "endpoint": endpoint,
+            "service_name": "router",
+        }
+        log = (tmp_path / "var" / "log" / "up.log").read_text()
+        assert f"Traces: open http://127.0.0.1:{store_port}" in log
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{store_port}/ready", timeout=2)
 
 
 # -- the real Phoenix ---------------------------------------------------------------
