@@ -140,10 +140,11 @@ class TopologySettings(_Strict):
         names = [s.name for s in self.services]
         if len(set(names)) != len(names):
             raise ValueError(f"service names must be unique: {names}")
-        stores = [s.name for s in self.services if s.kind == "traces"]
-        if self.tracing == LOCAL_TRACES and len(stores) != 1:
+        stores = [s for s in self.services if s.kind == "traces"]
+        if self.tracing == LOCAL_TRACES and (len(stores) != 1 or stores[0].port is None):
             raise ValueError(
-                f"tracing: {LOCAL_TRACES} needs one service of kind traces, not {stores}"
+                f"tracing: {LOCAL_TRACES} needs one service of kind traces with a port, "
+                f"not {[s.name for s in stores]}"
             )
         ports = [p for s in self.enabled() for p in [*([s.port] if s.port else []), *s.also_binds]]
         if len(set(ports)) != len(ports):
@@ -177,10 +178,7 @@ class TopologySettings(_Strict):
         store = self.trace_store()
         if store is None:
             return self.tracing
-        url = self.url(store)
-        if url is None:
-            raise ValueError(f"trace store {store.name} has no port")
-        return url + "/v1/traces"
+        return f"{self.url(store)}/v1/traces"  # it has a port (validated)
 
     def proxied(self, service: ServiceSpec) -> bool:
         return (
