@@ -14,6 +14,14 @@ and ``{service_token_file}``: the file holding the service token that edges
 and the center accept and the router and the gateway send. Every build
 writes a fresh random token there (mode 0600), so each ``up`` has its own;
 :func:`service_headers` gives operator tools (profile, benches) that token.
+
+Traces: ``tracing`` is an OTLP/HTTP endpoint every router, edge and center
+exports to, or :data:`LOCAL_TRACES`: the topology's own trace store (its
+``kind: traces`` service, Arize Phoenix in ``configs/local.yaml``), which
+then runs too, before everything else, and takes every service's spans at
+its ``/v1/traces``. A service in an environment of its own (``python:``,
+e.g. ``.phoenix/bin/python``) runs under that interpreter; when it is
+missing the build stops and names the ``setup`` command that installs it.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from hybrid_llm.local.supervisor import ProcessSpec
 from servekit.rtt import RttTable
 
 __all__ = [
+    "LOCAL_TRACES",
     "SERVICE_TOKEN_ENV",
     "NetemSettings",
     "ServiceSpec",
@@ -46,13 +55,14 @@ __all__ = [
 ]
 
 SERVICE_TOKEN_ENV = "HYBRID_LLM_SERVICE_TOKEN"
+LOCAL_TRACES = "local"  # `tracing:` naming the topology's own trace store
 
 
 class TopologyError(Exception):
     """The topology cannot be built (a base settings file is missing or unreadable)."""
 
 
-Kind = Literal["router", "edge", "center", "controller", "other"]
+Kind = Literal["router", "edge", "center", "controller", "traces", "other"]
 _TRACED = ("router", "edge", "center")  # the kinds with a `tracing:` block
 
 
@@ -64,6 +74,14 @@ class ServiceSpec(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     kind: Kind
     module: str = Field(description="run as `python -m <module> <args>`")
+    python: Path | None = Field(
+        None,
+        description="the interpreter that runs it, relative to the checkout, for a service "
+        "installed in an environment of its own (e.g. .phoenix/bin/python); default: this one",
+    )
+    setup: str | None = Field(
+        None, description="the command that installs `python`, named when it is missing"
+    )
     args: list[str] = Field(default_factory=list)
     config: Path | None = Field(None, description="base settings YAML of the service")
     variants: dict[str, Path] = Field(
@@ -74,6 +92,9 @@ class ServiceSpec(_Strict):
     settings: dict[str, Any] = Field(default_factory=dict, description="merged over `config`")
     region: str | None = None
     port: int | None = Field(None, ge=1, le=65535)
+    also_binds: list[int] = Field(
+        default_factory=list, description="other ports it listens on (checked before start)"
+    )
     ready_path: str | None = Field("/ready", description="GET 200 means ready; null: started")
     ready_timeout_s: float = Field(180.0, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
@@ -103,7 +124,9 @@ class TopologySettings(_Strict):
     tracing: str | None = Field(
         None,
         description="OTLP/HTTP traces endpoint every router, edge and center exports to "
-        "(`hybrid-llm up --tracing URL`); none: tracing stays as each config says",
+        "(`hybrid-llm up --tracing URL`), or `local`: the topology's own trace store, its "
+        "`kind: traces` service, started with it (`hybrid-llm up --tracing`); none: "
+        "tracing stays as each config says",
     )
     services: list[ServiceSpec] = Field(min_length=1)
 
@@ -117,7 +140,13 @@ class TopologySettings(_Strict):
         names = [s.name for s in self.services]
         if len(set(names)) != len(names):
             raise ValueError(f"service names must be unique: {names}")
-        ports = [s.port for s in self.services if s.port and s.enabled]
+        stores = [s for s in self.services if s.kind == "traces"]
+        if self.tracing == LOCAL_TRACES and (len(stores) != 1 or stores[0].port is None):
+            raise ValueError(
+                f"tracing: {LOCAL_TRACES} needs one service of kind traces with a port, "
+                f"not {[s.name for s in stores]}"
+            )
+        ports = [p for s in self.enabled() for p in [*([s.port] if s.port else []), *s.also_binds]]
         if len(set(ports)) != len(ports):
             raise ValueError(f"two services share a port: {ports}")
         if self.center != "default":
@@ -134,7 +163,22 @@ class TopologySettings(_Strict):
         return service.config
 
     def enabled(self) -> list[ServiceSpec]:
-        return [s for s in self.services if s.enabled]
+        """The services that run: those enabled, and the trace store when it is used."""
+        local = self.tracing == LOCAL_TRACES
+        return [s for s in self.services if s.enabled or (local and s.kind == "traces")]
+
+    def trace_store(self) -> ServiceSpec | None:
+        """The topology's own trace store, when ``tracing`` is :data:`LOCAL_TRACES`."""
+        if self.tracing != LOCAL_TRACES:
+            return None
+        return next(s for s in self.services if s.kind == "traces")
+
+    def trace_endpoint(self) -> str | None:
+        """Where routers, edges and the center export spans (OTLP/HTTP), if anywhere."""
+        store = self.trace_store()
+        if store is None:
+            return self.tracing
+        return f"{self.url(store)}/v1/traces"  # it has a port (validated)
 
     def proxied(self, service: ServiceSpec) -> bool:
         return (
@@ -236,14 +280,28 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _python(service: ServiceSpec, root: Path) -> str:
+    """The interpreter ``service`` runs under; :class:`TopologyError` if it is missing."""
+    if service.python is None:
+        return sys.executable
+    path = root / service.python
+    if not path.exists():
+        how = f"; install it with `{service.setup}`" if service.setup else ""
+        raise TopologyError(f"service {service.name}: {service.python} is missing{how}")
+    return str(path)
+
+
 def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
-    """Process specs in start order: delay proxies, then services as listed."""
+    """Process specs in start order: delay proxies, the trace store (so the first
+    spans find it), then services as listed."""
     state = root / topo.state_dir
     rendered_dir = state / "topology"
     rendered_dir.mkdir(parents=True, exist_ok=True)
     write_service_token(state)
     token_file = service_token_path(topo.state_dir)  # as the services see it (cwd=root)
-    services = topo.enabled()
+    store = topo.trace_store()
+    services = sorted(topo.enabled(), key=lambda s: s is not store)  # stable: listed order
+    endpoint = topo.trace_endpoint()
     url_of = {s.name: topo.url(s) or "" for s in services}
     advertise_of = {s.name: topo.advertise(s) or "" for s in services}
     pythonpath = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
@@ -299,23 +357,23 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
                     f"service {s.name}: base settings {base_config}: {exc}"
                 ) from None
             base = loaded if isinstance(loaded, dict) else {}
-        traced = topo.tracing is not None and s.kind in _TRACED
+        traced = endpoint is not None and s.kind in _TRACED
         if base_config is not None or s.settings or traced:
             merged = _merge(base, _render(s.settings, variables))
             if traced:
-                on = {"enabled": True, "endpoint": topo.tracing, "service_name": s.name}
+                on = {"enabled": True, "endpoint": endpoint, "service_name": s.name}
                 merged = _merge(merged, {"tracing": on})
             config_path.write_text(yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
         url = url_of[s.name]
         specs.append(
             ProcessSpec(
                 name=s.name,
-                argv=[sys.executable, "-m", s.module, *map(str, _render(s.args, variables))],
+                argv=[_python(s, root), "-m", s.module, *map(str, _render(s.args, variables))],
                 env={**env_base, **{k: str(v) for k, v in _render(s.env, variables).items()}},
                 cwd=root,
                 ready_url=url + s.ready_path if url and s.ready_path else None,
                 ready_timeout=s.ready_timeout_s,
-                ports=(s.port,) if s.port else (),
+                ports=(*([s.port] if s.port else []), *s.also_binds),
                 labels={
                     "kind": s.kind,
                     "region": s.region or "-",

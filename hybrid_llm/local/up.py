@@ -44,6 +44,7 @@ from hybrid_llm.local.runstate import (
 )
 from hybrid_llm.local.supervisor import ProcessSpec, StartupError, Supervisor
 from hybrid_llm.local.topology import (
+    LOCAL_TRACES,
     TopologyError,
     TopologySettings,
     build_specs,
@@ -86,9 +87,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument(
         "--tracing",
         metavar="URL",
+        nargs="?",
+        const=LOCAL_TRACES,
         default=None,
-        help="export every router's, edge's and center's traces to this OTLP/HTTP endpoint "
-        "(e.g. http://127.0.0.1:4318/v1/traces of a local Jaeger or Phoenix)",
+        help="trace every request: alone, start the topology's own trace store (Arize "
+        "Phoenix, web UI on 127.0.0.1:6006; needs `scripts/setup.sh --phoenix`) and export "
+        "every router's, edge's and center's spans to it; with a URL, export them to that "
+        "OTLP/HTTP endpoint instead (e.g. http://127.0.0.1:4318/v1/traces of a collector)",
     )
     up.set_defaults(func=_up)
     down = sub.add_parser("down", help="stop a topology started by `hybrid-llm up`")
@@ -266,7 +271,15 @@ def _print_ready(topo: TopologySettings, sup: Supervisor, out: Output) -> None:
             f'sends it): curl -H "Authorization: Bearer $(cat {token})" ...',
             highlight=False,
         )
-    if topo.tracing is not None:
+    store = topo.trace_store()
+    if store is not None:
+        out.show(
+            f"Traces: open {topo.url(store)} (Arize Phoenix, project `default`): every "
+            f"router's, edge's and center's spans arrive at {topo.trace_endpoint()}; its "
+            f"database is under {topo.state_dir / 'phoenix'}.",
+            highlight=False,
+        )
+    elif topo.tracing is not None:
         out.show(
             f"Traces of the router, edges and center go to {topo.tracing}; each answer's "
             "Server-Timing header shows the router's stages.",
