@@ -30,6 +30,8 @@ def http_engine(
         capacity=endpoint.capacity,
         health_path=endpoint.health_path,
         engine_errors_as_400=endpoint.trtllm,
+        # trtllm-serve's request models forbid fields they do not declare.
+        send_cache_salt=not endpoint.trtllm,
     )
     return OpenAIHTTPEngine(settings, probe=None, version=version, peer=peer)
 

@@ -244,7 +244,7 @@ class Attempt:
         if r.prefixes is not None and cand.prefix is not None:
             load = cand.state.load
             kv = load.capacity * load.max_context_tokens if load.max_context_tokens else None
-            r.prefixes.record(cand.id, cand.prefix, kv)
+            r.prefixes.served(cand.id, cand.prefix, kv, warming=cand.warming, rent_ms=cand.rent_ms)
 
     def failed(self, exc: BaseException) -> ServeError:
         """It never primed: its error, raised if nobody else may try, returned if the

@@ -6,11 +6,23 @@ against every configured digest in constant time (``servekit.service_auth``'s
 too). An accepted header is remembered until the keys change (SIGHUP reloads
 them: :meth:`Authenticator.update`), so a returning client skips the hashing;
 a rejected one is checked in full every time.
+
+Each tenant carries the ``cache_salt`` its requests are sent upstream with
+(:func:`cache_salt`): engines reuse cached prompt prefixes only within one
+salt (vLLM's ``cache_salt``; this project's llama.cpp engines alike), and the
+router's prefix index names prefixes per salt. The salt is an HMAC of the
+key's cache scope (its tenant, or a scope several keys name on purpose), so
+it says nothing of the tenant's name to an engine's logs, and with
+``auth.cache_salt_key`` set nobody without that key can compute it. Clients
+never choose it: the router refuses a client's ``cache_salt``
+(``servekit.wire.unknown_fields``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import math
 import time
 from collections.abc import Iterator
@@ -22,7 +34,7 @@ from geo_router.settings import ApiKeySettings, AuthSettings
 from servekit.errors import AuthenticationFailed, RateLimited
 from servekit.service_auth import DigestSet, bearer_token
 
-__all__ = ["Authenticator", "RateLimiter", "Tenant"]
+__all__ = ["Authenticator", "RateLimiter", "Tenant", "cache_salt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +47,7 @@ class Tenant:
     burst_s: float = 60.0
     operator: bool = False  # may see routing internals (explain, cached-token figures)
     max_streams: int | None = None  # requests in flight at once, per router
+    cache_salt: str | None = None  # its cache scope, as engines take it (see cache_salt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +66,14 @@ class Authenticator:
 
     def update(self, settings: AuthSettings) -> None:
         """Accept these keys from now on (SIGHUP); one swap, so no request sees a mix."""
+        secret = settings.cache_salt_key
+        key = _DEFAULT_SALT_KEY if secret is None else secret.get_secret_value().encode()
+        anonymous = cache_salt(key, "anonymous")
         self._keys = _Keys(
             settings.required,
-            Tenant("anonymous", settings.anonymous_priority, "anonymous"),
+            Tenant("anonymous", settings.anonymous_priority, "anonymous", cache_salt=anonymous),
             DigestSet(k.sha256 for k in settings.keys),
-            [_tenant(k) for k in settings.keys],
+            [_tenant(k, key) for k in settings.keys],
         )
 
     def authenticate(self, authorization: str | None) -> Tenant:
@@ -74,7 +90,20 @@ class Authenticator:
         raise AuthenticationFailed("invalid API key")
 
 
-def _tenant(entry: ApiKeySettings) -> Tenant:
+# Without auth.cache_salt_key: salts still differ per scope and clients still cannot
+# set one; only a party that can call an engine directly could compute them.
+_DEFAULT_SALT_KEY = b"hybrid-llm cache scope"
+
+
+def cache_salt(key: bytes, scope: str) -> str:
+    """The ``cache_salt`` of a cache scope: 64 hex digits of HMAC-SHA256 under ``key``
+    (vLLM takes up to 128 characters, none of ``@ / \\`` or NUL)."""
+    return hmac.new(key, scope.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _tenant(entry: ApiKeySettings, salt_key: bytes) -> Tenant:
+    # Named scopes and tenants' own scopes never meet, whatever the names.
+    scope = f"scope:{entry.cache_scope}" if entry.cache_scope else f"tenant:{entry.tenant}"
     return Tenant(
         entry.tenant,
         entry.priority,
@@ -84,6 +113,7 @@ def _tenant(entry: ApiKeySettings) -> Tenant:
         entry.burst_s,
         entry.operator,
         entry.max_streams,
+        cache_salt(salt_key, scope),
     )
 
 

@@ -18,11 +18,20 @@ among its own instances only, so one too small for the request answers 400.
 
 A prefix cached only away from the user (its first request happened to land
 on a neighbour) would keep its traffic there: the instance holding it is
-cheaper than a cold start at the same-city edge, every time. So when the best
-candidate of a simple request is not a same-city edge, a prefix is cached
-somewhere, and a same-city edge would be best once it held that prefix, that
-edge goes first (``warming``): it pays the cold prefill once and holds the
-prefix from then on.
+cheaper than a cold start at the same-city edge, every time. Moving it home
+is priced as rent against a purchase (the ski-rental rule): while the best
+candidate of a simple request is not a same-city edge that would be better
+once it held the prefix, each request served away pays *rent*, what that
+edge would have saved it; once the rent paid for the prefix (named by its
+opening, ``Prefix.anchor``: a shared system prompt collects it from every
+conversation that starts with it, a one-off conversation only from its own
+turns) reaches the *purchase*, the cold prefill there less the best
+candidate's time now, the edge goes first (``warming``), pays the cold
+prefill once and holds the prefix from then on. Never paying more than
+twice what the best choice in hindsight would have paid, it moves a
+customer-service system prompt home after a few conversations on a GPU and
+after many on a CPU edge (where a cold prefill costs seconds), and leaves a
+one-off conversation where its history is cached.
 """
 
 from __future__ import annotations
@@ -70,6 +79,7 @@ class RequestShape:
     tokens: int
     max_tokens: int | None
     prefix: Prefix
+    cache_salt: str | None = None  # its cache scope (a trimmed prefix is named in it too)
 
     @property
     def out_tokens(self) -> int:
@@ -160,17 +170,22 @@ class Planner:
         self._traffic = traffic
         self.prefixes = prefixes
 
-    def shape(self, body: Mapping[str, Any]) -> RequestShape:
+    def shape(self, body: Mapping[str, Any], cache_salt: str | None = None) -> RequestShape:
         turns = turns_of(body)
         tokens = estimate_prompt_tokens(body)
         messages = body.get("messages")
-        prefix = EMPTY if self.prefixes is None else self.prefixes.prefix(turns, tokens)
+        prefix = (
+            EMPTY
+            if self.prefixes is None
+            else self.prefixes.prefix(turns, tokens, cache_salt=cache_salt)
+        )
         return RequestShape(
             turns,
             messages if isinstance(messages, list) else None,
             tokens,
             output_budget(body),
             prefix,
+            cache_salt,
         )
 
     def healthy(self) -> list[InstanceState]:
@@ -188,7 +203,10 @@ class Planner:
         *,
         tenant: str | None = None,
         use_case: str | None = None,
+        cache_salt: str | None = None,
     ) -> Decision:
+        """Candidates for ``body``, best first; ``cache_salt`` is the tenant's cache
+        scope (prefixes another scope left on an instance earn no credit)."""
         name = str(body.get("model", ""))
         aliases = self._routing.aliases
         listed = self._candidates()
@@ -215,7 +233,7 @@ class Planner:
             decision = Decision(region, None, None, name)
             pool = [s for s in pool if s.info.model == name]
         pool = self._canary(pool, sticky_key, decision)
-        shape = self.shape(body)
+        shape = self.shape(body, cache_salt)
         decision.prompt_tokens = shape.tokens
         decision.candidates = self._rank(pool, decision, shape, tenant)
         if not decision.candidates and not exclude:
@@ -271,7 +289,8 @@ class Planner:
         prefix, cached, source = shape.prefix, 0, "none"
         if self.prefixes is not None:
             if trim is not None:
-                prefix = self.prefixes.prefix(turns_of({"messages": trim.messages}), tokens)
+                turns = turns_of({"messages": trim.messages})
+                prefix = self.prefixes.prefix(turns, tokens, cache_salt=shape.cache_salt)
             found = self.prefixes.cached_blocks(state.info.id, prefix, state.load)
             cached, source = prefix.tokens(found.blocks), found.source
         return self._scorer.score(
@@ -306,7 +325,12 @@ class Planner:
             self._score(s, region, n, t, shape, tier_bias_ms(self._routing, preferred, s.info.tier))
             for s, n, t in fitted
         ]
-        return rank_classified(scored, preferred, region, self._routing, order)
+        rent = self.prefixes.rent_paid if self.prefixes is not None else _no_rent
+        return rank_classified(scored, preferred, region, self._routing, order, rent)
+
+
+def _no_rent(_anchor: int) -> float:
+    return 0.0
 
 
 def tier_bias_ms(routing: RoutingSettings, preferred: Tier, tier: Tier) -> float:
@@ -321,16 +345,18 @@ def rank_classified(
     region: str,
     routing: RoutingSettings,
     order: Callable[[list[Scored]], list[Scored]],
+    rent_paid: Callable[[int], float] = lambda _anchor: 0.0,
 ) -> list[Scored]:
     """Try order for a classified request from its scored candidates (scored with
     :func:`tier_bias_ms`): simple ones (``preferred="edge"``) rank edges and the
-    center together, a same-city edge warming a prefix cached elsewhere first, a
+    center together, a same-city edge warming a prefix cached elsewhere first once
+    the rent paid for it (``rent_paid``, by the prefix's anchor) covers the move, a
     center among the first ``max_attempts``; hard ones (``"center"``) rank the
     centers, then the edges in the scorer's order when ``hard_may_use_edge``. Pure: the
     router's planner and the fleet simulator both rank with it; ``order`` is the
     scorer's (power-of-two choices)."""
     if preferred == "edge":
-        ordered = _warm_local(within_budget_first(order(scored)), region)
+        ordered = _warm_local(within_budget_first(order(scored)), region, rent_paid)
         return ensure_center(ordered, routing.max_attempts)
     ordered = order([c for c in scored if c.tier == "center"])
     if routing.hard_may_use_edge:
@@ -338,9 +364,11 @@ def rank_classified(
     return within_budget_first(ordered)
 
 
-def _warm_local(ordered: list[Scored], region: str) -> list[Scored]:
-    """A same-city edge first when it would be best once it held the prefix that is
-    cached elsewhere (see the module docstring)."""
+def _warm_local(
+    ordered: list[Scored], region: str, rent_paid: Callable[[int], float]
+) -> list[Scored]:
+    """A same-city edge first once moving the prefix cached elsewhere has paid for
+    itself; else the best candidate, carrying the rent it pays (see the module docstring)."""
     if not ordered or (ordered[0].tier == "edge" and ordered[0].region == region):
         return ordered
     held = max(c.cached_tokens for c in ordered)
@@ -360,8 +388,14 @@ def _warm_local(ordered: list[Scored], region: str) -> list[Scored]:
     if not local:
         return ordered
     best = min(local, key=warm_ms)
-    if warm_ms(best) >= ordered[0].predicted_ms:
+    first = ordered[0]
+    rent = first.predicted_ms - warm_ms(best)  # what serving it away costs this request
+    if rent <= 0:
         return ordered
+    anchor = first.prefix.anchor if first.prefix is not None else 0
+    purchase = best.predicted_ms - first.predicted_ms  # the cold start there, beyond now
+    if rent_paid(anchor) + rent < purchase:
+        return [replace(first, rent_ms=rent), *ordered[1:]]
     return [replace(best, warming=True), *(c for c in ordered if c is not best)]
 
 

@@ -20,7 +20,14 @@ cache-aware policies do, the router names a request's conversation in blocks:
   and context window can hold when it reports them); entries unused for
   ``ttl_s`` are forgotten;
 - a request's cached estimate at an instance is its leading run of blocks
-  held there, converted to tokens at the router's rate for its text.
+  held there, converted to tokens at the router's rate for its text;
+- names are per cache scope: a request's chain starts from its tenant's
+  ``cache_salt`` (``servekit.prefix_blocks.scope_seed``), and engines name
+  what their slots hold the same way, so the index is keyed by scope as well
+  as instance without a table per scope. A prefix another tenant left on an
+  instance earns this request no placement credit (it would get no cache hit
+  there either: engines salt their caches alike), and so placement cannot
+  tell one tenant what another sent.
 
 Without reports it is an estimate of this router's traffic only: the load
 bound in scoring, the engines' admission budgets and failover cover the
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 
 from geo_router.conversation import Turn
 from servekit.engine.protocol import LoadReport
-from servekit.prefix_blocks import chained_names, conversation_text, leading_run
+from servekit.prefix_blocks import chained_names, conversation_text, leading_run, scope_seed
 
 __all__ = ["Cached", "Prefix", "PrefixIndex"]
 
@@ -87,12 +94,22 @@ class PrefixIndex:
         # per instance: the report's names (the object, to spot a new report), as
         # a set, and when this router first saw that report
         self._reports: dict[str, tuple[object, frozenset[int], float]] = {}
+        # per prefix anchor: rent paid for serving it away from a same-city edge, and
+        # when last (``geo_router.planner``: moving a prefix home, priced)
+        self._rent: OrderedDict[int, tuple[float, float]] = OrderedDict()
 
-    def prefix(self, turns: Sequence[Turn], prompt_tokens: int, max_chars: int = 65536) -> Prefix:
-        """The chained block names of a conversation (only whole blocks count)."""
+    def prefix(
+        self,
+        turns: Sequence[Turn],
+        prompt_tokens: int,
+        max_chars: int = 65536,
+        cache_salt: str | None = None,
+    ) -> Prefix:
+        """The chained block names of a conversation (only whole blocks count) in
+        the cache scope of ``cache_salt``."""
         text = conversation_text((t.role, t.text) for t in turns)[:max_chars]
         size = self.block_chars
-        blocks = chained_names(text, size)
+        blocks = chained_names(text, size, scope_seed(cache_salt))
         if not blocks:
             return EMPTY
         anchor = blocks[min(len(blocks), max(1, self.anchor_chars // size)) - 1]
@@ -168,6 +185,39 @@ class PrefixIndex:
             cap = max(len(prefix.blocks), min(cap, int(limit_tokens / prefix.tokens_per_block)))
         while len(held) > cap:
             held.popitem(last=False)
+
+    def rent_paid(self, anchor: int, now: float | None = None) -> float:
+        """Rent paid lately (within ``ttl_s`` of its last payment) for the prefix
+        opening with ``anchor``."""
+        paid = self._rent.get(anchor)
+        now = time.monotonic() if now is None else now
+        if paid is None or now - paid[1] > self.ttl_s:
+            return 0.0
+        return paid[0]
+
+    def served(
+        self,
+        instance_id: str,
+        prefix: Prefix,
+        limit_tokens: int | None = None,
+        *,
+        warming: bool = False,
+        rent_ms: float = 0.0,
+        now: float | None = None,
+    ) -> None:
+        """A request of ``prefix`` was served by the instance (:meth:`record`); it moved
+        the prefix home (``warming``: its rent is settled) or paid ``rent_ms`` for
+        being served away from a same-city edge (``geo_router.planner``)."""
+        now = time.monotonic() if now is None else now
+        self.record(instance_id, prefix, limit_tokens, now)
+        anchor = prefix.anchor
+        if warming:
+            self._rent.pop(anchor, None)
+        elif rent_ms > 0:
+            self._rent[anchor] = (self.rent_paid(anchor, now) + rent_ms, now)
+            self._rent.move_to_end(anchor)
+            while len(self._rent) > self.max_blocks:
+                self._rent.popitem(last=False)
 
     def forget_missing(self, present: set[str]) -> None:
         for iid in [i for i in self._held if i not in present]:

@@ -7,7 +7,7 @@ fit, trimming and prefix are judged on what will actually be sent.
 :func:`upstream_body` is the only place an upstream body is built: the
 candidate's model name, its trimmed messages (computed by the planner from
 this request's messages, a continuation's partial assistant turn included),
-always streamed.
+always streamed, with its tenant's ``cache_salt``.
 
 The continuation rule itself (the partial answer ends the prompt, the token
 budget shrinks) is ``servekit.continuation``'s, shared with the central gateway.
@@ -42,12 +42,16 @@ class RouteRequest:
     tenant: str | None = None  # its API key's tenant (trimming and routing policy per tenant)
     use_case: str | None = None  # X-Use-Case (the routing policy's latency/quality class)
     span: Span | None = None  # its trace's request span (tracing on): attempts are children
+    cache_salt: str | None = None  # its tenant's cache scope, sent upstream as cache_salt
 
 
 def upstream_body(req: RouteRequest, cand: Scored) -> bytes:
-    """``req``'s body as ``cand`` gets it: its model name, its trimmed messages, streamed."""
+    """``req``'s body as ``cand`` gets it: its model name, its trimmed messages, streamed,
+    and its tenant's ``cache_salt`` (engines reuse cached prefixes only within one)."""
     out = dict(req.body)
     out["model"] = cand.state.info.model
+    if req.cache_salt is not None:
+        out["cache_salt"] = req.cache_salt
     if cand.trim is not None and "messages" in out:
         out["messages"] = cand.trim.apply(out["messages"])
     out["stream"] = True

@@ -158,7 +158,13 @@ class RoutedStream:
         try:
             # Re-planned as sent: window fit and trimming see the partial answer.
             decision = r.planner.plan(
-                req.body, req.region, req.sticky, tried, tenant=req.tenant, use_case=req.use_case
+                req.body,
+                req.region,
+                req.sticky,
+                tried,
+                tenant=req.tenant,
+                use_case=req.use_case,
+                cache_salt=req.cache_salt,
             )
             cands = decision.candidates[: r.settings.max_attempts]
             attempt, _ = await first_primed(r, req, cands, hedge=False)

@@ -64,7 +64,7 @@ from geo_router.prefix_index import Prefix
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
 from geo_router.trimming import Trim
-from servekit.admission import charged_ttft_ms
+from servekit.admission import over_ttft_budget
 from servekit.registry.protocol import InstanceState
 from servekit.rtt import RttTable
 
@@ -93,6 +93,7 @@ class Scored:
     trim: Trim | None = None
     prefix: Prefix | None = None  # what this instance will have cached once it serves it
     warming: bool = False  # chosen to take a prefix cached elsewhere (a cold start, once)
+    rent_ms: float = 0.0  # what serving here costs beyond a same-city edge holding the prefix
     prediction: Prediction | None = None  # the request's TTFT there (None: predicted_ms)
 
     @property
@@ -152,6 +153,7 @@ class Scored:
             "reported_wait_ms": self.state.load.predicted_wait_ms,
             "over_budget": self.over_budget,
             "warming": self.warming,
+            "rent_ms": round(self.rent_ms, 2),
             "trimmed": None if self.trim is None else self.trim.to_dict(),
             "weight": round(self.weight, 3),
             "circuit": self.circuit.name.lower(),
@@ -207,7 +209,13 @@ class Scorer:
         busy_ms = min(busy, capacity) * per_seq * self._routing.busy_slowdown_weight
         budget = load.ttft_budget_ms
         over = stats.refused_until > now or (
-            budget is not None and charged_ttft_ms(queue_ms + busy_ms, prefill_ms, budget) > budget
+            budget is not None
+            and over_ttft_budget(
+                queue_ms + busy_ms,
+                prefill_ms,
+                budget,
+                idle=busy == 0 and not load.prefill_backlog_ms,
+            )
         )
         rtt = self._rtt.rtt(user_region, info.region)
         ramp = self._routing.slow_start_s

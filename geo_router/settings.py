@@ -6,7 +6,7 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 import servekit.settings
 from geo_router.limits import LimitsSettings
@@ -16,6 +16,7 @@ from servekit.config import Section
 from servekit.peers import PeerSettings
 from servekit.registry.protocol import Tier
 from servekit.registry.settings import RegistrySettings, StaticEntry
+from servekit.secrets import SecretSettings
 from servekit.service_auth import check_sha256_hex
 from servekit.service_auth import hash_token as hash_key
 from servekit.tracing import TracingSettings
@@ -61,6 +62,16 @@ class ApiKeySettings(Section):
         "What an instance holds cached tells whether somebody (another tenant) sent a text "
         "recently, so tenants' keys do not.",
     )
+    cache_scope: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Whose prefix caches this key's requests share. Unset: its tenant's "
+        "own (every key of the tenant, no one else). A name: every key naming the same "
+        "scope (e.g. `shared`, or a group of tenants with one long system prompt) shares "
+        "one cache, so its prompts prefill once for all of them, and each of them can tell "
+        "from cached_tokens and time to first token what the others recently sent.",
+    )
 
     @field_validator("sha256")
     @classmethod
@@ -68,9 +79,18 @@ class ApiKeySettings(Section):
         return check_sha256_hex(value)
 
 
-class AuthSettings(Section):
+class AuthSettings(SecretSettings):
+    secret_fields = ("cache_salt_key",)
     required: bool = Field(True, description="Reject requests without a configured key.")
     keys: list[ApiKeySettings] = Field(default_factory=list)
+    cache_salt_key: SecretStr | None = Field(
+        None,
+        description="Key of the HMAC that turns a cache scope into the cache_salt sent "
+        "upstream (better: cache_salt_key_file or cache_salt_key_env); the same on every "
+        "router, or their tenants' caches split. Unset: a fixed key, so anyone who can "
+        "call an engine directly could compute a tenant's salt (clients of the router "
+        "cannot set cache_salt either way).",
+    )
     anonymous_priority: Literal["interactive", "batch"] = "interactive"
     limits: LimitsSettings = Field(
         default_factory=LimitsSettings,

@@ -101,7 +101,10 @@ async def intake(
     user = body.get("user")
     sticky = user if isinstance(user, str) and user else req_id
     use_case = headers.get("x-use-case")
-    decision = state.planner.plan(body, region, sticky, tenant=tenant.name, use_case=use_case)
+    salt = tenant.cache_salt
+    decision = state.planner.plan(
+        body, region, sticky, tenant=tenant.name, use_case=use_case, cache_salt=salt
+    )
     if decision.classified_at is not None:
         stages.mark("classify", decision.classified_at)
     stages.mark("plan")
@@ -115,7 +118,7 @@ async def intake(
     if client_id is not None:
         up_headers[CLIENT_ID_HEADER] = client_id
     req = RouteRequest(
-        body, kind, path, region, sticky, up_headers, arrived, tenant.name, use_case, span
+        body, kind, path, region, sticky, up_headers, arrived, tenant.name, use_case, span, salt
     )
     if span is not None:
         trace_intake(state.routing.tracing, span, stages, decision, tenant.name)

@@ -43,10 +43,10 @@ prediction for a newcomer:
   requests, a high median would never come down).
 
 So the budget is the TTFT the instance promises, queueing and prefill both.
-A prompt whose prefill alone would spend most of it cannot meet it on any
-instance like this one, and refusing it everywhere helps nobody: its own
-prefill counts up to ``OWN_PREFILL_SHARE`` of the budget, so it may still
-wait the rest (a quarter of the budget) before it is refused.
+An idle instance (nothing running, waiting or left to prefill) takes any request: a
+prompt whose prefill alone exceeds the budget cannot meet it on any instance
+like this one, refusing it everywhere helps nobody, and the requests after
+it see its prefill in the backlog. A busy one refuses it.
 """
 
 from __future__ import annotations
@@ -60,16 +60,14 @@ from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
 from servekit.settings import AdmissionSettings
 
-__all__ = ["OWN_PREFILL_SHARE", "AdmissionQueue", "Ticket", "charged_ttft_ms"]
-
-OWN_PREFILL_SHARE = 0.75  # of the budget, at most, charged for a request's own prefill
+__all__ = ["AdmissionQueue", "Ticket", "over_ttft_budget"]
 
 
-def charged_ttft_ms(wait_ms: float, own_prefill_ms: float, budget_ms: float) -> float:
-    """The TTFT a budget is held against: the wait and the request's own prefill, the
-    prefill counted up to ``OWN_PREFILL_SHARE`` of the budget (see above). A router
-    judging whether an instance would refuse asks the same."""
-    return wait_ms + min(max(0.0, own_prefill_ms), OWN_PREFILL_SHARE * budget_ms)
+def over_ttft_budget(wait_ms: float, own_prefill_ms: float, budget_ms: float, idle: bool) -> bool:
+    """Would a request miss a TTFT budget: its wait and its own prefill beyond it, on an
+    instance that is not idle (see above)? A router judging whether an instance would
+    refuse asks the same."""
+    return not idle and wait_ms + max(0.0, own_prefill_ms) > budget_ms
 
 
 @dataclass(eq=False)
@@ -153,12 +151,6 @@ class AdmissionQueue:
         self.busy_ms_per_seq = busy_ms_per_seq
         self.prefill_backlog_ms = prefill_backlog_ms
 
-    def over_budget(self, wait_ms: float | None) -> bool:
-        """Past the budget, or unknown (``None``) where there is a budget."""
-        if self.ttft_budget_ms is None:
-            return False
-        return wait_ms is None or wait_ms > self.ttft_budget_ms
-
     def predicted_wait_ms(self, now: float | None = None) -> float | None:
         """Predicted wait of a request arriving now, before its own prefill (see
         above); ``None`` when it would queue and no hold time is measured yet.
@@ -178,17 +170,20 @@ class AdmissionQueue:
         busy = beside * (self.busy_ms_per_seq or 0.0)
         return slot_wait * 1000.0 + busy + (self.prefill_backlog_ms or 0.0)
 
-    def _charged_ttft(self, wait: float | None, own_prefill_ms: float) -> float | None:
+    def _over(self, wait: float | None, own_prefill_ms: float) -> bool:
+        """Past the budget (see :func:`over_ttft_budget`), or a wait unknown."""
+        if self.ttft_budget_ms is None:
+            return False
+        idle = self._running == 0 and self.waiting == 0 and not self.prefill_backlog_ms
         if wait is None:
-            return None
-        return charged_ttft_ms(wait, own_prefill_ms, self.ttft_budget_ms or 0.0)
+            return not idle
+        return over_ttft_budget(wait, own_prefill_ms, self.ttft_budget_ms, idle)
 
     def _check_budget(self, own_prefill_ms: float) -> None:
         if self.ttft_budget_ms is None:
             return
         wait = self.predicted_wait_ms()
-        ttft = self._charged_ttft(wait, own_prefill_ms)
-        if not self.over_budget(ttft):
+        if not self._over(wait, own_prefill_ms):
             return
         self.shed += 1
         if wait is None:
@@ -197,7 +192,7 @@ class AdmissionQueue:
                 "busy and no request has finished yet to tell how long they take); retry later",
                 retry_after=self.retry_after(),
             )
-        assert ttft is not None
+        ttft = wait + own_prefill_ms
         raise QueueFull(
             f"server cannot start this request within its TTFT budget (predicted wait "
             f"{wait:.0f} ms + own prefill {own_prefill_ms:.0f} ms > "
@@ -216,10 +211,8 @@ class AdmissionQueue:
     ) -> Ticket | None:
         """A slot at once if one is free, nobody waits and the budget allows; else None."""
         if self._running < self.slots and self.waiting == 0:
-            if self.ttft_budget_ms is not None:
-                ttft = self._charged_ttft(self.predicted_wait_ms(), own_prefill_ms)
-                if self.over_budget(ttft):
-                    return None  # acquire() refuses it, with the figures
+            if self._over(self.predicted_wait_ms(), own_prefill_ms):
+                return None  # acquire() refuses it, with the figures
             now = time.monotonic()
             self._running += 1
             return self._admit(Ticket(self, priority, now), now)

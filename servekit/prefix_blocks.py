@@ -8,6 +8,13 @@ same names (Python's ``hash`` of a str is salted per process), so an engine
 can report the names of what its slots hold and any router can look a
 request's blocks up in that report (``geo_router.prefix_index``).
 
+A cache scope's names start their chain from its salt (:func:`scope_seed`
+of the ``cache_salt`` the router gives each tenant's requests), so the same
+text sent by two scopes has unrelated names: a router credits an instance
+only with what its scope left there, and an engine's report of what its
+slots hold says nothing to another scope's lookups. Without a salt the seed
+is 0, the names as before.
+
 32 bits: a name that collides with another prefix's credits a cache that is
 not there; with a few hundred names per instance that is about one lookup in
 ten million, and the cost is one mispredicted prefill.
@@ -18,7 +25,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Collection, Iterable, Sequence
 
-__all__ = ["chained_names", "conversation_text", "leading_run", "sampled"]
+__all__ = ["chained_names", "conversation_text", "leading_run", "sampled", "scope_seed"]
 
 
 def conversation_text(turns: Iterable[tuple[str, str]]) -> str:
@@ -26,10 +33,16 @@ def conversation_text(turns: Iterable[tuple[str, str]]) -> str:
     return "".join(f"{role}\x1f{text}\x1e" for role, text in turns)
 
 
-def chained_names(text: str, block_chars: int) -> list[int]:
-    """The chained names of ``text``'s whole blocks (a trailing partial block has none)."""
+def scope_seed(cache_salt: str | None) -> int:
+    """Where a cache scope's chains start: 0 without a salt, else the salt's CRC-32."""
+    return zlib.crc32(cache_salt.encode("utf-8", "surrogatepass")) if cache_salt else 0
+
+
+def chained_names(text: str, block_chars: int, seed: int = 0) -> list[int]:
+    """The chained names of ``text``'s whole blocks (a trailing partial block has
+    none), the chain started at ``seed`` (:func:`scope_seed`)."""
     names: list[int] = []
-    h = 0
+    h = seed
     for i in range(len(text) // block_chars):
         chunk = text[i * block_chars : (i + 1) * block_chars]
         h = zlib.crc32(chunk.encode("utf-8", "surrogatepass"), h)

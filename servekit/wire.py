@@ -5,7 +5,10 @@ engine-native field a client slips in (vLLM's ``ignore_eos``, ``min_tokens``,
 ``guided_regex``, ``chat_template``, ``priority``, ...) never reaches an
 engine through an edge or the center; what an engine should get beyond the
 OpenAI surface is the service's setting, not the client's. The router refuses
-such fields outright (:func:`unknown_fields`, 400 ``unknown_parameter``).
+such fields outright (:func:`unknown_fields`, 400 ``unknown_parameter``),
+``cache_salt`` included: edges and the center read it (the router sets it
+per tenant: engines reuse cached prefixes only within one salt), clients of
+the router cannot.
 Invalid values of known fields are refused.
 Types are strict: ``"5"`` is not an integer. :func:`parse_request` turns
 pydantic's errors into one :class:`~servekit.errors.InvalidRequest` that names
@@ -69,6 +72,7 @@ def _strict_bool(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_integral)]
+CacheSalt = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")]
 PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_integral)]
 OnlyOne = Annotated[int, Field(ge=1, le=1), BeforeValidator(_integral)]
 
@@ -120,6 +124,10 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # The caller's cache scope (the router sets it per tenant; engines reuse cached
+    # prefixes only within one). vLLM's limits; never taken from a client: the
+    # router refuses it (unknown_fields) and keeps it out of the documented schema.
+    cache_salt: SkipJsonSchema[CacheSalt | None] = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -351,9 +359,11 @@ def invalid_from_validation(exc: ValidationError) -> InvalidRequest:
     return InvalidRequest(f"invalid {where}: {first['msg']}", param=param, code=code)
 
 
+# Fields only this system's services set, though the wire types read them.
+_SERVICE_ONLY = frozenset({"cache_salt"})
 _ALLOWED = {
-    "chat": frozenset(ChatCompletionRequest.model_fields) | OPENAI_IGNORED,
-    "completion": frozenset(CompletionRequest.model_fields) | OPENAI_IGNORED,
+    "chat": (frozenset(ChatCompletionRequest.model_fields) | OPENAI_IGNORED) - _SERVICE_ONLY,
+    "completion": (frozenset(CompletionRequest.model_fields) | OPENAI_IGNORED) - _SERVICE_ONLY,
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -136,10 +137,24 @@ def request_id(c: httpx.Client) -> list[Row]:
 def cache_probe(c: httpx.Client) -> Row:
     r = c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1})
     header = r.headers.get("x-route-cached-tokens")
-    # The engine's usage.prompt_tokens_details.cached_tokens (and the TTFT itself)
-    # still tell: a per-tenant cache (vLLM's cache_salt) is what would close it.
+    # The engine's own usage.prompt_tokens_details.cached_tokens (and the TTFT) are
+    # cache_probe_engine's row: per-tenant cache scopes (cache_salt) close them.
     return Row("cross-tenant cache probe", "a tenant reads X-Route-Cached-Tokens",
                f"{r.status_code}, header {header!r}", header is None)  # fmt: skip
+
+
+def cache_probe_engine(victim: httpx.Client, tenant: httpx.Client) -> Row:
+    # The victim (the operator's key) sends a text nobody could guess by chance; another
+    # tenant sends it again word for word. Shared caches answer with cached_tokens.
+    memo = f"Memo {secrets.token_hex(8)}: " + "the Northwind merger closes on Friday. " * 12
+    body = {**CHAT, "max_tokens": 1, "messages": [{"role": "user", "content": memo}]}
+    victim.post("/v1/chat/completions", json=body)
+    r = tenant.post("/v1/chat/completions", json=body)
+    usage = r.json().get("usage", {}) if r.status_code == 200 else {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    got = f"{r.status_code}, cached_tokens {cached}"
+    tried = "another tenant's text again: usage.cached_tokens"
+    return Row("cross-tenant cache probe", tried, got, r.status_code == 200 and cached == 0)
 
 
 def explain_unlimited(c: httpx.Client) -> Row:
@@ -192,8 +207,12 @@ def run(router: str, key: str) -> list[Row]:
         rows += request_id(c)
     # A tenant's key, not the operator's (the local topology's anonymous caller):
     # the routing internals are the operator's only.
-    with httpx.Client(base_url=router, timeout=120) as tenant:
-        rows += [cache_probe(tenant), explain_unlimited(tenant)]
+    with (
+        httpx.Client(base_url=router, headers=headers, timeout=120) as victim,
+        httpx.Client(base_url=router, timeout=120) as tenant,
+    ):
+        rows += [cache_probe(tenant), cache_probe_engine(victim, tenant)]
+        rows.append(explain_unlimited(tenant))
     rows += [artifact_server_open(), artifact_dotfiles(), consul_policy()]
     return rows
 

@@ -142,7 +142,7 @@ class BatchingLlamaEngine:
 
         text = request_text(request)
         blocks = request_blocks(request, self._settings.prefix_report_block_chars)
-        estimate = self._estimator.uncached_tokens(text)
+        estimate = self._estimator.uncached_tokens(text, request.cache_salt)
         job = Job(request, emit, text=text, blocks=blocks, estimate=estimate)
         scheduler.submit(job)
         done = False
@@ -162,8 +162,9 @@ class BatchingLlamaEngine:
                 scheduler.cancel(job)
 
     def uncached_tokens(self, request: GenerationRequest) -> int:
-        """Prompt tokens of ``request`` no slot holds (``servekit.engine.prompt_estimate``)."""
-        return self._estimator.uncached_tokens(request_text(request))
+        """Prompt tokens of ``request`` no slot of its cache scope holds
+        (``servekit.engine.prompt_estimate``)."""
+        return self._estimator.uncached_tokens(request_text(request), request.cache_salt)
 
     def stats(self) -> BatchingSnapshot:
         """Scheduler figures for metrics: slots, running/waiting, batch sizes, rates."""

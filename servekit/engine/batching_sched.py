@@ -7,7 +7,8 @@ Each step of the loop:
 2. frees the slots of cancelled sequences (their KV cache is dropped);
 3. admits waiting jobs into free slots, preferring the slot whose cached
    tokens share the longest prefix with the new prompt (only the differing
-   tail of that slot's cache is removed);
+   tail of that slot's cache is removed; only a slot of the request's cache
+   scope counts, see ``batching_slots``);
 4. builds one batch: the next token of every decoding sequence, then up to
    ``chunk_tokens`` prompt tokens of prefilling sequences (chunked prefill:
    a long prompt is spread over several steps instead of stalling everyone);
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_sampler import SamplerChain
-from servekit.engine.batching_slots import Slot, choose_slot, common_prefix, donor
+from servekit.engine.batching_slots import Slot, choose_slot, donor, reusable
 from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.prompt_estimate import PromptEstimator
 from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
@@ -272,10 +273,11 @@ class Scheduler:
             _, _, job, prepared = heapq.heappop(self._waiting)
             self.stats.waiting = len(self._waiting)
             prompt = prepared.tokens
+            salt = job.request.cache_salt  # a cache serves its own scope only
             now = time.monotonic()
-            slot = choose_slot(free, [s.slot.seq_id for s in self._running], prompt)
-            shared = common_prefix(slot.cached, prompt)
-            source = donor(self._slots, slot, prompt)
+            slot = choose_slot(free, [s.slot.seq_id for s in self._running], prompt, salt)
+            shared = reusable(slot, prompt, salt)
+            source = donor(self._slots, slot, prompt, salt)
             if source is not None:
                 # Another slot holds more of the prompt: start from a copy of it.
                 self._model.copy(source[0].seq_id, slot.seq_id)
@@ -284,7 +286,8 @@ class Scheduler:
             # The last prompt token is always evaluated again: its logits start the answer.
             keep = self._model.forget(slot.seq_id, min(shared, len(prompt) - 1))
             slot.cached = prompt[:keep]
-            self._estimator.hold(slot.seq_id, job.text, job.blocks)
+            slot.salt = salt
+            self._estimator.hold(slot.seq_id, job.text, job.blocks, salt)
             self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep
             self.stats.admitted += 1

@@ -14,6 +14,11 @@ slot would have spared. The chosen slot need not prefill what another slot
 holds, though: :func:`donor` names a slot whose cache to copy in first
 (``llama_memory_seq_cp`` copies a whole KV stream, a few ms on this CPU, where
 prefilling a chat template's preamble on one core costs hundreds).
+
+A slot's cache is reused only by a prompt of the same cache scope (the
+request's ``cache_salt``: :func:`reusable`), like vLLM's salted prefix
+cache: otherwise a tenant could time a guessed text, or read
+``cached_tokens``, to learn that another tenant sent it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ __all__ = [
     "choose_slot",
     "common_prefix",
     "donor",
+    "reusable",
     "runs",
 ]
 
@@ -49,6 +55,12 @@ class Slot(Generic[SeqT]):
     cached: list[int] = field(default_factory=list)
     seq: SeqT | None = None  # the sequence running in it, if any
     last_used: float = 0.0
+    salt: str | None = None  # the cache scope of what it holds
+
+
+def reusable(slot: Slot[SeqT], prompt: Sequence[int], salt: str | None) -> int:
+    """Leading tokens of ``prompt`` the slot's cache may serve: none for another scope."""
+    return common_prefix(slot.cached, prompt) if slot.salt == salt else 0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -65,9 +77,13 @@ def runs(ids: Collection[int]) -> int:
 
 
 def choose_slot(
-    free: Sequence[Slot[SeqT]], busy: Collection[int], prompt: Sequence[int]
+    free: Sequence[Slot[SeqT]],
+    busy: Collection[int],
+    prompt: Sequence[int],
+    salt: str | None = None,
 ) -> Slot[SeqT]:
-    """The free slot for ``prompt``, given the ids of the slots already running.
+    """The free slot for ``prompt`` of scope ``salt``, given the ids of the slots
+    already running.
 
     A long cached prefix wins (the longest); otherwise the slot that leaves the
     fewest runs, then the most shared minus evicted cached tokens, then the
@@ -76,7 +92,7 @@ def choose_slot(
     busy_set = set(busy)
 
     def key(slot: Slot[SeqT]) -> tuple[int, int, int, float]:
-        shared = common_prefix(slot.cached, prompt)
+        shared = reusable(slot, prompt, salt)
         long_reuse = shared if shared >= REUSE_MIN_TOKENS else 0
         kept = shared - (len(slot.cached) - shared)
         return (long_reuse, -runs(busy_set | {slot.seq_id}), kept, -slot.last_used)
@@ -85,20 +101,23 @@ def choose_slot(
 
 
 def donor(
-    slots: Sequence[Slot[SeqT]], chosen: Slot[SeqT], prompt: Sequence[int]
+    slots: Sequence[Slot[SeqT]],
+    chosen: Slot[SeqT],
+    prompt: Sequence[int],
+    salt: str | None = None,
 ) -> tuple[Slot[SeqT], int] | None:
     """The slot whose cache ``chosen`` should copy before taking ``prompt``, if any.
 
-    The one sharing the longest prefix with the prompt, if that beats what
-    ``chosen`` already holds by at least :data:`COPY_MIN_TOKENS`; with how many
-    tokens it shares.
+    The one of scope ``salt`` sharing the longest prefix with the prompt, if
+    that beats what ``chosen`` already holds by at least :data:`COPY_MIN_TOKENS`;
+    with how many tokens it shares.
     """
-    own = common_prefix(chosen.cached, prompt)
+    own = reusable(chosen, prompt, salt)
     best: tuple[Slot[SeqT], int] | None = None
     for slot in slots:
         if slot is chosen:
             continue
-        shared = common_prefix(slot.cached, prompt)
+        shared = reusable(slot, prompt, salt)
         if shared >= own + COPY_MIN_TOKENS and (best is None or shared > best[1]):
             best = (slot, shared)
     return best

@@ -7,7 +7,9 @@ the worker checks after every token, so the engine is free within one token.
 
 Prompt prefixes are reused two ways: ``Llama.generate`` keeps the common
 prefix with the previous request's context, and :class:`PrefixStateCache`
-restores saved context states of earlier, different prompts.
+restores saved context states of earlier, different prompts. Both only
+within the request's cache scope (its ``cache_salt``): a context another
+scope left is reset first.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class LlamaCppEngine:
             else None
         )
         self._counters = {"query": 0, "hit": 0, "draft": 0, "accepted": 0, "draft_calls": 0}
+        self._live_salt: str | None = None  # the cache scope of what the context holds
 
     # ------------------------------------------------------------ lifecycle
 
@@ -320,13 +323,17 @@ class LlamaCppEngine:
         finally:
             self._running = 0
 
-    def _restore_prefix(self, tokens: list[int]) -> int:
-        """Load the best saved state if it beats what the context already holds."""
+    def _restore_prefix(self, tokens: list[int], salt: str | None) -> int:
+        """Load the best saved state of scope ``salt`` if it beats what the context
+        already holds (nothing, when another scope's prompt is in it)."""
         llama = self._llama
+        if salt != self._live_salt:
+            llama.reset()  # Llama.generate would reuse any common prefix
+            self._live_salt = salt
         live = common_prefix(llama.input_ids[: llama.n_tokens].tolist(), tokens)
         if self._cache is None:
             return live
-        entry, cached = self._cache.lookup(tokens)
+        entry, cached = self._cache.lookup(tokens, salt)
         if entry is not None and cached > live:
             write_context_state(self._lib, llama._ctx.ctx, entry.data)
             llama.input_ids[: len(entry.tokens)] = entry.tokens
@@ -339,7 +346,8 @@ class LlamaCppEngine:
         """Keep the context's state, which holds exactly ``tokens``, in the prefix cache."""
         assert self._cache is not None
         assert self._llama is not None
-        self._cache.store(tokens, read_context_state(self._lib, self._llama._ctx.ctx))
+        state = read_context_state(self._lib, self._llama._ctx.ctx)
+        self._cache.store(tokens, state, self._live_salt)
 
     def _run_inner(
         self,
@@ -355,7 +363,7 @@ class LlamaCppEngine:
         assert vocab is not None
         sp = request.sampling
         t0 = time.perf_counter()
-        reused = min(self._restore_prefix(tokens), len(tokens) - 1)
+        reused = min(self._restore_prefix(tokens, request.cache_salt), len(tokens) - 1)
         self._counters["query"] += len(tokens)
         self._counters["hit"] += reused
         seed = sp.seed if sp.seed is not None else self.settings.seed

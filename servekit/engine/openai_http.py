@@ -72,6 +72,12 @@ class OpenAIHTTPSettings(BaseModel):
         description="Engine-native body fields sent with every request (e.g. vLLM's "
         "ignore_eos or min_tokens for a benchmark deployment); clients cannot set them.",
     )
+    send_cache_salt: bool = Field(
+        True,
+        description="Send the caller's cache scope as `cache_salt` (vLLM, this project's "
+        "services: prefixes are reused only within one); off for a server that refuses "
+        "unknown fields.",
+    )
     engine_errors_as_400: bool = Field(
         False,
         description="The upstream answers its own failures with 400 too (trtllm-serve): "
@@ -197,6 +203,8 @@ class OpenAIHTTPEngine:
         sp = request.sampling
         body: dict[str, Any] = {**self.settings.request_fields, **request.extra}
         body.update(model=self.settings.model, stream=True)
+        if request.cache_salt is not None and self.settings.send_cache_salt:
+            body["cache_salt"] = request.cache_salt
         body["stream_options"] = {"include_usage": True}
         if request.messages is not None:
             path = "/v1/chat/completions"

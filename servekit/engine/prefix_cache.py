@@ -5,7 +5,9 @@ context from the previous request. This cache keeps the states of earlier,
 different prompts (system prompts, earlier turns) so that interleaved
 conversations also skip their prefill. States come from llama.cpp's own state
 API; only the bytes llama.cpp reports as used are kept, and the least recently
-used entries are evicted past a byte budget.
+used entries are evicted past a byte budget. An entry serves only prompts of
+the cache scope that saved it (the request's ``cache_salt``), so a tenant
+cannot time another tenant's prompts out of it.
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class SavedState:
     tokens: tuple[int, ...]
     data: bytearray
+    salt: str | None = None  # the cache scope it serves
 
 
 class PrefixStateCache:
     def __init__(self, capacity_bytes: int, min_tokens: int = 32) -> None:
         self.capacity_bytes = capacity_bytes
         self.min_tokens = min_tokens
-        self._entries: OrderedDict[tuple[int, ...], SavedState] = OrderedDict()
+        self._entries: OrderedDict[tuple[str | None, tuple[int, ...]], SavedState] = OrderedDict()
         self._size = 0
 
     @property
@@ -47,26 +50,31 @@ class PrefixStateCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, tokens: Sequence[int]) -> tuple[SavedState | None, int]:
-        """The entry sharing the longest prefix with ``tokens``, and that length."""
+    def lookup(
+        self, tokens: Sequence[int], salt: str | None = None
+    ) -> tuple[SavedState | None, int]:
+        """The entry of scope ``salt`` sharing the longest prefix with ``tokens``, and
+        that length."""
         best: SavedState | None = None
         best_len = 0
-        for key, entry in self._entries.items():
-            n = common_prefix(key, tokens)
+        for entry in self._entries.values():
+            if entry.salt != salt:
+                continue
+            n = common_prefix(entry.tokens, tokens)
             if n > best_len:
                 best, best_len = entry, n
         if best is not None:
-            self._entries.move_to_end(best.tokens)
+            self._entries.move_to_end((salt, best.tokens))
         return best, best_len
 
-    def store(self, tokens: Sequence[int], data: bytearray) -> None:
-        key = tuple(tokens)
-        if len(key) < self.min_tokens or len(data) > self.capacity_bytes:
+    def store(self, tokens: Sequence[int], data: bytearray, salt: str | None = None) -> None:
+        key = (salt, tuple(tokens))
+        if len(key[1]) < self.min_tokens or len(data) > self.capacity_bytes:
             return
         old = self._entries.pop(key, None)
         if old is not None:
             self._size -= len(old.data)
-        self._entries[key] = SavedState(key, data)
+        self._entries[key] = SavedState(key[1], data, salt)
         self._size += len(data)
         while self._size > self.capacity_bytes and self._entries:
             _, evicted = self._entries.popitem(last=False)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from servekit.engine.protocol import GenerationRequest
-from servekit.prefix_blocks import chained_names, conversation_text, sampled
+from servekit.prefix_blocks import chained_names, conversation_text, sampled, scope_seed
 
 __all__ = ["PromptEstimator", "common_text_prefix", "request_blocks", "request_text"]
 
@@ -41,12 +41,13 @@ def request_text(request: GenerationRequest) -> str:
 
 
 def request_blocks(request: GenerationRequest, block_chars: int) -> tuple[int, ...]:
-    """The chained block names of a chat request's messages, as routers name them
-    (``servekit.prefix_blocks``); none for a raw completion prompt or ``block_chars`` 0."""
+    """The chained block names of a chat request's messages in its cache scope, as
+    routers name them (``servekit.prefix_blocks``); none for a raw completion prompt
+    or ``block_chars`` 0."""
     if request.messages is None or block_chars <= 0:
         return ()
     text = conversation_text((m.role, m.content) for m in request.messages)
-    return tuple(chained_names(text, block_chars))
+    return tuple(chained_names(text, block_chars, scope_seed(request.cache_salt)))
 
 
 def common_text_prefix(a: str, b: str) -> int:
@@ -78,16 +79,25 @@ class PromptEstimator:
 
     def __init__(self, slots: int) -> None:
         self._held: list[str] = [""] * slots  # per slot: the text of the prompt it caches
+        self._salts: list[str | None] = [None] * slots  # and its cache scope
         self._blocks: list[tuple[int, ...]] = [()] * slots  # and its chained block names
         self._report: tuple[int, tuple[int, ...]] | None = None  # (stride, held_blocks())
         self._chars = 0.0
         self._tokens = 0.0
         self.chars_per_token = DEFAULT_CHARS_PER_TOKEN
 
-    def uncached_tokens(self, text: str) -> int:
-        """Tokens of ``text`` no slot is likely to hold; at least one (the last
-        prompt token is always evaluated again)."""
-        shared = max((common_text_prefix(text, held) for held in self._held), default=0)
+    def uncached_tokens(self, text: str, salt: str | None = None) -> int:
+        """Tokens of ``text`` no slot of scope ``salt`` is likely to hold; at least one
+        (the last prompt token is always evaluated again). Another scope's slots do
+        not count: the price decides admission, which a prober could watch."""
+        shared = max(
+            (
+                common_text_prefix(text, held)
+                for held, held_salt in zip(self._held, self._salts, strict=True)
+                if held_salt == salt
+            ),
+            default=0,
+        )
         return max(1, math.ceil((len(text) - shared) / self.chars_per_token))
 
     # -- the worker --------------------------------------------------------
@@ -108,9 +118,12 @@ class PromptEstimator:
             report = self._report = (stride, names)
         return report[1]
 
-    def hold(self, slot: int, text: str, blocks: tuple[int, ...] = ()) -> None:
+    def hold(
+        self, slot: int, text: str, blocks: tuple[int, ...] = (), salt: str | None = None
+    ) -> None:
         """Slot ``slot`` now caches the prompt of ``text`` ("" once it is emptied)
-        whose block names are ``blocks``."""
+        whose block names are ``blocks``, in the cache scope ``salt``."""
         self._held[slot] = text
         self._blocks[slot] = blocks
+        self._salts[slot] = salt
         self._report = None

@@ -91,6 +91,10 @@ class GenerationRequest:
     # The router's estimate of the prompt tokens this instance must prefill (those it
     # does not hold cached): what admission charges when the engine cannot tell.
     prefill_tokens: int | None = None
+    # The caller's cache scope (the router's per-tenant salt): an engine reuses a
+    # cached prompt prefix only for a request of the same salt, and an HTTP engine
+    # sends it on as vLLM's ``cache_salt``.
+    cache_salt: str | None = None
 
     @property
     def kind(self) -> Literal["chat", "completion"]:
@@ -110,6 +114,7 @@ class GenerationRequest:
             model=body.model,
             priority=priority,
             continue_final_message=body.continue_final_message,
+            cache_salt=body.cache_salt,
         )
 
     @classmethod
@@ -125,6 +130,7 @@ class GenerationRequest:
             prompt=body.prompt_text(),
             model=body.model,
             priority=priority,
+            cache_salt=body.cache_salt,
         )
 
 

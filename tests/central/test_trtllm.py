@@ -12,6 +12,7 @@ import pytest
 
 from central.app import create_app
 from central.commands import Endpoint, build_plan, trtllm_options
+from central.engines import http_engine
 from central.scrape import ReplicaProbe
 from central.settings import CentralSettings
 from central.specs import TrtllmReplica
@@ -142,3 +143,11 @@ def test_kv_cache_memory_fraction_is_written_inside_the_options_file() -> None:
         "free_gpu_memory_fraction": 0.85,
         "dtype": "fp8",
     }
+
+
+def test_the_cache_salt_goes_to_vllm_replicas_not_to_trtllm_serve() -> None:
+    # trtllm-serve's request models forbid undeclared fields: a salt would be a 400.
+    vllm = http_engine(Endpoint("http://127.0.0.1:1", "m", 1, "vllm"))
+    trtllm = http_engine(Endpoint("http://127.0.0.1:1", "m", 1, "trtllm", trtllm=True))
+    assert vllm.settings.send_cache_salt
+    assert not trtllm.settings.send_cache_salt

@@ -112,6 +112,23 @@ def test_repeated_prefix_reports_cached_tokens(client: openai.OpenAI) -> None:
     assert cached[1] >= 128  # at least one full KV block of the shared system prompt
 
 
+def test_cache_salt_scopes_vllms_prefix_cache(edge: str) -> None:
+    """The router's per-tenant cache_salt reaches vLLM: another salt gets no hit."""
+    system = "You are a terse assistant. " + " ".join(f"Rule {i}: cite sources." for i in range(80))
+
+    def cached(salt: str, question: str) -> int:
+        body = {"model": MODEL_NAME, "max_tokens": 2, "temperature": 0, "cache_salt": salt,
+                "messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": question}]}  # fmt: skip
+        r = httpx.post(edge + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return int((r.json()["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+
+    cached("a" * 64, "What is two plus two?")
+    assert cached("a" * 64, "What is three plus three?") >= 128  # its own scope hits
+    assert cached("e" * 64, "What is three plus three?") == 0  # the same text, another salt
+
+
 def test_errors_in_the_openai_shape(client: openai.OpenAI, edge: str) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(

@@ -7,6 +7,8 @@ from servekit.engine.batching_slots import (
     Slot,
     choose_slot,
     common_prefix,
+    donor,
+    reusable,
     runs,
 )
 
@@ -81,3 +83,18 @@ def test_short_shared_preamble_does_not_evict_a_long_cache() -> None:
     assert choose_slot(all_slots, set(), other).seq_id != 0
     # ...and the conversation coming back still finds its slot.
     assert choose_slot(all_slots, set(), [*long_conversation, 7]).seq_id == 0
+
+
+def test_a_slot_serves_only_its_own_cache_scope() -> None:
+    all_slots = slots(3)
+    prompt = list(range(200))
+    all_slots[0].cached, all_slots[0].salt = list(prompt), "acme"
+    all_slots[2].cached, all_slots[2].salt = prompt[:100], "evil"
+    assert reusable(all_slots[0], prompt, "acme") == 200
+    assert reusable(all_slots[0], prompt, "evil") == 0
+    assert reusable(all_slots[0], prompt, None) == 0
+    # evil's own shorter copy, never acme's long one, and no copy of acme's cache
+    assert choose_slot(all_slots, set(), prompt, "evil").seq_id == 2
+    assert donor(all_slots, all_slots[1], prompt, "evil") == (all_slots[2], 100)
+    assert donor(all_slots, all_slots[1], prompt, "other") is None
+    assert choose_slot(all_slots, set(), prompt, "acme").seq_id == 0

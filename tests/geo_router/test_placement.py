@@ -14,7 +14,7 @@ from geo_router.conversation import Turn
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
 from geo_router.region import ResolvedRegion
-from geo_router.scoring import Scorer
+from geo_router.scoring import Scored, Scorer
 from geo_router.settings import RegionSettings, RoutingSettings
 from geo_router.tracker import Tracker
 from servekit.engine.protocol import LoadReport
@@ -62,10 +62,14 @@ def support(question: str) -> dict[str, Any]:
 
 def served(p: Planner, index: PrefixIndex, body: dict[str, Any]) -> str:
     """Plan ``body`` and record it where it went, as the dispatcher does once primed."""
+    return serve(p, index, body).id
+
+
+def serve(p: Planner, index: PrefixIndex, body: dict[str, Any]) -> Scored:
     chosen = p.plan(body, EAST, "u").candidates[0]
     assert chosen.prefix is not None
-    index.record(chosen.id, chosen.prefix)
-    return chosen.id
+    index.served(chosen.id, chosen.prefix, warming=chosen.warming, rent_ms=chosen.rent_ms)
+    return chosen
 
 
 def test_a_cached_system_prompt_is_charged_only_where_it_is_not_cached() -> None:
@@ -166,8 +170,8 @@ def test_an_edge_that_would_refuse_on_its_budget_ranks_behind_those_that_can_sta
 
 
 def test_over_budget_counts_the_requests_own_prefill_as_the_instance_does() -> None:
-    """Idle slots but a cold long prompt: over budget once a little backlog is added to
-    its prefill; the same prompt on an idle instance is not (its share is capped)."""
+    """A cold long prompt: over budget on a busy instance once its own prefill is added
+    to the wait; the same prompt on an idle instance is not (nothing to protect there)."""
     long_prompt = "Summarize this: " + "the ferry left the harbour before dawn. " * 60
     budget = {"ttft_budget_ms": 1000.0, "prefill_tokens_per_s": 1000.0}
     for busy, over in ((0, False), (3, True)):
@@ -178,31 +182,59 @@ def test_over_budget_counts_the_requests_own_prefill_as_the_instance_does() -> N
         assert cand.over_budget is over, (busy, cand.busy_ms, cand.prefill_ms)
 
 
-def test_a_prefix_cached_only_in_another_city_warms_the_same_city_edge_once() -> None:
+def test_a_shared_prompt_cached_in_another_city_moves_home_once_its_rent_pays_the_move() -> None:
+    """Ski rental: each conversation served away pays what a warm same-city edge would
+    have saved it; once that adds up to the cold start there, the prompt moves home."""
     states = [
         inst("edge-a", prefill_tokens_per_s=150.0),
         inst("edge-b", region="west", prefill_tokens_per_s=170.0),  # measured a bit faster
         inst("center", tier="center", region="center", prefill_tokens_per_s=150.0),
     ]
     p, index, _ = planner(states, center_bias_ms=1000.0)
-    first = p.plan(support("What are your store hours?"), EAST, "u").candidates[0]
+    first = serve(p, index, support("What are your store hours?"))
     assert (first.id, first.warming) == ("edge-b", False)  # cold everywhere: the faster one
-    assert first.prefix is not None
-    index.record("edge-b", first.prefix)
-    second = p.plan(support("Do you ship to Canada?"), EAST, "u").to_dict()
-    assert second["instance"] == "edge-a"
-    assert second["candidates"][0]["warming"] is True
-    assert second["reason"] == "simple"
-    chosen = p.plan(support("Do you ship to Canada?"), EAST, "u").candidates[0]
-    assert chosen.prefix is not None
-    index.record("edge-a", chosen.prefix)
-    third = p.plan(support("Is shipping free?"), EAST, "u").candidates[0]
-    assert (third.id, third.warming) == ("edge-a", False)  # it holds it now
+    chosen = [serve(p, index, support(f"Question {n} about shipping?")) for n in range(200)]
+    away = [c for c in chosen if c.id == "edge-b"]
+    moved = next(i for i, c in enumerate(chosen) if c.id == "edge-a")
+    assert chosen[moved].warming
+    assert 1 <= moved == len(away)  # it paid rent first, then moved, and never went back
+    assert all(c.rent_ms > 0 and not c.warming for c in away)
+    cold_extra = (
+        chosen[moved].predicted_ms
+        - p.plan(support("again?"), EAST, "u").to_dict()["candidates"][0]["rank_ms"]
+    )
+    assert sum(c.rent_ms for c in away) >= cold_extra - away[0].rent_ms  # the rent paid it
+    assert all(c.id == "edge-a" and not c.warming for c in chosen[moved + 1 :])
     # A busy same-city edge is not warmed: the neighbour that holds the prefix serves.
     states[0] = inst("edge-a", prefill_tokens_per_s=150.0, running=4, waiting=6)
     p2, index2, _ = planner(states, center_bias_ms=1000.0)
-    index2.record("edge-b", first.prefix)
+    assert first.prefix is not None
+    index2.served("edge-b", first.prefix, rent_ms=1e9)
     assert p2.plan(support("Hours?"), EAST, "u").candidates[0].id == "edge-b"
+
+
+def test_a_one_off_conversation_stays_where_its_history_is_cached() -> None:
+    """Its opening is its own: only its own turns pay rent, far short of a cold start."""
+    states = [
+        inst("edge-a", prefill_tokens_per_s=150.0),
+        inst("edge-b", region="west", prefill_tokens_per_s=150.0),
+    ]
+    p, index, _ = planner(states)
+    states[0] = inst("edge-a", prefill_tokens_per_s=150.0, running=4, waiting=6)  # busy then
+    pasted = "Hanseatic towns traded salt, furs, grain and cloth along the Baltic. " * 25
+    history = [{"role": "user", "content": "Summarize this for me: " + pasted}]
+    first = serve(p, index, {"model": "auto", "max_tokens": 64, "messages": history})
+    assert first.id == "edge-b"
+    states[0] = inst("edge-a", prefill_tokens_per_s=150.0)  # and idle again
+    for turn in range(4):
+        history += [
+            {"role": "assistant", "content": "It was a league of merchant towns."},
+            {"role": "user", "content": f"And what about point {turn}?"},
+        ]
+        nxt = serve(p, index, {"model": "auto", "max_tokens": 64, "messages": history})
+        assert (nxt.id, nxt.warming) == ("edge-b", False)
+        assert nxt.rent_ms > 0
+        assert nxt.cached_tokens > 0
 
 
 def test_two_routers_send_a_new_system_prompt_to_the_same_edge_without_talking() -> None:

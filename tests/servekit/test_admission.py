@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from servekit.admission import OWN_PREFILL_SHARE, AdmissionQueue
+from servekit.admission import AdmissionQueue
 from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
 
@@ -175,25 +175,25 @@ async def test_the_engines_prefill_backlog_counts_against_the_budget() -> None:
     ticket.release()
 
 
-async def test_the_requests_own_prefill_counts_against_the_budget_up_to_a_share() -> None:
-    """Wait plus own prefill is held against the budget; a prompt whose prefill alone
-    would spend it is charged ``OWN_PREFILL_SHARE`` of it, so an idle engine takes it."""
+async def test_the_requests_own_prefill_counts_against_the_budget_unless_idle() -> None:
+    """Wait plus own prefill is held against the budget on a busy queue; an idle one
+    takes even a prompt whose prefill alone exceeds the budget."""
     q = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=1000.0)
-    q.observe(None, prefill_backlog_ms=400.0)  # the wait: 400 ms of prompts ahead
+    alone = await q.acquire(own_prefill_ms=5000.0)  # idle: nothing to protect
+    q.observe(None, prefill_backlog_ms=400.0)  # the wait now: 400 ms of prompts ahead
     short = q.try_acquire(own_prefill_ms=500.0)  # 900 ms
     assert short is not None
     short.release()
     assert q.try_acquire(own_prefill_ms=700.0) is None  # 1100 ms
     with pytest.raises(QueueFull, match="predicted wait 400 ms \\+ own prefill 700 ms"):
         await q.acquire(own_prefill_ms=700.0)
-    # A 5 s prefill is charged 750 ms: 400 + 750 is over, 200 + 750 is not.
     with pytest.raises(QueueFull):
         await q.acquire(own_prefill_ms=5000.0)
-    q.observe(None, prefill_backlog_ms=200.0)
-    (await q.acquire(own_prefill_ms=5000.0)).release()
+    alone.release()
+    with pytest.raises(QueueFull):  # nothing runs, but 400 ms of prompts are still ahead
+        await q.acquire(own_prefill_ms=5000.0)
     q.observe(None, prefill_backlog_ms=0.0)
-    assert OWN_PREFILL_SHARE < 1.0
-    (await q.acquire(own_prefill_ms=1e9)).release()  # idle: the longest prompt gets in
+    (await q.acquire(own_prefill_ms=5000.0)).release()  # idle again
 
 
 async def test_a_refusing_queue_recovers_once_its_slots_free() -> None:

@@ -3,6 +3,7 @@ transport, then over real sockets (the lean pool) and a real edge agent process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -105,6 +106,15 @@ async def test_request_fields_are_the_services_setting() -> None:
     bodies = transport.sent
     assert bodies[0]["ignore_eos"] is True
     assert bodies[0]["max_tokens"] == 4  # the request's own fields win
+
+
+async def test_the_callers_cache_salt_is_sent_unless_the_upstream_refuses_it() -> None:
+    transport = FakeTransport(*(streamed(sse(chunk("a", "stop"), b"[DONE]")) for _ in range(3)))
+    salted = dataclasses.replace(REQ, cache_salt="s" * 64)
+    [e async for e in engine_for(transport).generate(salted)]
+    [e async for e in engine_for(transport).generate(REQ)]
+    [e async for e in engine_for(transport, send_cache_salt=False).generate(salted)]
+    assert [b.get("cache_salt") for b in transport.sent] == ["s" * 64, None, None]
 
 
 @pytest.mark.parametrize(

@@ -54,3 +54,18 @@ def test_storing_the_same_prompt_again_replaces_its_state() -> None:
     cache.store([1, 2], state(50))
     assert len(cache) == 1
     assert cache.size_bytes == 50
+
+
+def test_a_saved_state_serves_only_its_own_cache_scope() -> None:
+    cache = PrefixStateCache(capacity_bytes=1000, min_tokens=2)
+    cache.store([1, 2, 3, 4], state(10), "acme")
+    cache.store([1, 2], state(10), "evil")
+    entry, n = cache.lookup([1, 2, 3, 4, 5], "acme")
+    assert entry is not None
+    assert (entry.salt, n) == ("acme", 4)
+    entry, n = cache.lookup([1, 2, 3, 4, 5], "evil")
+    assert entry is not None
+    assert (entry.salt, n) == ("evil", 2)
+    assert cache.lookup([1, 2, 3, 4, 5]) == (None, 0)
+    cache.store([1, 2, 3, 4], state(10))  # the same tokens in another scope: a second entry
+    assert len(cache) == 3

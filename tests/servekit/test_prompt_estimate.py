@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -9,6 +11,7 @@ from servekit.engine.prompt_estimate import (
     DEFAULT_CHARS_PER_TOKEN,
     PromptEstimator,
     common_text_prefix,
+    request_blocks,
     request_text,
 )
 from servekit.engine.protocol import GenerationRequest, Message, SamplingParams
@@ -75,3 +78,20 @@ def test_the_ratio_follows_a_change_of_language() -> None:
     for _ in range(30):
         est.tokenized("相对论的核心思想" * 10, 80)  # 1 character a token
     assert est.chars_per_token < 1.2
+
+
+def test_another_scopes_held_prompt_does_not_lower_the_price() -> None:
+    est = PromptEstimator(2)
+    text = request_text(chat(("system", SYSTEM), ("user", "hi")))
+    est.hold(0, text, salt="acme")
+    assert est.uncached_tokens(text, "acme") == 1
+    cold = est.uncached_tokens(text, "evil")
+    assert cold == est.uncached_tokens(text, None) >= len(SYSTEM) / DEFAULT_CHARS_PER_TOKEN
+
+
+def test_block_names_are_the_requests_scopes() -> None:
+    request = chat(("system", SYSTEM), ("user", "hi"))
+    salted = dataclasses.replace(request, cache_salt="acme")
+    plain, acme = request_blocks(request, 64), request_blocks(salted, 64)
+    assert len(plain) == len(acme) > 5
+    assert not set(plain) & set(acme)

@@ -44,6 +44,24 @@ def test_the_router_refuses_engine_native_fields(field: str) -> None:
         assert (refused.status, refused.code, refused.param) == (400, "unknown_parameter", field)
 
 
+def test_edges_read_the_routers_cache_salt_within_vllms_limits() -> None:
+    # The router sets it per tenant (and refuses a client's: above); edges and the
+    # center take it into the engine request, which reuses caches only within one.
+    salt = "ab" * 32
+    chat_req = parse_request(ChatCompletionRequest, chat(cache_salt=salt))
+    assert GenerationRequest.from_chat(chat_req, "r").cache_salt == salt
+    text = parse_request(CompletionRequest, {"model": "m", "prompt": "x", "cache_salt": salt})
+    assert GenerationRequest.from_completion(text, "r").cache_salt == salt
+    assert (
+        GenerationRequest.from_chat(parse_request(ChatCompletionRequest, chat()), "r").cache_salt
+        is None
+    )
+    for bad in ("", "a/b", "a@b", "x" * 129, 7):
+        with pytest.raises(InvalidRequest):
+            parse_request(ChatCompletionRequest, chat(cache_salt=bad))
+    assert "cache_salt" not in ChatCompletionRequest.model_json_schema()["properties"]
+
+
 def test_the_openai_surface_passes_the_field_check() -> None:
     body = chat(stream=True, stream_options={"include_usage": True}, logprobs=False, user="u")
     assert unknown_fields("chat", body) is None
