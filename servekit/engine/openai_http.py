@@ -38,7 +38,13 @@ from servekit.errors import UpstreamError, UpstreamRejected
 from servekit.http_client import UpstreamPool
 from servekit.peers import PeerCredentials, async_client
 from servekit.sse import EventReader, event_error
-from servekit.transport import FAILURES, Transport, error_from_response, map_failure
+from servekit.transport import (
+    FAILURES,
+    Transport,
+    UpstreamResponse,
+    error_from_response,
+    map_failure,
+)
 
 __all__ = [
     "LoadProbe",
@@ -244,65 +250,61 @@ class OpenAIHTTPEngine:
         payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         where = self.base_url
         self._in_flight += 1
+        resp: UpstreamResponse | None = None
         try:
-            try:
-                # The head waits for the engine's queue: bounded like any silence.
-                async with asyncio.timeout(self.settings.read_timeout_s):
-                    resp = await self._transport.post(
-                        self.base_url + path, payload, headers, self._data_peer
-                    )
-            except FAILURES as exc:
-                raise map_failure(exc, where) from None
-            try:
-                if resp.status != 200:
-                    raw = await resp.read()
-                    error = error_from_response(
-                        resp.status, raw, resp.headers.get("retry-after"), where
-                    )
-                    if resp.status == 400 and self.settings.engine_errors_as_400:
-                        raise UpstreamRejected(error)
-                    raise error
-                resp.flowing()  # from the head on, silence past read_timeout_s is an error
-                async for event in _events(resp.chunks(), request.kind, where):
-                    yield event
-            finally:
-                resp.close()  # a no-op once the body was read out and the connection parked
+            # The head waits for the engine's queue: bounded like any silence.
+            async with asyncio.timeout(self.settings.read_timeout_s):
+                resp = await self._transport.post(
+                    self.base_url + path, payload, headers, self._data_peer
+                )
+            if resp.status != 200:
+                raw = await resp.read()
+                error = error_from_response(
+                    resp.status, raw, resp.headers.get("retry-after"), where
+                )
+                if resp.status == 400 and self.settings.engine_errors_as_400:
+                    raise UpstreamRejected(error)
+                raise error
+            resp.flowing()  # from the head on, silence past read_timeout_s is an error
+            async for event in _events(resp.chunks(), request.kind):
+                yield event
+        except FAILURES as exc:
+            raise map_failure(exc, where) from None
         finally:
             self._in_flight -= 1
+            if resp is not None:
+                resp.close()  # a no-op once the body was read out and the connection parked
 
 
 async def _events(
-    chunks: AsyncIterator[bytes], kind: Literal["chat", "completion"], where: str
+    chunks: AsyncIterator[bytes], kind: Literal["chat", "completion"]
 ) -> AsyncIterator[GenerationEvent]:
     reader = EventReader(strict=True)
     reason: str | None = None
     usage: dict[str, Any] = {}
     produced = TokenCount()  # from the upstream's usage and token ids, not its chunks
-    try:
-        async for chunk in chunks:
-            if reader.done:
-                # Read the body to its end (the chunked terminator follows [DONE] at
-                # once): a response left unread closes its connection, and the next
-                # request to this upstream would pay a new TCP connect on its TTFT.
-                continue
-            for obj in reader.feed(chunk):
-                error = event_error(obj)
-                if error is not None:
-                    raise error
-                if isinstance(obj.get("usage"), dict):
-                    usage = obj["usage"]
-                choices = obj.get("choices") or []
-                before = produced.tokens
-                produced.observe(obj, _choice_text(choices[0], kind) if choices else None)
-                for choice in choices:
-                    text = _choice_text(choice, kind)
-                    if text:
-                        yield TextDelta(text, max(0, produced.tokens - before))
-                        before = produced.tokens
-                    if choice.get("finish_reason"):
-                        reason = choice["finish_reason"]
-    except FAILURES as exc:
-        raise map_failure(exc, where) from None
+    async for chunk in chunks:
+        if reader.done:
+            # Read the body to its end (the chunked terminator follows [DONE] at
+            # once): a response left unread closes its connection, and the next
+            # request to this upstream would pay a new TCP connect on its TTFT.
+            continue
+        for obj in reader.feed(chunk):
+            error = event_error(obj)
+            if error is not None:
+                raise error
+            if isinstance(obj.get("usage"), dict):
+                usage = obj["usage"]
+            choices = obj.get("choices") or []
+            before = produced.tokens
+            produced.observe(obj, _choice_text(choices[0], kind) if choices else None)
+            for choice in choices:
+                text = _choice_text(choice, kind)
+                if text:
+                    yield TextDelta(text, max(0, produced.tokens - before))
+                    before = produced.tokens
+                if choice.get("finish_reason"):
+                    reason = choice["finish_reason"]
     finished = reader.done
     if not finished and reason is None:
         raise UpstreamError(
