@@ -153,6 +153,9 @@ async def test_transport_failures_are_translated(exc: Exception, cls: type[Serve
     # Mid-stream too, after the head arrived.
     with pytest.raises(cls):
         await collect(engine_for(FakeTransport(FakeResponse(200, [], then=exc))))
+    # And while reading an error answer's body.
+    with pytest.raises(cls):
+        await collect(engine_for(FakeTransport(FakeResponse(503, [], then=exc))))
 
 
 async def test_stream_cut_mid_way_is_an_upstream_error() -> None:

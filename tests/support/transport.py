@@ -36,6 +36,8 @@ class FakeResponse:
             raise self._then
 
     async def read(self) -> bytes:
+        if self._then is not None:
+            raise self._then
         return b"".join(self._parts)
 
     def flowing(self) -> None:
