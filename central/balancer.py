@@ -14,6 +14,10 @@ A home that is already full (in flight ≥ capacity) is also passed over while
 another replica has room: a warm prefix cache does not pay for waiting
 behind a whole batch.
 
+A replica that refused a request (429) ranks last while its back-off lasts
+(the upstream's ``Retry-After``, else ``shed_backoff_s``; the router treats
+its instances alike): it is chosen only when every candidate refused.
+
 Without a prefix the least-loaded replica wins. Load is what the gateway has
 in flight there plus what the engine last reported beyond that (other
 clients' traffic), as a share of its capacity, plus KV-cache fullness
@@ -46,6 +50,7 @@ class Candidate:
     inflight: int = 0
     external: int = 0
     kv_cache_usage: float | None = None
+    refused: bool = False  # backing off after a 429
 
     @property
     def pending(self) -> int:
@@ -95,6 +100,7 @@ class Balancer:
         """The replica for a request with prefix ``key``; None if there are no candidates."""
         if not candidates:
             return None
+        candidates = [c for c in candidates if not c.refused] or candidates
         if key is not None and self._settings.prefix_affinity and self._points:
             home = self._bounded_home(candidates, key)
             if home is not None:

@@ -4,7 +4,9 @@ The pool is what the shared serving layer sees as "the engine". Its
 ``generate`` picks a healthy replica with the balancer and delegates to that
 replica's engine; if the replica fails *before its first event* (connection
 refused, a 5xx, its queue full) the same request goes to another replica, so
-a replica dying between health probes costs the client nothing. If it dies
+a replica dying between health probes costs the client nothing; a replica
+that refused (429) ranks last for its ``Retry-After`` (:mod:`central.balancer`),
+so the next requests do not queue up behind the refusal. If it dies
 *mid-answer*, the answer goes on from the partial text on another replica
 that can continue a final message (:mod:`central.continuation`).
 
@@ -41,6 +43,7 @@ from servekit.engine.vllm import with_vllm_priority
 from servekit.errors import (
     EngineFailure,
     NotReady,
+    RateLimited,
     ServeError,
     UpstreamRejected,
     UpstreamUnavailable,
@@ -207,6 +210,9 @@ class ReplicaPool:
                     raise
                 if isinstance(exc, UpstreamUnavailable):
                     replica.mark_unreachable(exc.message)
+                elif isinstance(exc, RateLimited):
+                    wait = exc.retry_after
+                    replica.refused(balancing.shed_backoff_s if wait is None else wait)
                 tried.add(replica.name)
                 last_error = exc
                 self.retries += 1

@@ -104,6 +104,7 @@ class Replica:
         self._local_restarts = 0
         self._scraped = 0.0
         self._failures = 0
+        self._refused_until = 0.0
         self._last_health = 0.0
         self._started = time.monotonic()
         self._backoff = Backoff(
@@ -148,7 +149,12 @@ class Replica:
             inflight=self.inflight,
             external=external,
             kv_cache_usage=load.kv_cache_usage,
+            refused=time.monotonic() < self._refused_until,
         )
+
+    def refused(self, backoff_s: float) -> None:
+        """It answered 429: busy, not broken. It ranks last for ``backoff_s``."""
+        self._refused_until = max(self._refused_until, time.monotonic() + backoff_s)
 
     def mark_unreachable(self, reason: str) -> None:
         """A request could not reach the replica: take it out of rotation now."""

@@ -50,6 +50,12 @@ class BalancingSettings(Section):
     kv_cache_weight: float = Field(
         1.0, ge=0.0, description="How much KV-cache fullness counts, in sequences per capacity."
     )
+    shed_backoff_s: float = Field(
+        0.5,
+        ge=0.0,
+        description="After a replica refused a request (429) without a Retry-After, how "
+        "long it ranks behind the others.",
+    )
 
 
 class SupervisionSettings(ProcessSettings):

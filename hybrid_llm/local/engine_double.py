@@ -9,7 +9,8 @@ its ``/health``, ``/metrics`` (``vllm:num_requests_running`` / ``_waiting``
 gauges) and SSE are what a replica looks like on the wire. Prompts starting
 with ``HOLD`` block until ``POST /release``; ``POST /fail?n=N`` makes the
 next N generations fail before their first token; prompts starting with
-``BREAK`` fail after two tokens.
+``BREAK`` fail after two tokens; ``POST /refuse?n=N&retry_after=S`` answers
+the next N with 429 and ``Retry-After: S``.
 Every prompt is recorded, in arrival order, at ``/arrivals``,
 and the body's ``priority`` field (vLLM's) at ``/priorities``: read off the
 raw body, since the serving layer drops fields the OpenAI surface lacks.
@@ -71,6 +72,12 @@ def create_double(model: str, tokens: list[str] | None = None) -> FastAPI:
     async def fail(n: int = 1) -> dict[str, Any]:
         engine.fail_next = n
         return {"fail_next": n}
+
+    @app.post("/refuse")
+    async def refuse(n: int = 1, retry_after: float | None = None) -> dict[str, Any]:
+        engine.refuse_next = n
+        engine.refuse_retry_after = retry_after
+        return {"refuse_next": n}
 
     @app.get("/arrivals")
     async def arrivals() -> list[str]:

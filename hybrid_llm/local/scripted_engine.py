@@ -9,7 +9,9 @@ changes the script:
 - ``COUNT``: stream ``max_tokens`` tokens, ``pace_s`` apart (a request that
   runs as long as the test likes, until its client goes away).
 
-``fail_next = N`` fails the next N generations before their first token.
+``fail_next = N`` fails the next N generations before their first token;
+``refuse_next = N`` refuses them (429 ``queue_full``) with
+``refuse_retry_after`` as their ``Retry-After``.
 With ``context_window`` a prompt is counted in words and held to the window
 by the same rules as the llama.cpp engines (:func:`completion_budget`), so
 the serving layer's 400 for a prompt that does not fit can be tested.
@@ -32,7 +34,7 @@ from servekit.engine.protocol import (
     LoadReport,
     TextDelta,
 )
-from servekit.errors import EngineFailure, NotReady
+from servekit.errors import EngineFailure, NotReady, QueueFull
 
 __all__ = ["TOKENS", "ScriptedEngine"]
 
@@ -59,6 +61,8 @@ class ScriptedEngine:
         self.arrivals: list[str] = []
         self.requests: list[GenerationRequest] = []
         self.fail_next = 0
+        self.refuse_next = 0
+        self.refuse_retry_after: float | None = None
         self.release = asyncio.Event()
         self.running = 0
         self.prefill_backlog_ms: float | None = None  # what load() reports
@@ -107,6 +111,9 @@ class ScriptedEngine:
         if self.fail_next > 0:
             self.fail_next -= 1
             raise EngineFailure("scripted failure")
+        if self.refuse_next > 0:
+            self.refuse_next -= 1
+            raise QueueFull("scripted refusal", retry_after=self.refuse_retry_after)
         self.running += 1
         try:
             if text.startswith("HOLD"):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
@@ -33,9 +35,16 @@ from servekit.engine.protocol import (
     TextDelta,
 )
 from servekit.errors import UpstreamError, UpstreamRejected
+from servekit.http_client import UpstreamPool
 from servekit.peers import PeerCredentials, async_client
 from servekit.sse import EventReader, event_error
-from servekit.transport import error_from_response, map_failure
+from servekit.transport import (
+    FAILURES,
+    Transport,
+    UpstreamResponse,
+    error_from_response,
+    map_failure,
+)
 
 __all__ = [
     "LoadProbe",
@@ -59,7 +68,9 @@ class OpenAIHTTPSettings(BaseModel):
     api_key: str | None = Field(None, description="Bearer token for the upstream.")
     capacity: int = Field(8, ge=1, description="Concurrent requests to send it.")
     connect_timeout_s: float = Field(2.0, gt=0)
-    read_timeout_s: float = Field(120.0, gt=0, description="Longest silence between chunks.")
+    read_timeout_s: float = Field(
+        120.0, gt=0, description="Longest silence: before the answer's head, between chunks."
+    )
     health_path: str = Field("/health", description="GET path that answers 200 when alive.")
     probe_interval_s: float = Field(1.0, gt=0)
     request_fields: dict[str, Any] = Field(
@@ -88,10 +99,18 @@ async def probe_load_json(client: httpx.AsyncClient, base_url: str) -> LoadRepor
 
 
 class OpenAIHTTPEngine:
+    """Streams completions from one OpenAI-compatible server.
+
+    ``transport`` carries the completions (default: a keep-alive pool of its
+    own, closed with the engine); ``client`` the health check and load probe.
+    ``peer`` gives both the token and TLS trust to reach the server with.
+    """
+
     def __init__(
         self,
         settings: OpenAIHTTPSettings,
         *,
+        transport: Transport | None = None,
         client: httpx.AsyncClient | None = None,
         probe: LoadProbe | None = probe_load_json,
         version: str = "",
@@ -100,9 +119,14 @@ class OpenAIHTTPEngine:
         self.settings = settings
         self.base_url = settings.base_url.rstrip("/").removesuffix("/v1")
         self.version = version
+        self._own_transport = transport is None
+        self._transport: Transport = transport or UpstreamPool(
+            connect_timeout_s=settings.connect_timeout_s, read_timeout_s=settings.read_timeout_s
+        )
         self._own_client = client is None
         self._client = client
         self._peer = peer  # token and TLS trust of the client it makes itself
+        self._data_peer = _without_token(peer) if settings.api_key else peer
         self._probe = probe
         self._probe_task: asyncio.Task[None] | None = None
         self._last_load = LoadReport(capacity=settings.capacity, model=self.model_name)
@@ -120,11 +144,8 @@ class OpenAIHTTPEngine:
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             s = self.settings
-            self._client = async_client(
-                self._peer,
-                timeout=httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s),
-                limits=httpx.Limits(max_connections=s.capacity * 2 + 4),
-            )
+            timeout = httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s)
+            self._client = async_client(self._peer, timeout=timeout)  # GETs only
         return self._client
 
     async def start(self) -> None:
@@ -179,6 +200,8 @@ class OpenAIHTTPEngine:
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._own_transport:
+            await self._transport.close()
 
     # ------------------------------------------------------------ generation
 
@@ -217,46 +240,54 @@ class OpenAIHTTPEngine:
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         path, body = self.request_body(request)
-        headers = {"X-Request-Id": request.request_id}
+        headers = {"content-type": "application/json", "x-request-id": request.request_id}
         if request.priority is Priority.BATCH:
-            headers["X-Priority"] = "batch"
+            headers["x-priority"] = "batch"
         if request.traceparent is not None:
             headers["traceparent"] = request.traceparent
         if self.settings.api_key:
-            headers["Authorization"] = f"Bearer {self.settings.api_key}"
+            headers["authorization"] = f"Bearer {self.settings.api_key}"
+        payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         where = self.base_url
         self._in_flight += 1
+        resp: UpstreamResponse | None = None
         try:
-            async with self._http().stream(
-                "POST", self.base_url + path, json=body, headers=headers
-            ) as resp:
-                if resp.status_code != 200:
-                    raw = await resp.aread()
-                    retry = resp.headers.get("retry-after")
-                    error = error_from_response(resp.status_code, raw, retry, where)
-                    if resp.status_code == 400 and self.settings.engine_errors_as_400:
-                        raise UpstreamRejected(error)
-                    raise error
-                async for event in _events(resp, request.kind):
-                    yield event
-        except httpx.HTTPError as exc:
+            # The head waits for the engine's queue: bounded like any silence.
+            async with asyncio.timeout(self.settings.read_timeout_s):
+                resp = await self._transport.post(
+                    self.base_url + path, payload, headers, self._data_peer
+                )
+            if resp.status != 200:
+                raw = await resp.read()
+                error = error_from_response(
+                    resp.status, raw, resp.headers.get("retry-after"), where
+                )
+                if resp.status == 400 and self.settings.engine_errors_as_400:
+                    raise UpstreamRejected(error)
+                raise error
+            resp.flowing()  # from the head on, silence past read_timeout_s is an error
+            async for event in _events(resp.chunks(), request.kind):
+                yield event
+        except FAILURES as exc:
             raise map_failure(exc, where) from None
         finally:
             self._in_flight -= 1
+            if resp is not None:
+                resp.close()  # a no-op once the body was read out and the connection parked
 
 
 async def _events(
-    resp: httpx.Response, kind: Literal["chat", "completion"]
+    chunks: AsyncIterator[bytes], kind: Literal["chat", "completion"]
 ) -> AsyncIterator[GenerationEvent]:
     reader = EventReader(strict=True)
     reason: str | None = None
     usage: dict[str, Any] = {}
     produced = TokenCount()  # from the upstream's usage and token ids, not its chunks
-    async for chunk in resp.aiter_bytes():
+    async for chunk in chunks:
         if reader.done:
-            # Read the body to its end (the chunked terminator follows [DONE] at once):
-            # a response left unread closes its connection, and the next request to
-            # this upstream would pay a new TCP connect on its TTFT.
+            # Read the body to its end (the chunked terminator follows [DONE] at
+            # once): a response left unread closes its connection, and the next
+            # request to this upstream would pay a new TCP connect on its TTFT.
             continue
         for obj in reader.feed(chunk):
             error = event_error(obj)
@@ -286,6 +317,15 @@ async def _events(
         int(usage.get("completion_tokens") or produced.tokens),
         int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
     )
+
+
+def _without_token(peer: PeerCredentials | None) -> PeerCredentials | None:
+    """``peer`` without its service token: the engine's own ``api_key`` is sent instead
+    (the pool writes a peer's headers on every request, so both would go)."""
+    if peer is None or "authorization" not in peer.headers:
+        return peer
+    headers = {k: v for k, v in peer.headers.items() if k != "authorization"}
+    return dataclasses.replace(peer, headers=headers)
 
 
 def _choice_text(choice: dict[str, Any], kind: str) -> str:

@@ -138,3 +138,19 @@ def test_prefix_key_for_completions() -> None:
     req = GenerationRequest("id", SamplingParams(), prompt="Once upon a time")
     assert prefix_key(req, 4) == "Once"
     assert prefix_key(GenerationRequest("id", SamplingParams(), prompt=""), 4) is None
+
+
+def test_a_replica_that_refused_ranks_last() -> None:
+    b = _balancer()
+    busy = Candidate("a", 4, refused=True)
+    other = Candidate("b", 4, inflight=3)
+    assert b.choose([busy, other], None) == other
+    key = "the same long system prompt"
+    home = b.choose([Candidate(n, 4) for n in NAMES], key)
+    assert home is not None
+    rest = [Candidate(n, 4) for n in NAMES if n != home.name]
+    chosen = b.choose([Candidate(home.name, 4, refused=True), *rest], key)
+    assert chosen is not None
+    assert chosen.name != home.name
+    # Chosen anyway when every candidate refused.
+    assert b.choose([busy], None) == busy

@@ -339,3 +339,30 @@ def test_unhealthy_replica_leaves_rotation_and_rejoins(
         with UvicornThread(create_double(MODEL), port=port):
             wait_until(lambda: gateway_replicas(gw)["r1"]["state"] == "healthy", what="r1 back")
             assert httpx.get(gw + "/ready").status_code == 200
+
+
+def test_a_replicas_retry_after_is_its_back_off(
+    doubles: tuple[UvicornThread, UvicornThread],
+    gateway_factory: Callable[[CentralSettings], str],
+    tmp_path: Path,
+) -> None:
+    """A 429 with ``Retry-After: 30`` ranks the replica last for 30 s, as the router
+    ranks its instances (tests/geo_router/test_failover.py): the prompt's home replica
+    refused once, so the next requests go to the other one instead of queueing there."""
+    a, b = doubles
+    settings = _settings(tmp_path, [a.url, b.url])
+    gw = gateway_factory(settings)
+    wait_until(lambda: all_replicas_healthy(gw), what="healthy")
+    text = _prompt_homed_on(settings, "r0")
+    httpx.post(a.url + "/refuse", params={"n": 1, "retry_after": 30})
+    for _ in range(3):
+        r = _chat(gw, text)
+        assert r.status_code == 200, r.text
+    assert httpx.get(a.url + "/arrivals").json() == [text]  # refused once, then left alone
+    assert httpx.get(b.url + "/arrivals").json() == [text] * 3
+    # A refusal that every replica gives reaches the client with its Retry-After.
+    httpx.post(b.url + "/refuse", params={"n": 2, "retry_after": 7})
+    httpx.post(a.url + "/refuse", params={"n": 1, "retry_after": 7})
+    r = _chat(gw, text)
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "7"

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import AsyncIterator, Mapping
 from typing import cast
 
 import pytest
@@ -21,56 +19,10 @@ from geo_router.settings import BreakerSettings, RoutingSettings
 from geo_router.tracker import Circuit, Tracker
 from servekit.engine.protocol import LoadReport
 from servekit.errors import RateLimited, UpstreamError
-from servekit.peers import PeerCredentials
 from servekit.registry.protocol import InstanceInfo, InstanceState
+from tests.support.transport import FakeResponse, FakeTransport
 
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-
-
-class FakeResponse:
-    def __init__(self, status: int, parts: list[bytes], headers: dict[str, str]) -> None:
-        self.status = status
-        self.headers = headers
-        self._parts = parts
-        self.closed = self.released = 0
-        self.flowed = False
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        for part in self._parts:
-            yield part
-
-    async def read(self) -> bytes:
-        return b"".join(self._parts)
-
-    def flowing(self) -> None:
-        self.flowed = True
-
-    def release(self) -> None:
-        self.released += 1
-
-    def close(self) -> None:
-        self.closed += 1
-
-
-class FakeTransport:
-    """Answers each POST with the next scripted response."""
-
-    def __init__(self, *responses: FakeResponse) -> None:
-        self.responses = list(responses)
-        self.sent: list[dict[str, object]] = []
-
-    async def post(
-        self,
-        url: str,
-        payload: bytes,
-        headers: Mapping[str, str],
-        peer: PeerCredentials | None = None,
-    ) -> FakeResponse:
-        self.sent.append(json.loads(payload))
-        return self.responses.pop(0)
-
-    async def close(self) -> None:
-        pass
 
 
 def cand(iid: str) -> Scored:

@@ -27,6 +27,7 @@ from servekit.http_protocol import HeadWithBodyProtocol
 from servekit.registry.protocol import InstanceInfo, InstanceState
 from tests.geo_router.conftest import KEY, refused_url, router_settings, serve_fake
 from tests.geo_router.fake_upstream import Behavior
+from tests.support.transport import unanswered_url
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -495,21 +496,6 @@ def test_a_trimmed_continuation_keeps_the_partial_answer() -> None:
         {"role": "assistant", "content": "w0 w1 w2"},
     ]
     assert sent["continue_final_message"] is True
-
-
-@contextmanager
-def unanswered_url() -> Iterator[str]:
-    """A port whose accept queue is full: a connect hangs until it times out."""
-    import socket
-
-    with ExitStack() as stack:
-        listener = stack.enter_context(socket.socket())
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(0)
-        port = listener.getsockname()[1]
-        queued = stack.enter_context(socket.socket())
-        queued.connect(("127.0.0.1", port))  # fills the queue; nobody accepts
-        yield f"http://127.0.0.1:{port}"
 
 
 def test_a_connect_timeout_is_unavailable_as_in_the_central_gateway() -> None:

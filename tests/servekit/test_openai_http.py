@@ -1,14 +1,13 @@
-"""The OpenAI-HTTP engine: error translation and stream parsing at the transport
-layer, then end to end against a real edge agent process."""
+"""The OpenAI-HTTP engine: error translation and stream parsing through a scripted
+transport, then over real sockets (the lean pool) and a real edge agent process."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from hybrid_llm.local.servers import free_port, service_process
@@ -30,6 +29,8 @@ from servekit.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from servekit.http_client import ConnectError, ConnectionBroken
+from tests.support.transport import FakeResponse, FakeTransport, unanswered_url
 
 pytestmark = pytest.mark.anyio
 
@@ -54,17 +55,18 @@ def chunk(text: str | None = None, finish: str | None = None) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
-def engine_for(
-    handler: Callable[[httpx.Request], httpx.Response], **settings: Any
-) -> OpenAIHTTPEngine:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+def engine_for(transport: FakeTransport, **settings: Any) -> OpenAIHTTPEngine:
     return OpenAIHTTPEngine(
         OpenAIHTTPSettings(
             base_url="http://upstream:9/v1", model="up-model", served_name="mine", **settings
         ),
-        client=client,
+        transport=transport,
         probe=None,
     )
+
+
+def streamed(body: bytes) -> FakeResponse:
+    return FakeResponse(200, [body], {"content-type": "text/event-stream"})
 
 
 async def collect(engine: OpenAIHTTPEngine) -> list[GenerationEvent]:
@@ -72,26 +74,21 @@ async def collect(engine: OpenAIHTTPEngine) -> list[GenerationEvent]:
 
 
 async def test_request_shape_and_stream_parsing() -> None:
-    seen: dict[str, Any] = {}
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen["url"] = str(request.url)
-        seen["headers"] = dict(request.headers)
-        seen["body"] = json.loads(request.content)
-        body = sse(
-            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
-            chunk("Hel"), chunk("lo"), chunk(None, "length"),
-            {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2,
-                                      "prompt_tokens_details": {"cached_tokens": 3}}},
-            b"[DONE]",
-        )  # fmt: skip
-        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
-
-    events = await collect(engine_for(handler))
-    assert seen["url"] == "http://upstream:9/v1/chat/completions"
-    assert seen["headers"]["x-request-id"] == "rid-1"
-    assert seen["headers"]["x-priority"] == "batch"
-    body = seen["body"]
+    body = sse(
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        chunk("Hel"), chunk("lo"), chunk(None, "length"),
+        {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2,
+                                  "prompt_tokens_details": {"cached_tokens": 3}}},
+        b"[DONE]",
+    )  # fmt: skip
+    answer = streamed(body)
+    transport = FakeTransport(answer)
+    events = await collect(engine_for(transport))
+    assert transport.urls == ["http://upstream:9/v1/chat/completions"]
+    assert transport.headers[0]["x-request-id"] == "rid-1"
+    assert transport.headers[0]["x-priority"] == "batch"
+    assert answer.flowed  # silence is timed once the head arrived
+    body = transport.sent[0]
     assert body["model"] == "up-model"
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
@@ -103,32 +100,21 @@ async def test_request_shape_and_stream_parsing() -> None:
 
 
 async def test_request_fields_are_the_services_setting() -> None:
-    bodies: list[dict[str, Any]] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        bodies.append(json.loads(request.content))
-        content = sse(chunk("a", "stop"), b"[DONE]")
-        return httpx.Response(200, content=content, headers={"content-type": "text/event-stream"})
-
+    transport = FakeTransport(streamed(sse(chunk("a", "stop"), b"[DONE]")))
     fields = {"ignore_eos": True, "max_tokens": 999}
-    [e async for e in engine_for(handler, request_fields=fields).generate(REQ)]
+    [e async for e in engine_for(transport, request_fields=fields).generate(REQ)]
+    bodies = transport.sent
     assert bodies[0]["ignore_eos"] is True
     assert bodies[0]["max_tokens"] == 4  # the request's own fields win
 
 
 async def test_the_callers_cache_salt_is_sent_unless_the_upstream_refuses_it() -> None:
-    bodies: list[dict[str, Any]] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        bodies.append(json.loads(request.content))
-        content = sse(chunk("a", "stop"), b"[DONE]")
-        return httpx.Response(200, content=content, headers={"content-type": "text/event-stream"})
-
+    transport = FakeTransport(*(streamed(sse(chunk("a", "stop"), b"[DONE]")) for _ in range(3)))
     salted = dataclasses.replace(REQ, cache_salt="s" * 64)
-    [e async for e in engine_for(handler).generate(salted)]
-    [e async for e in engine_for(handler).generate(REQ)]
-    [e async for e in engine_for(handler, send_cache_salt=False).generate(salted)]
-    assert [b.get("cache_salt") for b in bodies] == ["s" * 64, None, None]
+    [e async for e in engine_for(transport).generate(salted)]
+    [e async for e in engine_for(transport).generate(REQ)]
+    [e async for e in engine_for(transport, send_cache_salt=False).generate(salted)]
+    assert [b.get("cache_salt") for b in transport.sent] == ["s" * 64, None, None]
 
 
 @pytest.mark.parametrize(
@@ -144,12 +130,9 @@ async def test_the_callers_cache_salt_is_sent_unless_the_upstream_refuses_it() -
 async def test_upstream_status_becomes_project_error(
     status: int, payload: Any, headers: dict[str, str], cls: type[ServeError]
 ) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        content = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        return httpx.Response(status, content=content, headers=headers)
-
+    content = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     with pytest.raises(cls) as info:
-        await collect(engine_for(handler))
+        await collect(engine_for(FakeTransport(FakeResponse(status, [content], headers))))
     if status == 429:
         assert info.value.retry_after == 3
     if status == 400:
@@ -159,52 +142,43 @@ async def test_upstream_status_becomes_project_error(
 @pytest.mark.parametrize(
     ("exc", "cls"),
     [
-        (httpx.ConnectError("refused"), UpstreamUnavailable),
-        (httpx.ReadTimeout("slow"), UpstreamTimeout),
-        (httpx.RemoteProtocolError("reset"), UpstreamError),
+        (ConnectError("http://upstream:9", ConnectionRefusedError("refused")), UpstreamUnavailable),
+        (TimeoutError("slow"), UpstreamTimeout),
+        (ConnectionBroken("reset"), UpstreamError),
     ],
 )
 async def test_transport_failures_are_translated(exc: Exception, cls: type[ServeError]) -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        raise exc
-
     with pytest.raises(cls):
-        await collect(engine_for(handler))
+        await collect(engine_for(FakeTransport(exc)))
+    # Mid-stream too, after the head arrived.
+    with pytest.raises(cls):
+        await collect(engine_for(FakeTransport(FakeResponse(200, [], then=exc))))
+    # And while reading an error answer's body.
+    with pytest.raises(cls):
+        await collect(engine_for(FakeTransport(FakeResponse(503, [], then=exc))))
 
 
 async def test_stream_cut_mid_way_is_an_upstream_error() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=sse(chunk("partial")))
-
     events: list[GenerationEvent] = []
     with pytest.raises(UpstreamError) as info:
-        async for e in engine_for(handler).generate(REQ):
+        async for e in engine_for(FakeTransport(streamed(sse(chunk("partial"))))).generate(REQ):
             events.append(e)
     assert events == [TextDelta("partial", 1)]
     assert info.value.code == "upstream_disconnected"
 
 
 async def test_error_event_inside_stream() -> None:
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            200,
-            content=sse(chunk("a"), {"error": {"message": "engine died", "type": "x"}}, b"[DONE]"),
-        )
-
+    body = sse(chunk("a"), {"error": {"message": "engine died", "type": "x"}}, b"[DONE]")
     with pytest.raises(UpstreamError, match="engine died"):
-        await collect(engine_for(handler))
+        await collect(engine_for(FakeTransport(streamed(body))))
 
 
 async def test_completion_path_and_continue_flags() -> None:
-    bodies: list[dict[str, Any]] = []
+    def answer() -> FakeResponse:
+        return streamed(sse({"choices": [{"text": "z", "finish_reason": "stop"}]}, b"[DONE]"))
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        bodies.append(json.loads(request.content))
-        return httpx.Response(
-            200, content=sse({"choices": [{"text": "z", "finish_reason": "stop"}]}, b"[DONE]")
-        )
-
-    eng = engine_for(handler)
+    transport = FakeTransport(answer(), answer())
+    eng = engine_for(transport)
     prompt_req = GenerationRequest("r", SamplingParams(), prompt="Once")
     first, *_ = [e async for e in eng.generate(prompt_req)]
     assert first == TextDelta("z", 1)
@@ -213,6 +187,8 @@ async def test_completion_path_and_continue_flags() -> None:
         continue_final_message=True,
     )  # fmt: skip
     _ = [e async for e in eng.generate(cont)]
+    bodies = transport.sent
+    assert transport.urls[0] == "http://upstream:9/v1/completions"
     assert bodies[0]["prompt"] == "Once"
     assert bodies[1]["continue_final_message"] is True
     assert bodies[1]["add_generation_prompt"] is False
@@ -313,3 +289,42 @@ async def test_one_connection_serves_request_after_request() -> None:
             await engine.aclose()
     assert len(peers) == 3
     assert len(set(peers)) == 1
+
+
+async def test_a_connect_timeout_is_unavailable_as_in_the_router() -> None:
+    """Nothing was sent: 503 ``upstream_unavailable`` (retryable), as the router maps it
+    (tests/geo_router/test_failover.py), not a 504."""
+    with unanswered_url() as hung:
+        settings = OpenAIHTTPSettings(base_url=hung, model="m", connect_timeout_s=0.2)
+        engine = OpenAIHTTPEngine(settings, probe=None)
+        try:
+            with pytest.raises(UpstreamUnavailable) as info:
+                await collect(engine)
+        finally:
+            await engine.aclose()
+    assert info.value.code == "upstream_unavailable"
+    assert info.value.retryable
+
+
+async def test_an_upstream_silent_before_its_head_times_out() -> None:
+    """The lean pool leaves the wait for the head to its caller (a prefill comes
+    first); the engine bounds it by ``read_timeout_s``, as httpx did."""
+    import asyncio
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the engine gives up and closes
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = OpenAIHTTPSettings(base_url=f"http://127.0.0.1:{port}", model="m",
+                                  read_timeout_s=0.2)  # fmt: skip
+    engine = OpenAIHTTPEngine(settings, probe=None)
+    try:
+        with pytest.raises(UpstreamTimeout):
+            await asyncio.wait_for(collect(engine), 3)
+    finally:
+        await engine.aclose()
+        server.close()
+        await server.wait_closed()
