@@ -11,7 +11,7 @@
 #                               (scripts/setup-phoenix.sh; about 2 minutes the first time)
 #   scripts/setup.sh --dev      plus the test and lint tools, vLLM for its tests and
 #                               Redis for the shared-limits tests (scripts/setup-redis.sh);
-#                               not Phoenix (its tests skip without it; add --phoenix)
+#                               (scripts/test.sh adds --phoenix, so its tests run too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

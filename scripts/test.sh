@@ -2,7 +2,8 @@
 # The project's test command: set up (idempotent), then lint, type-check, test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --dev
+# Phoenix too: the trace-store tests run against the real one, not skipped.
+scripts/setup.sh --dev --phoenix
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
