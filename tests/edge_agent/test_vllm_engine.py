@@ -203,13 +203,7 @@ def test_a_stalled_engine_is_down_only_after_checks_in_a_row_fail(
         assert not _ready_throughout(edge, 25.0), "a stalled engine stayed ready"
     finally:
         os.killpg(pid, signal.SIGCONT)
-    deadline = time.monotonic() + 30
-    while httpx.get(edge + "/ready").status_code != 200:
-        assert time.monotonic() < deadline, "the engine did not come back after the stall"
-        time.sleep(0.2)
-    done = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
-    assert done.usage is not None
-    assert done.usage.completion_tokens == 4
+    _serves_again(edge, client, 30, "the engine did not come back after the stall")
     assert int(httpx.get(edge + "/engine").json()["pid"]) == pid  # not restarted
 
 
@@ -223,16 +217,21 @@ def test_a_killed_engine_is_restarted_and_serves_again(edge: str, client: openai
     while httpx.get(edge + "/ready").status_code == 200:
         assert time.monotonic() < deadline, "the agent did not notice its engine died"
         time.sleep(0.1)
-    deadline = time.monotonic() + 400
-    while httpx.get(edge + "/ready").status_code != 200:
-        assert time.monotonic() < deadline, "the engine was not restarted"
-        time.sleep(0.5)
-    done = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
-    assert done.usage is not None
-    assert done.usage.completion_tokens == 4
+    _serves_again(edge, client, 400, "the engine was not restarted")
     after = httpx.get(edge + "/engine").json()
     assert after["restarts"] == before["restarts"] + 1
     assert after["pid"] != before["pid"]
+
+
+def _serves_again(edge: str, client: openai.OpenAI, within_s: float, missed: str) -> None:
+    """Ready again within ``within_s`` (else ``missed``), and answering."""
+    deadline = time.monotonic() + within_s
+    while httpx.get(edge + "/ready").status_code != 200:
+        assert time.monotonic() < deadline, missed
+        time.sleep(0.2)
+    done = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 4
 
 
 def _engine_url(edge: str) -> str:
