@@ -177,12 +177,12 @@ class Attempt:
         request's timeout bounds it; the first-token deadline is the dispatcher's."""
         r, cand = self._routing, self.cand
         headers = self.req.headers
-        if cand.prompt_tokens:  # what admission there charges for this request's prefill
-            uncached = max(1, cand.prompt_tokens - cand.cached_tokens)
-            headers = {**headers, "x-prefill-tokens": str(uncached)}
-        if self.span is not None:
-            headers = dict(headers)
-            r.tracing.inject(self.span, headers)
+        if cand.prompt_tokens or self.span is not None:
+            headers = dict(headers)  # this attempt's own: the request's are shared
+            if cand.prompt_tokens:  # what admission there charges for this request's prefill
+                headers["x-prefill-tokens"] = str(max(1, cand.prompt_tokens - cand.cached_tokens))
+            if self.span is not None:
+                r.tracing.inject(self.span, headers)
         try:
             async with asyncio.timeout(r.settings.request_timeout_s):
                 self._response = response = await r.pool.post(
