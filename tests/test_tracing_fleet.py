@@ -68,6 +68,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 "replicas": [{"name": "r0", "kind": "url", "url": replica.url, "capacity": 1}],
                 "supervision": {"health_interval_s": 0.1, "log_dir": str(tmp)},
                 "instance": {"id": "center-1"},
+                # A budget, so admission predicts (and the span says what).
+                "admission": {"ttft_budget_ms": 60_000},
                 "tracing": tracing,
             }
         )
@@ -148,6 +150,7 @@ def test_one_trace_from_the_client_through_router_and_edge(fleet: dict[str, Any]
     assert attempt.end_ns <= request.end_ns
     assert not any(s.error for s in spans), [(s.name, s.status) for s in spans if s.error]
     assert "cancelled" not in served.attributes  # the router closing after [DONE] is no cancel
+    assert "serve.own_prefill_ms" not in served.attributes  # no budget, no prediction
     _no_secrets(spans)
 
 
@@ -173,6 +176,10 @@ def test_a_center_request_reaches_the_engine_in_the_same_trace(fleet: dict[str, 
     served = _one(spans, "serve.request")
     assert served.parent_id == attempt.span_id
     assert served.attributes["serve.tier"] == "center"
+    # Admitted under a budget: the span keeps the prediction it was admitted on
+    # (the router sent its prefill count; the idle gateway predicts no wait).
+    assert served.attributes["serve.predicted_wait_ms"] == 0.0
+    assert served.attributes["serve.own_prefill_ms"] >= 0.0
     # The gateway hands its own span on to the engine (vLLM would continue it).
     sent = fleet["engine"].seen[-1]
     assert sent is not None

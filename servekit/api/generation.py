@@ -130,6 +130,8 @@ async def serve_generation(
     if core.admission.ttft_budget_ms is not None:
         # The prediction needs the engine's backlog and prefill rate of this moment.
         own = own_prefill_ms(core.engines.current(), gen, core.observe_engine())
+        if trace is not None:
+            trace.predicted(core.admission.predicted_wait_ms(), own)
     try:
         ticket = core.admission.try_acquire(gen.priority, own) or await core.admission.acquire(
             gen.priority, own

@@ -5,6 +5,9 @@
 end its prompt, cached and completion tokens; its children are the stages
 of its time to first token and after:
 
+Under a TTFT budget it also holds what admission predicted on arrival
+(``serve.predicted_wait_ms``, ``serve.own_prefill_ms``).
+
 * ``serve.queue``: waiting for admission (``servekit.admission``);
 * ``serve.prefill``: from admission to the engine's first event (the
   engine's own scheduling and the prompt's prefill);
@@ -40,6 +43,14 @@ class ServingTrace:
         self._admitted: float | None = None
         self._first: float | None = None
         self.finished_at = 0.0  # perf_counter of the finish; 0 until then
+
+    def predicted(self, wait_ms: float | None, own_prefill_ms: float) -> None:
+        """What admission predicted for it on arrival: the wait ahead (absent when
+        unknown) and its own uncached prefill, so a slow first token can be read
+        against the promise it was admitted on."""
+        if wait_ms is not None:
+            self.span.set_attribute("serve.predicted_wait_ms", wait_ms)
+        self.span.set_attribute("serve.own_prefill_ms", own_prefill_ms)
 
     def admitted(self, queue_time_s: float) -> None:
         """Admission granted now, after ``queue_time_s`` in the queue."""
