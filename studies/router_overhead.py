@@ -1,7 +1,8 @@
 """Router-added TTFT: the same fast fake upstream called directly and through the router.
 
     .venv/bin/python -m studies.router_overhead [--requests 400] [--concurrency 1 200]
-        [--pin auto|always|never] [--nice N] [--burst] [--tls] [--tracing] [--sharegpt N]
+        [--pin auto|always|never] [--nice N] [--burst] [--tls] [--tracing]
+        [--sharegpt N | --realistic N]
 
 Starts, as separate processes on loopback: a fast fake OpenAI upstream (raw
 ASGI under uvicorn; first token at once, then ``max_tokens - 1`` more every
@@ -204,6 +205,19 @@ def router_overhead_histogram(router: str) -> str:
     return f"n={int(total)}; " + ", ".join(out)
 
 
+def realistic_requests(n: int) -> list[list[dict[str, str]] | None]:
+    """``n`` first requests of the bench's realistic workload, drawn as the bench
+    draws them (its seed 0): each conversation's opening messages and first turn."""
+    from hybrid_llm.bench.conversations import builtin_workload
+
+    workload = builtin_workload("realistic", "auto")
+    out: list[list[dict[str, str]] | None] = []
+    for _ in range(n):
+        c = workload.conversation()
+        out.append([*c.prefix, {"role": "user", "content": c.turns[0]}])
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=400, help="streams per level")
@@ -228,6 +242,14 @@ def main() -> int:
         metavar="N",
         help="send N real ShareGPT conversations (history up to a user turn) in turn "
         "instead of 'hi' (needs the datasets extra)",
+    )
+    parser.add_argument(
+        "--realistic",
+        type=int,
+        default=0,
+        metavar="N",
+        help="send N requests of hybrid-llm bench's default 'realistic' conversation "
+        "workload (each a conversation's opening messages and first turn) instead of 'hi'",
     )
     parser.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-otlp", type=int, default=None, help=argparse.SUPPRESS)
@@ -273,6 +295,8 @@ def main() -> int:
         from studies.sharegpt import load
 
         conversations = [messages for messages, _ in load(args.sharegpt, max_tokens=6000)]
+    elif args.realistic:
+        conversations = realistic_requests(args.realistic)
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "router.yaml"
