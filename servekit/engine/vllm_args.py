@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from servekit.tracing import EngineTraces
 
 __all__ = [
     "VLLM_API_KEY_ENV",
@@ -23,6 +26,7 @@ __all__ = [
     "VllmKvCacheDtype",
     "VllmQuantization",
     "VllmServeArgs",
+    "VllmTraceModules",
     "default_max_num_seqs",
 ]
 
@@ -37,6 +41,8 @@ VllmQuantization = Literal[
     "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes"
 ]
 VllmKvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+# `--collect-detailed-traces` (vllm/config/observability.py: DetailedTraceModules).
+VllmTraceModules = Literal["model", "worker", "all"]
 
 _GIB = 1 << 30
 
@@ -148,6 +154,11 @@ class VllmServeArgs(BaseModel):
         description="CPU builds: cores per rank, e.g. '0' or '0-3|4-7' "
         "(VLLM_CPU_OMP_THREADS_BIND; 'auto' by default, 'nobind' to leave threads alone).",
     )
+    collect_detailed_traces: list[VllmTraceModules] = Field(
+        default_factory=list,
+        description="With tracing on: also time the model's forward pass and execution "
+        "in each request's span (`--collect-detailed-traces`; costly, may block).",
+    )
     cache_dir: Path | None = Field(
         None,
         description="Where vLLM and torch.compile keep their caches (VLLM_CACHE_ROOT, "
@@ -206,8 +217,17 @@ class VllmServeArgs(BaseModel):
             device_name=self.gpu_name,
         )
 
-    def serve_argv(self, model: str, *, host: str, port: int, served: str) -> list[str]:
-        """``vllm serve MODEL ...`` for these arguments."""
+    def serve_argv(
+        self,
+        model: str,
+        *,
+        host: str,
+        port: int,
+        served: str,
+        traces: EngineTraces | None = None,
+    ) -> list[str]:
+        """``vllm serve MODEL ...`` for these arguments; with ``traces``, vLLM exports
+        a span per request (``llm_request``) to the service's collector."""
         argv: list[str] = [self.executable, "serve", model]
         argv += ["--host", host, "--port", str(port), "--served-model-name", served]
         argv += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
@@ -241,12 +261,16 @@ class VllmServeArgs(BaseModel):
             argv.append("--enable-prompt-tokens-details")
         if self.enforce_eager:
             argv.append("--enforce-eager")
+        if traces is not None:
+            argv += ["--otlp-traces-endpoint", traces.endpoint]
+            if self.collect_detailed_traces:
+                argv += ["--collect-detailed-traces", *self.collect_detailed_traces]
         argv += self.extra_args
         return argv
 
-    def serve_env(self) -> dict[str, str]:
+    def serve_env(self, traces: EngineTraces | None = None) -> dict[str, str]:
         """Environment the engine process needs beyond the service's own."""
-        env: dict[str, str] = {}
+        env: dict[str, str] = {} if traces is None else traces.environ()
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         if self.cpu_kvcache_space_gib is not None:
