@@ -17,6 +17,10 @@ environment, so it is in neither ``ps`` nor the command line ``/engine`` and
 the logs show): another user or process on the host cannot call the engine
 around the agent's auth, admission and limits. vLLM leaves ``/health`` and
 ``/metrics`` open, which is what the probes read.
+
+With the service's tracing on (``traces``), the server exports its own
+``llm_request`` span per request to the same collector, below the span
+whose ``traceparent`` the request carries (:class:`servekit.tracing.EngineTraces`).
 """
 
 from __future__ import annotations

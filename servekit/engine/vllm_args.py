@@ -26,7 +26,6 @@ __all__ = [
     "VllmKvCacheDtype",
     "VllmQuantization",
     "VllmServeArgs",
-    "VllmTraceModules",
     "default_max_num_seqs",
 ]
 
@@ -41,8 +40,6 @@ VllmQuantization = Literal[
     "fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "bitsandbytes"
 ]
 VllmKvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
-# `--collect-detailed-traces` (vllm/config/observability.py: DetailedTraceModules).
-VllmTraceModules = Literal["model", "worker", "all"]
 
 _GIB = 1 << 30
 
@@ -154,11 +151,6 @@ class VllmServeArgs(BaseModel):
         description="CPU builds: cores per rank, e.g. '0' or '0-3|4-7' "
         "(VLLM_CPU_OMP_THREADS_BIND; 'auto' by default, 'nobind' to leave threads alone).",
     )
-    collect_detailed_traces: list[VllmTraceModules] = Field(
-        default_factory=list,
-        description="With tracing on: also time the model's forward pass and execution "
-        "in each request's span (`--collect-detailed-traces`; costly, may block).",
-    )
     cache_dir: Path | None = Field(
         None,
         description="Where vLLM and torch.compile keep their caches (VLLM_CACHE_ROOT, "
@@ -262,9 +254,9 @@ class VllmServeArgs(BaseModel):
         if self.enforce_eager:
             argv.append("--enforce-eager")
         if traces is not None:
+            # Not --collect-detailed-traces: vLLM 0.32's V1 engine accepts it and records
+            # nothing more (no reader of collect_model_forward_time); extra_args can add it.
             argv += ["--otlp-traces-endpoint", traces.endpoint]
-            if self.collect_detailed_traces:
-                argv += ["--collect-detailed-traces", *self.collect_detailed_traces]
         argv += self.extra_args
         return argv
 

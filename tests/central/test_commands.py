@@ -288,15 +288,12 @@ def test_with_tracing_on_vllm_replicas_export_their_spans_where_the_gateway_does
     config = CONFIGS / "central-h100-vllm.yaml"
     settings = load(config, **{"tracing.enabled": True, "tracing.endpoint": endpoint})
     traces = settings.engine_traces()
-    plain, _ = (r for r in settings.replicas if isinstance(r, VllmReplica))
-    detailed = plain.model_copy(update={"collect_detailed_traces": ["model", "worker"]})
     first, second = (
         build_plan(r, port=r.port, model_name=settings.model, run_dir=Path(), traces=traces)
-        for r in (detailed, plain)
+        for r in settings.replicas
+        if isinstance(r, VllmReplica)
     )
-    tail = ("--otlp-traces-endpoint", endpoint, "--collect-detailed-traces", "model", "worker")
-    assert first.argv[-5:] == tail
-    assert second.argv[-2:] == tail[:2]  # detailed timings only where asked
+    assert first.argv[-2:] == second.argv[-2:] == ("--otlp-traces-endpoint", endpoint)
     assert first.env == {
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
         # vLLM's exporter speaks gRPC unless told; the services' collector endpoint is HTTP.
@@ -313,6 +310,6 @@ def test_with_tracing_on_vllm_replicas_export_their_spans_where_the_gateway_does
 
     off = load(config)
     assert off.engine_traces() is None
-    plan = build_plan(detailed, port=1, model_name="m", run_dir=Path(), traces=off.engine_traces())
-    assert not any(arg.startswith(("--otlp", "--collect-detailed")) for arg in plan.argv)
+    plan = build_plan(off.replicas[0], port=1, model_name="m", run_dir=Path(), traces=None)
+    assert not any(arg.startswith("--otlp") for arg in plan.argv)
     assert not any(name.startswith("OTEL_") for name in plan.env)
