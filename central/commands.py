@@ -25,6 +25,7 @@ from servekit.engine.vllm_args import VLLM_API_KEY_ENV
 
 if TYPE_CHECKING:
     from central.settings import CentralSettings
+    from servekit.tracing import EngineTraces
 
 __all__ = [
     "Endpoint",
@@ -108,14 +109,19 @@ def _gpu_env(gpus: list[int], extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def vllm_plan(
-    spec: VllmReplica, *, port: int, model_name: str, token: str | None = None
+    spec: VllmReplica,
+    *,
+    port: int,
+    model_name: str,
+    token: str | None = None,
+    traces: EngineTraces | None = None,
 ) -> LaunchPlan:
     served = spec.served_model_name or model_name
-    argv = spec.serve_argv(spec.model, host=spec.host, port=port, served=served)
+    argv = spec.serve_argv(spec.model, host=spec.host, port=port, served=served, traces=traces)
     endpoint = Endpoint(
         _url(spec.host, port), served, spec.capacity, "vllm", send_priority=spec.sends_priority
     )
-    env = spec.serve_env()
+    env = spec.serve_env(traces)
     env.update(spec.env)
     if token is not None:
         env[VLLM_TOKEN_ENV] = token
@@ -254,16 +260,18 @@ def build_plan(
     python: str = sys.executable,
     version: str = "",
     token: str | None = None,
+    traces: EngineTraces | None = None,
 ) -> LaunchPlan:
     """The launch plan for any launched replica kind.
 
     ``token`` (the gateway's ``replica_client.token``) goes into the replica's
     environment so it accepts only the gateway: vLLM's ``VLLM_API_KEY``, the
     stand-in's ``server.auth``. trtllm-serve has no API-key check; keep it on
-    a loopback or private address.
+    a loopback or private address. ``traces`` (the gateway's tracing) makes a
+    vLLM replica export its own spans to the same collector.
     """
     if isinstance(spec, VllmReplica):
-        return vllm_plan(spec, port=port, model_name=model_name, token=token)
+        return vllm_plan(spec, port=port, model_name=model_name, token=token, traces=traces)
     if isinstance(spec, TrtllmReplica):
         return trtllm_plan(spec, port=port, run_dir=run_dir)
     return llamacpp_plan(
@@ -307,6 +315,7 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
 def print_commands(settings: CentralSettings, out: TextIO) -> None:
     """Write each replica's command line (and generated files) for an operator."""
     run_dir = settings.supervision.log_dir
+    traces = settings.engine_traces()
     for spec in settings.replicas:
         out.write(f"# {spec.name} ({spec.kind})\n")
         if isinstance(spec, UrlReplica):
@@ -319,7 +328,7 @@ def print_commands(settings: CentralSettings, out: TextIO) -> None:
             out.write("# port 0: a free port is picked when the gateway starts\n")
         plan = build_plan(
             spec, port=spec.port, model_name=settings.model, run_dir=run_dir,
-            version=settings.version,
+            version=settings.version, traces=traces,
         )  # fmt: skip
         for path, content in plan.files.items():
             out.write(f"# writes {path}:\n")

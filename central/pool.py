@@ -72,6 +72,7 @@ class ReplicaPool:
         self._on_capacity = on_capacity
         self._wait_s = settings.supervision.dispatch_wait_s
         self._changed = asyncio.Event()
+        traces = settings.engine_traces()
         self.replicas = [
             Replica(
                 spec,
@@ -82,6 +83,7 @@ class ReplicaPool:
                 engine_factory=engine_factory,
                 on_change=self._replica_changed,
                 token=client.token.get_secret_value() if client.token is not None else None,
+                traces=traces,
             )
             for spec in settings.replicas
         ]

@@ -30,6 +30,7 @@ from servekit.engine.process import Backoff, EngineProcess, ProcessSupervisor, f
 from servekit.engine.protocol import Engine, LoadReport
 from servekit.engine.rates import RateTracker
 from servekit.secrets import redact_url
+from servekit.tracing import EngineTraces
 
 __all__ = ["EngineFactory", "Replica", "ReplicaState"]
 
@@ -60,6 +61,7 @@ class Replica:
         engine_factory: EngineFactory,
         on_change: Callable[[], None] = lambda: None,
         token: str | None = None,
+        traces: EngineTraces | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -82,7 +84,7 @@ class Replica:
             run_dir = Path(supervision.log_dir)
             plan = build_plan(
                 spec, port=port, model_name=model_name, run_dir=run_dir, version=version,
-                token=token,
+                token=token, traces=traces,
             )  # fmt: skip
             self.endpoint = plan.endpoint
             self.plan = plan

@@ -15,7 +15,7 @@ from servekit.engine.process import ProcessSettings
 from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
 from servekit.settings import ServiceServerSettings
-from servekit.tracing import TracingSettings
+from servekit.tracing import EngineTraces, TracingSettings, instance_resource
 
 __all__ = [
     "AdmissionSettings",
@@ -114,6 +114,11 @@ class CentralSettings(Section):
     def open_because(self) -> str | None:
         """Why anyone may call the gateway (None: a service token is required)."""
         return self.server.open_because
+
+    def engine_traces(self) -> EngineTraces | None:
+        """Where launched vLLM replicas send their spans: the gateway's collector."""
+        resource = instance_resource("center", self.instance, self.model)
+        return self.tracing.for_engine("vllm", resource)
 
     @model_validator(mode="after")
     def _replicas_disjoint(self) -> CentralSettings:

@@ -19,7 +19,7 @@ from typing import Any, cast
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 
-from edge_agent.engines import EngineFactory, build_engine, engine_collectors
+from edge_agent.engines import EngineFactory, engine_collectors, engine_factory
 from edge_agent.settings import EdgeSettings
 from edge_agent.slot import ModelSlot
 from model_sync.agent import Reconciler
@@ -41,11 +41,11 @@ log = logging.getLogger("edge_agent")
 class EdgeAgent:
     """The running parts of one edge agent, as the lifespan assembles them."""
 
-    def __init__(self, settings: EdgeSettings, build: EngineFactory = build_engine) -> None:
+    def __init__(self, settings: EdgeSettings, build: EngineFactory | None = None) -> None:
         self.settings = settings
-        self._build = build
+        self._build = build or engine_factory(settings)
         version = settings.instance.version
-        engine = build(settings.engine, version)
+        engine = self._build(settings.engine, version)
         self.slot = ModelSlot(engine, version)
         self.admission = AdmissionQueue.from_settings(engine.capacity, settings.admission)
         self.prometheus = CollectorRegistry()
@@ -172,8 +172,9 @@ class EdgeAgent:
         self.core.tracing.shutdown()
 
 
-def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory = build_engine) -> FastAPI:
-    """The edge agent's app; ``engine_factory`` builds each engine it serves.
+def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory | None = None) -> FastAPI:
+    """The edge agent's app; ``engine_factory`` builds each engine it serves
+    (default: the real one the settings name).
 
     ``app.state.token_gate`` holds the accepted service tokens.
     """

@@ -26,7 +26,9 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from pydantic import Field
 
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OFF",
+    "EngineTraces",
     "Tracing",
     "TracingSettings",
     "ending",
@@ -78,6 +81,41 @@ class TracingSettings(Section):
     export_delay_ms: int = Field(
         1000, ge=1, description="How long finished spans wait to be exported in one batch."
     )
+
+    def for_engine(self, service: str, resource: Mapping[str, str]) -> EngineTraces | None:
+        """Where an engine process this service launches sends its own spans: the same
+        collector (``None`` while tracing is off)."""
+        if not self.enabled:
+            return None
+        return EngineTraces(self.endpoint, service, dict(resource))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTraces:
+    """An engine process (``vllm serve``) exporting its spans beside its service's.
+
+    The engine's OpenTelemetry SDK is set up through the standard ``OTEL_*``
+    variables (:meth:`environ`): OTLP over HTTP like the services, its own
+    ``service.name`` and resource, and a parent-based sampler that is off for
+    a request without a sampled caller, so the engine traces exactly the
+    requests its service traces (never its warm-up or a probe) and each
+    of its spans joins the service's trace through ``traceparent``.
+    """
+
+    endpoint: str
+    service_name: str
+    resource: Mapping[str, str] = field(default_factory=dict)
+
+    def environ(self) -> dict[str, str]:
+        attrs = ",".join(f"{k}={quote(v, safe='')}" for k, v in self.resource.items())
+        env = {
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_SERVICE_NAME": self.service_name,
+            "OTEL_TRACES_SAMPLER": "parentbased_always_off",
+        }
+        if attrs:
+            env["OTEL_RESOURCE_ATTRIBUTES"] = attrs
+        return env
 
 
 class Tracing:

@@ -2,7 +2,7 @@
 
     scripts/setup.sh --phoenix
     hybrid-llm up --tracing --netem --detach
-    python -m studies.trace_stages --requests 36 --concurrency 2
+    python -m studies.trace_stages --requests 36 --concurrency 2 --continued 2
     hybrid-llm down
 
 Sends the realistic conversation workload (``hybrid-llm bench``'s default
@@ -32,6 +32,15 @@ attempt with ``attempt.hedge``), *failover* (several attempts, no hedge),
 then by ``route.reason``: *same-city simple* (``simple``: an edge in the
 user's region), *hard-to-center* (``hard``), else ``other (reason)``.
 Means per class (means add up; medians do not), then the client TTFT P50.
+
+Nothing breaks mid-stream on its own, so ``--continued N`` then forces N
+continuations, one at a time: a long answer streams from a simple request,
+and once its first token is in, the instance serving it (found by its
+``X-Route-Instance`` in the topology's state file) is stopped (SIGSTOP,
+whole process group); the router's idle timeout gives up on it and continues
+the answer elsewhere; at the answer's end the instance is resumed (SIGCONT),
+notices its caller left and exports its spans too. Each such trace is listed
+span by span: both attempts, both instances' ``serve.request``, one trace id.
 Clocks: spans are epoch times from each process's ``perf_counter`` offset
 and the client's are ``time.time()``, one machine: skew is sub-millisecond.
 """
@@ -40,18 +49,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import signal
 import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
 from hybrid_llm.bench.client import RequestRecord, send_streaming
 from hybrid_llm.bench.conversations import ConversationWorkload, builtin_workload
 from hybrid_llm.bench.stats import percentile
+from hybrid_llm.local.runstate import STATE_FILE, read_state
 from hybrid_llm.local.trace_store import StoredSpan, fetch_trace
 
 STAGES = (
@@ -74,6 +87,7 @@ class Sent:
     trace_id: str
     sent: float  # epoch seconds, just before the request went out
     record: RequestRecord
+    served: int = 1  # `serve.request` spans its trace has once complete (one per instance)
 
 
 async def _drive(
@@ -118,6 +132,65 @@ async def _drive(
     return done
 
 
+LONG_ANSWER = "Count from 1 to 300, separated by commas."
+
+
+def _process_group(state_dir: Path, service: str) -> int:
+    """The process group of the topology's ``service`` (its state file's pid leads it)."""
+    state = read_state(state_dir / STATE_FILE) or {}
+    for child in state.get("children") or []:
+        if child.get("name") == service and isinstance(child.get("pid"), int):
+            return int(child["pid"])
+    raise SystemExit(f"no running service {service!r} in {state_dir / STATE_FILE}")
+
+
+async def _continued_once(client: httpx.AsyncClient, state_dir: Path, stop_after_s: float) -> Sent:
+    """One streamed answer whose instance is stopped after its first token."""
+    trace_id = os.urandom(16).hex()
+    headers = {"traceparent": f"00-{trace_id}-{os.urandom(8).hex()}-01"}
+    body = {"model": "auto", "stream": True, "max_tokens": 256, "temperature": 0}
+    body["messages"] = [{"role": "user", "content": LONG_ANSWER}]
+    sent, t0 = time.time(), time.perf_counter()
+    record = RequestRecord(start=0.0, bucket="continued")
+    stopped: int | None = None
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+            record.status = r.status_code
+            instance = r.headers.get("x-route-instance", "-")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    record.error = str(event["error"].get("message"))
+                text = (event.get("choices") or [{}])[0].get("delta", {}).get("content")
+                if not text:
+                    continue
+                now = time.perf_counter()
+                record.output_tokens += 1
+                if record.ttft is None:
+                    record.ttft = now - t0
+                elif stopped is None and now - t0 - record.ttft >= stop_after_s:
+                    stopped = _process_group(state_dir, instance)
+                    os.killpg(stopped, signal.SIGSTOP)
+            record.e2e = time.perf_counter() - t0
+            if stopped is None and record.error is None:
+                record.error = "the answer ended before its instance was stopped"
+            record.ok = r.status_code == 200 and record.error is None
+    finally:
+        if stopped is not None:
+            os.killpg(stopped, signal.SIGCONT)
+    return Sent(trace_id, sent, record, served=2)
+
+
+async def _drive_continued(
+    router: str, key: str, state_dir: Path, total: int, stop_after_s: float
+) -> list[Sent]:
+    auth = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=router, headers=auth, timeout=180) as client:
+        return [await _continued_once(client, state_dir, stop_after_s) for _ in range(total)]
+
+
 def _one(spans: Sequence[StoredSpan], name: str) -> StoredSpan | None:
     return next((s for s in spans if s.name == name), None)
 
@@ -142,16 +215,11 @@ def stages(sent: Sent, spans: Sequence[StoredSpan]) -> dict[str, float] | None:
     request, region, plan = (
         _one(spans, n) for n in ("router.request", "router.region", "router.plan")
     )
+    # A continuation's attempt wins too; the first answer's winner is the TTFT path.
     won = [s for s in spans if s.name == "router.attempt" and s.attributes.get("attempt.won")]
-    if (
-        request is None
-        or region is None
-        or plan is None
-        or len(won) != 1
-        or sent.record.ttft is None
-    ):
+    if request is None or region is None or plan is None or not won or sent.record.ttft is None:
         return None
-    attempt = won[0]
+    attempt = min(won, key=lambda s: s.start)
     served = next(
         (s for s in spans if s.name == "serve.request" and s.parent_id == attempt.span_id), None
     )
@@ -184,14 +252,16 @@ def _read(phoenix: str, sent: Sequence[Sent], wait_s: float) -> dict[str, list[S
     traces: dict[str, list[StoredSpan]] = {}
     deadline = time.monotonic() + wait_s
     with httpx.Client(timeout=30) as client:
-        pending = [s.trace_id for s in sent if s.record.ok]
+        pending = {s.trace_id: s.served for s in sent if s.record.ok}
         while pending and time.monotonic() < deadline:
-            for trace_id in list(pending):
+            for trace_id, served in list(pending.items()):
                 spans = fetch_trace(client, phoenix, trace_id)
-                names = {s.name for s in spans}
-                if {"router.request", "serve.prefill"} <= names:
+                names = [s.name for s in spans]
+                if {"router.request", "serve.prefill"} <= set(names) and (
+                    names.count("serve.request") >= served
+                ):
                     traces[trace_id] = spans
-                    pending.remove(trace_id)
+                    del pending[trace_id]
             if pending:
                 time.sleep(0.5)
     return traces
@@ -244,7 +314,37 @@ def report(sent: Sequence[Sent], traces: dict[str, list[StoredSpan]]) -> str:
             f"Per request, the gap (client TTFT − what the spans cover) ran from "
             f"{min(gaps):.2f} to {max(gaps):.2f} ms (P50 {percentile(gaps, 50):.2f} ms)."
         )
+    for s in sent:
+        spans = traces.get(s.trace_id)
+        if spans is not None and classify(spans) == "continued":
+            lines += ["", *continued_detail(spans)]
     return "\n".join(lines)
+
+
+def continued_detail(spans: Sequence[StoredSpan]) -> list[str]:
+    """A continued request's trace, span by span (the intake stages left out)."""
+    by_id = {s.span_id: s for s in spans}
+    root = _one(spans, "router.request")
+    assert root is not None
+    lines = [f"Trace {root.trace_id} (continued), spans from the request's start:", ""]
+    lines += ["| span | instance | starts at ms | lasts ms | says |", "|---|---|---|---|---|"]
+    keys = ("attempt.index", "attempt.won", "attempt.outcome", "continuation.outcome",
+            "continuation.tokens_before", "route.continuations", "serve.completion_tokens",
+            "cancelled")  # fmt: skip
+    for span in sorted(spans, key=lambda x: x.start):
+        if span.name.startswith("router.") and span.name[7:] in STAGE_SPANS:
+            continue
+        owner = span
+        while "route.instance" not in owner.attributes and owner.parent_id in by_id:
+            owner = by_id[owner.parent_id]  # an instance's spans: their attempt's instance
+        instance = owner.attributes.get("route.instance", "-") if owner is not root else "-"
+        says = ", ".join(f"{k}={span.attributes[k]}" for k in keys if k in span.attributes)
+        at, took = (span.start - root.start) * 1e3, span.duration_ms
+        lines.append(f"| {span.name} | {instance} | {at:.1f} | {took:.1f} | {says} |")
+    return lines
+
+
+STAGE_SPANS = ("auth", "body", "limit", "region", "classify", "plan")
 
 
 def main() -> None:
@@ -257,11 +357,26 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--wait", type=float, default=30.0, help="for spans to arrive (s)")
+    parser.add_argument(
+        "--continued", type=int, default=0, help="then force this many continuations"
+    )
+    parser.add_argument(
+        "--stop-after", type=float, default=0.5, help="first token to stopping its instance (s)"
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, default=Path("var"), help="the topology's (state_dir)"
+    )
     args = parser.parse_args()
     workload = builtin_workload("realistic", "auto", max_tokens=args.max_tokens, seed=args.seed)
     began = time.monotonic()
     sent = asyncio.run(_drive(args.router, args.key, workload, args.requests, args.concurrency))
     print(f"sent {len(sent)} requests in {time.monotonic() - began:.1f}s", flush=True)
+    if args.continued:
+        began = time.monotonic()
+        sent += asyncio.run(
+            _drive_continued(args.router, args.key, args.state_dir, args.continued, args.stop_after)
+        )
+        print(f"{args.continued} continued in {time.monotonic() - began:.1f}s", flush=True)
     traces = _read(args.phoenix, sent, args.wait)
     print(report(sent, traces))
 

@@ -30,10 +30,14 @@ INHERITED_NAMES = frozenset(
         "XDG_CACHE_HOME",
     }
 )  # fmt: skip
-# Locale, the engines' own knobs, OpenMP/MKL threading, GPUs, the (offline) hub cache.
+# Locale, the engines' own knobs, OpenMP/MKL threading, GPUs, the (offline) hub cache,
+# and OpenTelemetry's exporter settings (a collector's CA bundle, batch sizes) for an
+# engine that exports its own spans; the launcher sets the endpoint and service name.
+# OTEL_EXPORTER_OTLP_*HEADERS often holds a collector's API key: it passes only by name.
 INHERITED_PREFIXES = (
     "LC_", "VLLM_", "OMP_", "GOMP_", "KMP_", "MKL_", "CUDA_", "NVIDIA_", "NCCL_",
     "PYTORCH_", "TORCHINDUCTOR_", "TRITON_", "TRTLLM_", "TLLM_", "HF_", "TRANSFORMERS_",
+    "OTEL_",
 )  # fmt: skip
 
 
@@ -52,6 +56,7 @@ def engine_environ(
         for name, value in source.items()
         if (name in INHERITED_NAMES or name.startswith(INHERITED_PREFIXES))
         and not is_secret_name(name)
+        and not (name.startswith("OTEL_") and name.endswith("HEADERS"))
     }
     env.update((name, source[name]) for name in passed if name in source)
     env.update(added)

@@ -17,6 +17,10 @@ environment, so it is in neither ``ps`` nor the command line ``/engine`` and
 the logs show): another user or process on the host cannot call the engine
 around the agent's auth, admission and limits. vLLM leaves ``/health`` and
 ``/metrics`` open, which is what the probes read.
+
+With the service's tracing on (``traces``), the server exports its own
+``llm_request`` span per request to the same collector, below the span
+whose ``traceparent`` the request carries (:class:`servekit.tracing.EngineTraces`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from servekit.engine.rates import RateTracker, measured
 from servekit.engine.vllm_args import VLLM_API_KEY_ENV, VllmServeArgs
 from servekit.engine.vllm_metrics import VllmGauges, parse_vllm_metrics
 from servekit.errors import EngineFailure, NotReady
+from servekit.tracing import EngineTraces
 
 __all__ = ["VllmEngine", "VllmEngineSettings", "vllm_command", "with_vllm_priority"]
 
@@ -97,13 +102,19 @@ class VllmEngineSettings(VllmServeArgs):
 
 
 def vllm_command(
-    settings: VllmEngineSettings, port: int, api_key: str | None = None
+    settings: VllmEngineSettings,
+    port: int,
+    api_key: str | None = None,
+    traces: EngineTraces | None = None,
 ) -> ProcessCommand:
     """The engine's process: ``vllm serve`` and its environment; with ``api_key``,
-    the server requires it on ``/v1`` (given in the environment, over ``env:``)."""
+    the server requires it on ``/v1`` (given in the environment, over ``env:``);
+    with ``traces``, it exports its spans to the service's collector."""
     served = settings.served_model_name or settings.model_name
-    argv = settings.serve_argv(settings.model, host=settings.host, port=port, served=served)
-    env = settings.serve_env()
+    argv = settings.serve_argv(
+        settings.model, host=settings.host, port=port, served=served, traces=traces
+    )
+    env = settings.serve_env(traces)
     env.update(settings.env)
     if api_key is not None:
         env[VLLM_API_KEY_ENV] = api_key
@@ -118,14 +129,20 @@ def with_vllm_priority(request: GenerationRequest) -> GenerationRequest:
 class VllmEngine:
     """:class:`~servekit.engine.protocol.Engine` over a supervised local ``vllm serve``."""
 
-    def __init__(self, settings: VllmEngineSettings, *, version: str = "") -> None:
+    def __init__(
+        self,
+        settings: VllmEngineSettings,
+        *,
+        version: str = "",
+        traces: EngineTraces | None = None,
+    ) -> None:
         self.settings = settings
         self.version = version
         self.port = settings.port or free_port(settings.host)
         reach = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
         self.base_url = f"http://{reach}:{self.port}"
         api_key = secrets.token_urlsafe(32)  # this server's alone: a hot swap's gets another
-        self.command = vllm_command(settings, self.port, api_key)
+        self.command = vllm_command(settings, self.port, api_key, traces)
         label = f"vllm-{version or 'engine'}-{self.port}"
         self.process = EngineProcess(
             label,

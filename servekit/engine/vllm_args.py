@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from servekit.tracing import EngineTraces
 
 __all__ = [
     "VLLM_API_KEY_ENV",
@@ -206,8 +209,17 @@ class VllmServeArgs(BaseModel):
             device_name=self.gpu_name,
         )
 
-    def serve_argv(self, model: str, *, host: str, port: int, served: str) -> list[str]:
-        """``vllm serve MODEL ...`` for these arguments."""
+    def serve_argv(
+        self,
+        model: str,
+        *,
+        host: str,
+        port: int,
+        served: str,
+        traces: EngineTraces | None = None,
+    ) -> list[str]:
+        """``vllm serve MODEL ...`` for these arguments; with ``traces``, vLLM exports
+        a span per request (``llm_request``) to the service's collector."""
         argv: list[str] = [self.executable, "serve", model]
         argv += ["--host", host, "--port", str(port), "--served-model-name", served]
         argv += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
@@ -241,12 +253,16 @@ class VllmServeArgs(BaseModel):
             argv.append("--enable-prompt-tokens-details")
         if self.enforce_eager:
             argv.append("--enforce-eager")
+        if traces is not None:
+            # Not --collect-detailed-traces: vLLM 0.32's V1 engine accepts it and records
+            # nothing more (no reader of collect_model_forward_time); extra_args can add it.
+            argv += ["--otlp-traces-endpoint", traces.endpoint]
         argv += self.extra_args
         return argv
 
-    def serve_env(self) -> dict[str, str]:
+    def serve_env(self, traces: EngineTraces | None = None) -> dict[str, str]:
         """Environment the engine process needs beyond the service's own."""
-        env: dict[str, str] = {}
+        env: dict[str, str] = {} if traces is None else traces.environ()
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         if self.cpu_kvcache_space_gib is not None:

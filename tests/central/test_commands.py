@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from central.cli import main
-from central.commands import build_plan, llama_settings, trtllm_options
+from central.commands import build_plan, llama_settings, print_commands, trtllm_options
 from central.settings import load
 from central.specs import LlamaCppReplica, TrtllmReplica, VllmReplica
 from edge_agent.settings import BatchingEngineSettings, EdgeSettings, EngineSettings
@@ -279,3 +280,36 @@ def test_default_capacity_is_vllms_default_max_num_seqs(
     """vLLM's get_batch_defaults: 1024 sequences on >= 70 GiB GPUs other than A100s."""
     spec = VllmReplica.model_validate({"name": "r", "model": "m", "gpus": [0], **gpu})
     assert spec.capacity == expected
+
+
+def test_with_tracing_on_vllm_replicas_export_their_spans_where_the_gateway_does() -> None:
+    """One home for the endpoint: the gateway's `tracing:` block, also for its vLLMs."""
+    endpoint = "http://collector.internal:4318/v1/traces"
+    config = CONFIGS / "central-h100-vllm.yaml"
+    settings = load(config, **{"tracing.enabled": True, "tracing.endpoint": endpoint})
+    traces = settings.engine_traces()
+    first, second = (
+        build_plan(r, port=r.port, model_name=settings.model, run_dir=Path(), traces=traces)
+        for r in settings.replicas
+        if isinstance(r, VllmReplica)
+    )
+    assert first.argv[-2:] == second.argv[-2:] == ("--otlp-traces-endpoint", endpoint)
+    assert first.env == {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        # vLLM's exporter speaks gRPC unless told; the services' collector endpoint is HTTP.
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": "vllm",
+        # Spans only for requests whose caller traces them (not warm-ups, not probes).
+        "OTEL_TRACES_SAMPLER": "parentbased_always_off",
+        "OTEL_RESOURCE_ATTRIBUTES": f"hybrid_llm.tier=center,hybrid_llm.region=center,"
+        f"service.instance.id={settings.instance.id},hybrid_llm.model=qwen2.5-72b-instruct",
+    }
+    out = io.StringIO()
+    print_commands(settings, out)  # what `central print-commands` shows
+    assert out.getvalue().count(f"--otlp-traces-endpoint {endpoint}") == 2
+
+    off = load(config)
+    assert off.engine_traces() is None
+    plan = build_plan(off.replicas[0], port=1, model_name="m", run_dir=Path(), traces=None)
+    assert not any(arg.startswith("--otlp") for arg in plan.argv)
+    assert not any(name.startswith("OTEL_") for name in plan.env)

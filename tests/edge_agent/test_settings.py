@@ -95,6 +95,36 @@ def test_vllm_configs_load_and_build_their_command_lines(tmp_path: Path) -> None
     assert l4.engine.fits_beside(model)
 
 
+@pytest.mark.anyio
+async def test_a_traced_agent_starts_vllm_exporting_to_its_own_collector() -> None:
+    """The agent's `tracing:` block is the one home of the endpoint, for vLLM's spans too."""
+    from edge_agent.engines import engine_factory
+    from servekit.engine.vllm import VllmEngine
+
+    config = REPO / "configs" / "edge-vllm-cpu.yaml"
+    endpoint = "http://127.0.0.1:6006/v1/traces"
+    on = {"tracing.enabled": True, "tracing.endpoint": endpoint}
+    for settings, traced in (
+        (load_settings(EdgeSettings, config, **on), True),
+        (load_settings(EdgeSettings, config), False),
+    ):
+        engine = engine_factory(settings)(settings.engine, "v2")
+        assert isinstance(engine, VllmEngine)
+        try:
+            argv, env = engine.command.argv, engine.command.env
+            assert ("--otlp-traces-endpoint" in argv) is traced
+            if traced:
+                assert argv[argv.index("--otlp-traces-endpoint") + 1] == endpoint
+                assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+                assert env["OTEL_TRACES_SAMPLER"] == "parentbased_always_off"
+                assert "hybrid_llm.tier=edge" in env["OTEL_RESOURCE_ATTRIBUTES"]
+                assert "service.instance.id=edge-vllm-cpu-1" in env["OTEL_RESOURCE_ATTRIBUTES"]
+            else:
+                assert not any(name.startswith("OTEL_") for name in env)
+        finally:
+            await engine.aclose()
+
+
 def test_a_missing_model_directory_fails_at_load(tmp_path: Path) -> None:
     cfg = tmp_path / "edge.yaml"
     cfg.write_text(f"engine: {{kind: vllm, model: {tmp_path / 'nope'}, model_name: x}}")

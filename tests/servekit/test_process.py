@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from servekit.engine.environ import engine_environ
 from servekit.engine.process import (
     Backoff,
     EngineProcess,
@@ -92,6 +93,23 @@ async def test_the_engine_gets_an_allowlisted_environment_not_ours(
         assert seen[name] == ours[name]
     assert seen["PATH"] == os.environ["PATH"]
     assert "registry-secret" not in (tmp_path / "e.log").read_text().replace(line, "")
+
+
+def test_an_engine_inherits_opentelemetry_settings_but_not_a_collectors_headers() -> None:
+    ours = {
+        "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/ssl/collector-ca.pem",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "256",
+        # Often a collector's API key ("authorization=Bearer ..."): only by name.
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer collector-secret",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=collector-secret",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/etc/ssl/client.key",
+    }
+    env = engine_environ({}, parent=ours)
+    assert env == {
+        k: ours[k] for k in ("OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE")
+    }
+    named = engine_environ({}, ["OTEL_EXPORTER_OTLP_HEADERS"], parent=ours)
+    assert named["OTEL_EXPORTER_OTLP_HEADERS"] == ours["OTEL_EXPORTER_OTLP_HEADERS"]
 
 
 @pytest.mark.anyio
