@@ -28,7 +28,7 @@ from model_sync.records import (
     RolloutPlan,
     RolloutState,
 )
-from model_sync.signing import SigningKey
+from model_sync.signing import SigningKey, signed_payload
 from model_sync.store import ConflictError, SyncStore
 from servekit.modelfetch import sha256_file
 from servekit.secrets import redact_url, strip_url_credentials
@@ -115,7 +115,23 @@ async def push(
         record = signer.sign(record)
     if await store.register(record):
         await store.record("push", model=model, version=version, detail=f"{uri} {digest[:12]}")
+    elif signer is not None:
+        await _sign_existing(store, signer, record)
     return record
+
+
+async def _sign_existing(store: SyncStore, signer: SigningKey, record: ArtifactRecord) -> None:
+    """The identical artifact is registered already: sign its record if it says
+    exactly what this push just hashed (pushing again with a key signs it)."""
+    stored = await store.artifact(record.name, record.version)
+    if stored is None or stored.signature == record.signature:  # ed25519 is deterministic
+        return
+    if signed_payload(stored) != signed_payload(record):
+        raise ConflictError(
+            f"{record.name} {record.version} is registered with other fields (uri {stored.uri}); "
+            "not signed: push from that source, or check it and `model-sync sign` it"
+        )
+    await sign(store, signer, record.name, [record.version])
 
 
 async def sign(

@@ -300,6 +300,27 @@ async def test_cli_keygen_push_and_sign_make_records_an_edge_accepts(tmp_path: P
         assert "needs a key" in err
 
 
+async def test_pushing_again_with_a_key_signs_what_it_hashed(
+    tmp_path: Path, registry: Registry
+) -> None:
+    key, public = new_key(tmp_path)
+    store = SyncStore(registry)
+    make_artifact(tmp_path / "art" / "m.gguf", 10_000)
+    source = str(tmp_path / "art" / "m.gguf")
+    await ops.push(store, source, model="m", version="v1")
+    await ops.push(store, source, model="m", version="v1", signer=key)
+    stored = await store.artifact("m", "v1")
+    assert stored is not None
+    assert RecordVerifier([public]).verify(stored) == key.key_id
+    # The same bytes from another place: the record names another uri, so it is not signed.
+    other = tmp_path / "elsewhere" / "m.gguf"
+    other.parent.mkdir()
+    other.write_bytes((tmp_path / "art" / "m.gguf").read_bytes())
+    await ops.push(store, str(other), model="m", version="v2")
+    with pytest.raises(ConflictError, match="registered with other fields"):
+        await ops.push(store, source, model="m", version="v2", signer=key)
+
+
 async def test_sign_refuses_an_unknown_version(tmp_path: Path, registry: Registry) -> None:
     key, _ = new_key(tmp_path)
     with pytest.raises(ConflictError, match="not registered"):
