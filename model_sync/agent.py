@@ -12,6 +12,11 @@ load fails. Whatever fails - registry lookup, download, verification, load -
 the node keeps serving what it served and reports ``state="failed"`` with the
 error; a failed target is not retried until the desired document changes
 (except for transient source and disk-space errors, retried after a pause).
+
+With ``trusted_keys`` set, a record is verified against the operator's
+signature (:mod:`model_sync.signing`) before anything is downloaded or an
+installed copy is reused: an unsigned record, a bad signature or an
+untrusted key fails the target the same way, naming why.
 """
 
 from __future__ import annotations
@@ -25,16 +30,18 @@ from typing import Any
 
 import anyio
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, field_validator
 
 from model_sync import keys
 from model_sync.download import Downloader, InsufficientSpace, SourceUnavailable
 from model_sync.modeldir import ModelDir
 from model_sync.records import ActualState, ArtifactRecord, DesiredState
+from model_sync.signing import RecordVerifier, parse_public_key
 from model_sync.store import SyncStore
 from servekit.engine.protocol import LoadReport
 from servekit.peers import PeerSettings
 from servekit.registry.protocol import KVStore, RegistryError
+from servekit.secrets import SecretSettings
 
 __all__ = ["Reconciler", "ReconcilerSettings", "StatsFn", "SwapFn"]
 
@@ -44,10 +51,12 @@ SwapFn = Callable[[Path, str], Awaitable[None]]
 StatsFn = Callable[[], LoadReport]
 
 
-class ReconcilerSettings(BaseModel):
+class ReconcilerSettings(SecretSettings):
     """The ``model_sync:`` block of an edge agent's settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Public keys are no secret: SecretSettings is here for its sources, so the
+    # list may also come from trusted_keys_file (one per line) or trusted_keys_env.
+    secret_fields = ("trusted_keys",)
     enabled: bool = Field(True, description="Follow nodes/<id>/desired from the registry.")
     model_dir: Path = Field(Path("var/models"), description="Versioned model directory.")
     keep_versions: int = Field(2, ge=1, description="Installed versions kept (serving + previous).")
@@ -65,6 +74,19 @@ class ReconcilerSettings(BaseModel):
         description="Directories a file:// or plain-path artifact may be copied from (relative "
         "to the working directory); any other local source is refused. Empty: none.",
     )
+    trusted_keys: list[str] = Field(
+        default_factory=list,
+        description="Operator public keys (ed25519:<base64>, from `model-sync keygen`) whose "
+        "signature a version record must carry before it is downloaded; several during a key "
+        "rotation. Empty: records are not verified (set it in production).",
+    )
+
+    @field_validator("trusted_keys")
+    @classmethod
+    def _keys_parse(cls, v: list[str]) -> list[str]:
+        for text in v:
+            parse_public_key(text)
+        return v
 
 
 class Reconciler:
@@ -92,6 +114,7 @@ class Reconciler:
         report_interval_s: float = 5.0,
         progress_interval_s: float = 0.5,
         retry_after_s: float = 30.0,
+        verifier: RecordVerifier | None = None,
     ) -> None:
         self.node_id = keys.check_node_id(node_id)
         self.store = SyncStore(kv, actor=f"node:{node_id}")
@@ -104,6 +127,7 @@ class Reconciler:
         self.report_interval_s = report_interval_s
         self.progress_interval_s = progress_interval_s
         self.retry_after_s = retry_after_s
+        self.verifier = verifier
         self.actual = ActualState(model=model, version=version)
         self._served: list[str] = [version] if version else []  # most recent last
         self._handled_index = 0
@@ -144,12 +168,19 @@ class Reconciler:
             watch_timeout_s=settings.watch_timeout_s,
             report_interval_s=settings.report_interval_s,
             retry_after_s=settings.retry_after_s,
+            verifier=RecordVerifier(settings.trusted_keys) if settings.trusted_keys else None,
         )
 
     async def run(self) -> None:
         """Watch and reconcile until cancelled; registry outages are waited out."""
         key = keys.desired_key(self.node_id)
         index = 0
+        if self.verifier is None:
+            log.warning(
+                "node %s: version records are not verified (model_sync.trusted_keys is empty): "
+                "whoever can write the registry chooses what this node loads",
+                self.node_id,
+            )
         await self._report_safely()
         while True:
             try:
@@ -182,6 +213,8 @@ class Reconciler:
             record = await self.store.artifact(desired.model, target)
             if record is None:
                 raise LookupError(f"{desired.model} {target} is not a registered version")
+            if self.verifier is not None:
+                self.verifier.verify(record)
             await self._report(state="downloading", target=target, progress=0.0, error=None)
             path = await self._download(record)
             await self._report(state="loading", target=target, progress=1.0)

@@ -3,6 +3,9 @@
 The registry comes from ``--config FILE`` (any service YAML with a
 ``registry:`` block; default ``$MODEL_SYNC_CONFIG``) or ``--registry-db PATH``
 (an embedded store file). ``--json`` prints machine-readable output.
+``push`` and ``sign`` sign version records with the operator's key
+(``signing:`` in the file, ``--signing-key-file`` or
+``$MODEL_SYNC_SIGNING_KEY_FILE``); ``keygen`` makes one.
 """
 
 from __future__ import annotations
@@ -57,6 +60,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--registry-db", type=Path, help="embedded registry file (overrides --config)")
     p.add_argument("--json", action="store_true", help="JSON output")
     p.add_argument("--actor", default=None, help="name recorded in history (default: $USER)")
+    p.add_argument(
+        "--signing-key-file",
+        default=os.environ.get("MODEL_SYNC_SIGNING_KEY_FILE") or None,
+        help="operator's private key that push and sign sign with (signing.key_file)",
+    )
+    p.add_argument(
+        "--signing-key-env",
+        default=None,
+        help="environment variable holding that key's PEM text (signing.key_env)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("push", help="hash an artifact (file or model directory) as a version")
@@ -70,6 +83,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tier", choices=["edge", "center"], default="edge")
     s.add_argument("--notes", default="")
     s.add_argument("--filename", default=None, help="file name on the nodes (default: source's)")
+
+    s = sub.add_parser("sign", help="sign registered versions with the operator's key")
+    s.add_argument("model")
+    s.add_argument("versions", nargs="*", help="default: every registered version")
+
+    s = sub.add_parser("keygen", help="make an operator signing key (ed25519)")
+    s.add_argument("--out", type=Path, required=True, help="directory for NAME.key and NAME.pub")
+    s.add_argument("--name", default="operator")
 
     s = sub.add_parser("list", help="registered versions, aliases and traffic")
     s.add_argument("model", nargs="?")
@@ -146,6 +167,7 @@ def _out(console: Console, args: argparse.Namespace, data: Any, human: Any = Non
 async def _push(
     args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console, cfg: ModelSyncSettings
 ) -> None:
+    signer = cfg.signing.signing_key()
     client = async_client(cfg.artifacts, timeout=httpx.Timeout(30.0, connect=10.0))
     progress = Progress(
         "[progress.description]{task.description}",
@@ -171,13 +193,38 @@ async def _push(
                 url=args.url,
                 progress=lambda done, total: progress.update(task, completed=done, total=total),
                 client=client,
+                signer=signer,
             )
+    if signer is None and not args.json:
+        Console(stderr=True).print(
+            "[yellow]warning:[/] not signed (no signing key): edges that list "
+            "model_sync.trusted_keys will refuse this version",
+            highlight=False,
+        )
     _out(
         c,
         args,
         record.model_dump(),
         f"registered {record.name} {record.version} "
         f"({render.size(record.size)}, sha256 {record.sha256[:12]}) from {record.uri}",
+    )
+
+
+async def _sign(
+    args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console, cfg: ModelSyncSettings
+) -> None:
+    signer = cfg.signing.signing_key()
+    if signer is None:
+        raise ConfigError("sign needs a key: --signing-key-file, or signing.key_file in --config")
+    records = await ops.sign(store, signer, args.model, args.versions or None)
+    _out(
+        c,
+        args,
+        [r.model_dump() for r in records],
+        "\n".join(
+            f"signed {r.name} {r.version} (sha256 {r.sha256[:12]}, {r.uri}) with key {r.signed_by}"
+            for r in records
+        ),
     )
 
 
@@ -340,6 +387,9 @@ async def _run(args: argparse.Namespace, cfg: ModelSyncSettings, console: Consol
         if args.command == "push":
             await _push(args, registry, store, console, cfg)
             return 0
+        if args.command == "sign":
+            await _sign(args, registry, store, console, cfg)
+            return 0
         return await COMMANDS[args.command](args, registry, store, console) or 0
     finally:
         await registry.aclose()
@@ -406,6 +456,26 @@ def _node_policy(args: argparse.Namespace, err: Console) -> int:
     return 0
 
 
+def _keygen(args: argparse.Namespace, console: Console, err: Console) -> int:
+    from model_sync.signing import generate_keypair
+
+    try:
+        private, public = generate_keypair(args.out, args.name)
+    except (OSError, InvalidName) as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return 1
+    text = public.read_text(encoding="utf-8").strip()
+    _out(
+        console,
+        args,
+        {"private_key_file": str(private), "public_key_file": str(public), "public_key": text},
+        f"private key: {private} (mode 0600; keep it off the nodes)\n"
+        f"public key:  {public}\n"
+        f"edges trust it with model_sync.trusted_keys: [{text}]",
+    )
+    return 0
+
+
 def _whoami() -> str:
     try:
         return getpass.getuser()
@@ -422,8 +492,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve_artifacts(args, err)
     if args.command == "node-policy":
         return _node_policy(args, err)
+    if args.command == "keygen":
+        return _keygen(args, console, err)
     try:
-        cfg = load(args.config, args.registry_db)
+        signing: dict[str, object] = {}
+        if args.command in ("push", "sign"):  # no other command reads the key
+            signing = {
+                "signing.key_file": args.signing_key_file,
+                "signing.key_env": args.signing_key_env,
+            }
+        cfg = load(args.config, args.registry_db, **signing)
         return asyncio.run(_run(args, cfg, console))
     except (ConfigError, StoreError, DownloadError, RegistryError, ValueError) as exc:
         err.print(f"[red]error:[/] {exc}", highlight=False)

@@ -28,6 +28,7 @@ from model_sync.records import (
     RolloutPlan,
     RolloutState,
 )
+from model_sync.signing import SigningKey, signed_payload
 from model_sync.store import ConflictError, SyncStore
 from servekit.modelfetch import sha256_file
 from servekit.secrets import redact_url, strip_url_credentials
@@ -39,6 +40,7 @@ __all__ = [
     "push",
     "resume",
     "rollback",
+    "sign",
     "start_rollout",
 ]
 
@@ -60,6 +62,7 @@ async def push(
     progress: ProgressFn | None = None,
     client: httpx.AsyncClient | None = None,
     url: str | None = None,
+    signer: SigningKey | None = None,
 ) -> ArtifactRecord:
     """Hash ``source`` (a file, a model directory, or a file's URL) and register it
     as ``model`` ``version``. A directory becomes one version with a manifest;
@@ -67,7 +70,9 @@ async def push(
 
     A URL's credentials (``user:password@``, ``?token=``...) are used for the
     hashing only; the record stores the URL without them, and the nodes
-    authenticate with their own ``model_sync.artifacts`` settings.
+    authenticate with their own ``model_sync.artifacts`` settings. With
+    ``signer`` the record carries the operator's signature (edges that list
+    trusted keys load nothing else).
     """
     keys.check_name("model name", model)
     keys.check_name("version", version)
@@ -106,9 +111,55 @@ async def push(
             "created_by": store.actor,
         }
     )
+    if signer is not None:
+        record = signer.sign(record)
     if await store.register(record):
         await store.record("push", model=model, version=version, detail=f"{uri} {digest[:12]}")
+    elif signer is not None:
+        await _sign_existing(store, signer, record)
     return record
+
+
+async def _sign_existing(store: SyncStore, signer: SigningKey, record: ArtifactRecord) -> None:
+    """The identical artifact is registered already: sign its record if it says
+    exactly what this push just hashed (pushing again with a key signs it)."""
+    stored = await store.artifact(record.name, record.version)
+    if stored is None or stored.signature == record.signature:  # ed25519 is deterministic
+        return
+    if signed_payload(stored) != signed_payload(record):
+        raise ConflictError(
+            f"{record.name} {record.version} is registered with other fields (uri {stored.uri}); "
+            "not signed: push from that source, or check it and `model-sync sign` it"
+        )
+    await sign(store, signer, record.name, [record.version])
+
+
+async def sign(
+    store: SyncStore, signer: SigningKey, model: str, versions: list[str] | None = None
+) -> list[ArtifactRecord]:
+    """Sign registered versions of ``model`` (all of them without ``versions``) as they stand.
+
+    For records pushed before signing was set up, and for a key rotation (the
+    new key signs again what the old one signed). The signature vouches for
+    what the registry holds now, so check the digests (`list`) first.
+    """
+    wanted = versions or [r.version for r in await store.artifacts(model)]
+    if not wanted:
+        raise ConflictError(f"{model} has no registered versions")
+    signed: list[ArtifactRecord] = []
+    for version in wanted:
+
+        def change(current: ArtifactRecord | None, version: str = version) -> ArtifactRecord:
+            if current is None:
+                raise ConflictError(f"{model} {version} is not registered")
+            return signer.sign(current)
+
+        record = await store.update(keys.version_key(model, version), ArtifactRecord, change)
+        assert record is not None
+        signed.append(record)
+        detail = f"key {signer.key_id} sha256 {record.sha256[:12]}"
+        await store.record("sign", model=model, version=version, detail=detail)
+    return signed
 
 
 async def _hash_url(

@@ -57,6 +57,10 @@ class ArtifactRecord(_Doc):
     (HF layout) has ``files``, its manifest; then ``uri`` names the directory
     (each file is ``uri/<path>``), ``sha256`` is the manifest's digest and
     ``size`` the sum of its files.
+
+    ``signature`` and ``signed_by`` are the operator's ed25519 signature and
+    its key's id (:mod:`model_sync.signing` says what it covers); edges that
+    list trusted keys refuse a record without a valid one.
     """
 
     name: str
@@ -73,6 +77,8 @@ class ArtifactRecord(_Doc):
     notes: str = ""
     created_by: str = ""
     created_at: float = Field(default_factory=time.time)
+    signature: str = Field("", description="base64 ed25519 signature (model_sync.signing)")
+    signed_by: str = Field("", description="id of the key that made the signature")
 
     @field_validator("name")
     @classmethod

@@ -52,6 +52,7 @@ def versions_table(
     for col in ("model", "version", "aliases", "traffic", "format", "size", "sha256", "pushed"):
         table.add_column(col, justify="right" if col in ("size", "traffic") else "left")
     table.add_column("by")
+    table.add_column("signed by")
     for r in records:
         names = sorted(a for a, v in aliases.get(r.name, {}).items() if v == r.version)
         share = shares.get(r.name, {}).get(r.version)
@@ -65,6 +66,7 @@ def versions_table(
             r.sha256[:12],
             time.strftime("%m-%d %H:%M", time.localtime(r.created_at)),
             r.created_by,
+            r.signed_by or "unsigned",
         )
     for column in table.columns:
         column.no_wrap = True

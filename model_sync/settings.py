@@ -6,6 +6,7 @@ point the CLI at the same file the services use::
 
     registry: {backend: embedded, embedded: {path: var/registry.db}}
     artifacts: {token_file: /etc/hybrid-llm/artifact-token}   # push from a protected URL
+    signing: {key_file: $CREDENTIALS_DIRECTORY/operator.key}  # `push` and `sign` use it
     artifact_server:              # model-sync serve-artifacts
       auth: {tokens_file: /etc/hybrid-llm/artifact-tokens}
       tls: {cert_file: artifacts.pem, key_file: artifacts-key.pem}
@@ -20,14 +21,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from model_sync.signing import SigningKey
 from servekit.config import Section, load_settings
 from servekit.peers import PeerSettings
 from servekit.registry import RegistrySettings
+from servekit.secrets import SecretSettings
 from servekit.settings import ServerSecurity
 
-__all__ = ["ControllerSettings", "ModelSyncSettings", "PrometheusSettings", "load"]
+__all__ = [
+    "ControllerSettings",
+    "ModelSyncSettings",
+    "PrometheusSettings",
+    "SigningSettings",
+    "load",
+]
 
 ERROR_RATE_QUERY = (
     'sum(rate(hybrid_requests_total{model="$model",version="$version",outcome="error"}[$window]))'
@@ -57,6 +66,20 @@ class ControllerSettings(Section):
     prometheus: PrometheusSettings | None = None
 
 
+class SigningSettings(SecretSettings):
+    """The operator's signing key (``model-sync keygen``): ``key_file`` or ``key_env``."""
+
+    secret_fields = ("key",)
+    key: SecretStr | None = Field(
+        None, description="PEM ed25519 private key (better: key_file or key_env)."
+    )
+
+    def signing_key(self) -> SigningKey | None:
+        if self.key is None:
+            return None
+        return SigningKey.from_pem(self.key.get_secret_value())
+
+
 class ModelSyncSettings(BaseModel):
     # Other services' blocks may sit beside these in a shared file.
     model_config = ConfigDict(extra="ignore")
@@ -70,6 +93,10 @@ class ModelSyncSettings(BaseModel):
     artifact_server: ServerSecurity = Field(
         default_factory=ServerSecurity,
         description="Tokens and certificate of `serve-artifacts`.",
+    )
+    signing: SigningSettings = Field(
+        default_factory=SigningSettings,
+        description="The key `push` and `sign` sign version records with.",
     )
 
 

@@ -14,6 +14,11 @@ and ``{service_token_file}``: the file holding the service token that edges
 and the center accept and the router and the gateway send. Every build
 writes a fresh random token there (mode 0600), so each ``up`` has its own;
 :func:`service_headers` gives operator tools (profile, benches) that token.
+``{trusted_keys_file}`` is the public half of the topology's operator signing
+key (``<state_dir>/secrets/operator.pub``; the private key beside it, mode
+0600), made once and kept across runs: the edges trust it, so a version
+pushed with ``--signing-key-file <state_dir>/secrets/operator.key`` rolls out
+and an unsigned one is refused, as in production.
 
 Traces: ``tracing`` is an OTLP/HTTP endpoint every router, edge and center
 exports to, or :data:`LOCAL_TRACES`: the topology's own trace store (its
@@ -37,6 +42,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hybrid_llm.local.supervisor import ProcessSpec
+from model_sync.signing import SigningKey, generate_keypair, public_key_text
 from servekit.rtt import RttTable
 
 __all__ = [
@@ -47,9 +53,11 @@ __all__ = [
     "TopologyError",
     "TopologySettings",
     "build_specs",
+    "ensure_signing_key",
     "service_headers",
     "service_token",
     "service_token_path",
+    "signing_key_paths",
     "with_services",
     "write_service_token",
 ]
@@ -235,6 +243,27 @@ def write_service_token(state_dir: Path) -> Path:
     return path
 
 
+def signing_key_paths(state_dir: Path) -> tuple[Path, Path]:
+    """The local operator signing key and its public key: ``(private, public)``."""
+    return state_dir / "secrets" / "operator.key", state_dir / "secrets" / "operator.pub"
+
+
+def ensure_signing_key(state_dir: Path) -> Path:
+    """Make the local operator key unless it exists; returns the public key's path.
+
+    Kept across runs: versions signed with it stay valid after a restart.
+    """
+    private, public = signing_key_paths(state_dir)
+    private.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if private.is_file():
+        if not public.is_file():
+            key = SigningKey.from_pem(private.read_text(encoding="utf-8"))
+            public.write_text(public_key_text(key.public) + "\n", encoding="utf-8")
+        return public
+    public.unlink(missing_ok=True)  # a public key without its private half is of no use
+    return generate_keypair(private.parent, private.stem)[1]
+
+
 def service_token(state_dir: Path = Path("var")) -> str | None:
     """The token the local topology's edges and center accept, for calling them directly.
 
@@ -298,7 +327,9 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
     rendered_dir = state / "topology"
     rendered_dir.mkdir(parents=True, exist_ok=True)
     write_service_token(state)
+    ensure_signing_key(state)
     token_file = service_token_path(topo.state_dir)  # as the services see it (cwd=root)
+    trusted_keys_file = signing_key_paths(topo.state_dir)[1]
     store = topo.trace_store()
     services = sorted(topo.enabled(), key=lambda s: s is not store)  # stable: listed order
     endpoint = topo.trace_endpoint()
@@ -346,6 +377,7 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
             "url_of": url_of,
             "advertise_of": advertise_of,
             "service_token_file": str(token_file),
+            "trusted_keys_file": str(trusted_keys_file),
         }
         base: dict[str, Any] = {}
         base_config = topo.base_config(s)

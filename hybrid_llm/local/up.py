@@ -49,6 +49,7 @@ from hybrid_llm.local.topology import (
     TopologySettings,
     build_specs,
     service_token_path,
+    signing_key_paths,
     with_services,
 )
 
@@ -269,6 +270,13 @@ def _print_ready(topo: TopologySettings, sup: Supervisor, out: Output) -> None:
         out.show(
             f"Edges and the center accept only the service token in {token} (the router "
             f'sends it): curl -H "Authorization: Bearer $(cat {token})" ...',
+            highlight=False,
+        )
+    key, _ = signing_key_paths(topo.state_dir)
+    if key.is_file():
+        out.show(
+            f"The edges load only versions signed with {key}: "
+            f"model-sync --registry-db {topo.registry} --signing-key-file {key} push ...",
             highlight=False,
         )
     store = topo.trace_store()

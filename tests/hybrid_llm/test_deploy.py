@@ -15,6 +15,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from hybrid_llm.local.servers import REPO
+from model_sync.signing import generate_keypair
 from servekit.config import load_settings
 from servekit.engine.protocol import LoadReport
 from servekit.metrics import ServingMetrics
@@ -122,6 +123,10 @@ def test_production_configs_load_with_credentials_and_certificates_in_place(
     files = {Path(p) for p in re.findall(str(etc) + r"/[\w./-]+", text)}
     for path in sorted(p for p in files if p.suffix):  # files; the rest are directories
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".pub":  # an operator's public signing key (model-sync keygen)
+            generate_keypair(tmp_path / "operator")
+            path.write_bytes((tmp_path / "operator" / "operator.pub").read_bytes())
+            continue
         source = issued.key_file if "key" in path.name else issued.cert_file
         path.write_bytes(ca.ca_file.read_bytes() if "ca" in path.name else source.read_bytes())
     cfg = tmp_path / name

@@ -214,6 +214,27 @@ def test_each_build_wires_one_fresh_service_token_to_every_service(tmp_path: Pat
     assert service_headers(tmp_path) == {"Authorization": f"Bearer {token}"}
 
 
+def test_the_edges_trust_the_topology_signing_key_kept_across_builds(tmp_path: Path) -> None:
+    """The local path is the verified one: edges load only versions signed with the
+    key `up` made (docs/model_sync.md, "Signed versions")."""
+    from edge_agent.settings import EdgeSettings
+    from model_sync.signing import RecordVerifier, SigningKey, public_key_text
+
+    topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path))
+    build_specs(topo, REPO)
+    private = tmp_path / "secrets" / "operator.key"
+    first = private.read_text()
+    build_specs(topo, REPO)
+    assert private.read_text() == first  # versions signed before a restart stay valid
+    assert private.stat().st_mode & 0o077 == 0
+    key = SigningKey.from_pem(first)
+    for edge in ("edge-a", "edge-b"):
+        sync = load_settings(EdgeSettings, tmp_path / "topology" / f"{edge}.yaml").model_sync
+        assert sync is not None
+        assert sync.trusted_keys == [public_key_text(key.public)]
+        RecordVerifier(sync.trusted_keys)  # parses
+
+
 def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(

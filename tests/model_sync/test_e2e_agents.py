@@ -2,7 +2,8 @@
 embedded registry), each with a Reconciler wired to its hot swap, driven by the
 controller under continuous client load: v2 rolls out canary → region b, then
 a v3 that uploads fine but cannot load is rolled back automatically. No client
-request fails at any point."""
+request fails at any point. The versions are signed and the edges trust only
+the operator's key, as in production."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from model_sync.agent import Reconciler, ReconcilerSettings
 from model_sync.controller import Controller
 from model_sync.plan import build_plan
 from model_sync.records import GateSettings
+from model_sync.signing import SigningKey, generate_keypair
 from model_sync.store import SyncStore
 from servekit.registry import Registry
 from tests.model_sync.fleet import wait_state
@@ -33,7 +35,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.model, pytest.mark.slow]
 
 @contextlib.asynccontextmanager
 async def edge(
-    tg: Any, model_path: Path, db: Path, node: str, region: str, root: Path
+    tg: Any, model_path: Path, db: Path, node: str, region: str, root: Path, trusted: Path
 ) -> AsyncIterator[tuple[str, Reconciler]]:
     """An edge agent served by uvicorn in this event loop (stopped gracefully on
     exit, so its lifespan closes the engines), plus a Reconciler wired to it."""
@@ -77,6 +79,7 @@ async def edge(
             local_roots=[Path("models"), root.parent],  # the test's own artifacts too
             watch_timeout_s=0.3,
             report_interval_s=0.3,
+            trusted_keys_file=str(trusted),
         ),
         agent.registration.registry,
         node,
@@ -96,18 +99,23 @@ async def test_rollout_and_rollback_under_load(
 ) -> None:
     db = tmp_path / "registry.db"  # the fixture's file: everyone shares it
     store = SyncStore(registry, actor="ops")
-    await ops.push(store, str(model_path), model="smollm2", version="v1")
-    await ops.push(store, str(model_path), model="smollm2", version="v2", filename="v2.gguf")
+    private, trusted = generate_keypair(tmp_path / "keys")
+    key = SigningKey.from_pem(private.read_text())
+    await ops.push(store, str(model_path), model="smollm2", version="v1", signer=key)
+    await ops.push(
+        store, str(model_path), model="smollm2", version="v2", filename="v2.gguf", signer=key
+    )
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 4096)
-    await ops.push(store, str(bad), model="smollm2", version="v3")
+    await ops.push(store, str(bad), model="smollm2", version="v3", signer=key)
     outcomes: list[int] = []
+    root = tmp_path / "models"
     gates = GateSettings(min_requests=3, max_ttft_p95_ratio=10, ttft_slack_ms=2000)
 
     async with (
         anyio.create_task_group() as servers,
-        edge(servers, model_path, db, "edge-a", "a", tmp_path / "models") as (url_a, rec_a),
-        edge(servers, model_path, db, "edge-b", "b", tmp_path / "models") as (url_b, rec_b),
+        edge(servers, model_path, db, "edge-a", "a", root, trusted) as (url_a, rec_a),
+        edge(servers, model_path, db, "edge-b", "b", root, trusted) as (url_b, rec_b),
         httpx.AsyncClient(timeout=60) as client,
         anyio.create_task_group() as workers,
     ):

@@ -7,7 +7,8 @@ and controller while clients stream through the router: the agent downloads and
 verifies every file, starts a second vLLM beside the first, warms it, switches
 new requests to it, lets the old one finish and stops it. No request fails.
 Then v3, whose shard was corrupted after publishing, is rejected and v2 keeps
-serving. At most two vLLM servers run at any moment.
+serving. At most two vLLM servers run at any moment. The edge trusts only the
+operator key made with `model-sync keygen`, and every version is pushed signed.
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     # Beside, always: on a machine shared with other work, host memory may look too short
     # for a second server and the agent would drain, leaving the router no upstream.
     engine = vllm_engine(tmp, model=str(HF_MODEL), cpu_threads_bind="nobind", swap="beside")
+    made = _cli(db, "keygen", "--out", str(tmp / "keys"))
+    assert made.returncode == 0, made.stderr
     config = write_edge_config(
         tmp / "edge.yaml",
         port,
@@ -137,6 +140,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "local_roots": [str(HF_MODEL.parent), str(tmp / "published")],
             "watch_timeout_s": 0.5,
             "report_interval_s": 0.5,
+            "trusted_keys_file": str(tmp / "keys" / "operator.pub"),
         },
         aliases=["edge"],
     )
@@ -161,14 +165,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         controller.wait(30)
 
 
-def test_directory_rollout_under_load_fails_no_request(fleet: dict[str, Any]) -> None:
-    db, tmp = fleet["db"], fleet["tmp"]
-    pushed = _cli(db, "push", str(HF_MODEL), "--model", MODEL_NAME, "--version", "v1")
-    assert pushed.returncode == 0, pushed.stderr
-    v2 = _publish(HF_MODEL, tmp / "published" / "v2" / HF_MODEL.name)
-    pushed = _cli(db, "push", str(v2), "--model", MODEL_NAME, "--version", "v2")
+def _push(fleet: dict[str, Any], source: Path, version: str) -> None:
+    key = fleet["tmp"] / "keys" / "operator.key"
+    args = ["--signing-key-file", str(key), "push", str(source), "--model", MODEL_NAME]
+    pushed = _cli(fleet["db"], *args, "--version", version)
     assert pushed.returncode == 0, pushed.stderr
     assert "registered" in pushed.stdout
+    assert "not signed" not in pushed.stderr
+
+
+def test_directory_rollout_under_load_fails_no_request(fleet: dict[str, Any]) -> None:
+    db, tmp = fleet["db"], fleet["tmp"]
+    _push(fleet, HF_MODEL, "v1")
+    v2 = _publish(HF_MODEL, tmp / "published" / "v2" / HF_MODEL.name)
+    _push(fleet, v2, "v2")
     before = httpx.get(fleet["edge"] + "/engine").json()
     assert before["version"] == "v1"
 
@@ -204,8 +214,7 @@ def test_a_corrupted_shard_is_rejected_and_the_old_version_keeps_serving(
 ) -> None:
     db, tmp = fleet["db"], fleet["tmp"]
     v3 = _publish(HF_MODEL, tmp / "published" / "v3" / HF_MODEL.name, copy=("model.safetensors",))
-    pushed = _cli(db, "push", str(v3), "--model", MODEL_NAME, "--version", "v3")
-    assert pushed.returncode == 0, pushed.stderr
+    _push(fleet, v3, "v3")
     with (v3 / "model.safetensors").open("r+b") as shard:  # damaged after publishing
         shard.seek(50_000_000)
         shard.write(b"\xff" * 16)
@@ -247,8 +256,7 @@ def test_a_version_vllm_cannot_load_leaves_the_old_one_serving(fleet: dict[str, 
     _publish(HF_MODEL, v4, copy=("config.json",))
     (v4 / "model.safetensors").unlink()
     (v4 / "model.safetensors").write_bytes(b"not a safetensors file")
-    pushed = _cli(db, "push", str(v4), "--model", MODEL_NAME, "--version", "v4")
-    assert pushed.returncode == 0, pushed.stderr
+    _push(fleet, v4, "v4")
     serving = httpx.get(fleet["edge"] + "/engine").json()
     rolled = _cli(
         db, "rollout", MODEL_NAME, "v4", "--canary", "1", "--bake", "1s",
@@ -265,3 +273,25 @@ def test_a_version_vllm_cannot_load_leaves_the_old_one_serving(fleet: dict[str, 
     answer = httpx.post(fleet["router"] + "/v1/chat/completions", json=body, headers=headers,
                         timeout=60)  # fmt: skip
     assert answer.status_code == 200
+
+
+def test_an_unsigned_version_is_refused_before_a_byte_is_fetched(fleet: dict[str, Any]) -> None:
+    """Registry write access alone does not choose what the edge loads."""
+    db, tmp = fleet["db"], fleet["tmp"]
+    v5 = _publish(HF_MODEL, tmp / "published" / "v5" / HF_MODEL.name)
+    pushed = _cli(db, "push", str(v5), "--model", MODEL_NAME, "--version", "v5")  # no key
+    assert pushed.returncode == 0, pushed.stderr
+    assert "not signed" in pushed.stderr
+    serving = httpx.get(fleet["edge"] + "/engine").json()
+    rolled = _cli(
+        db, "rollout", MODEL_NAME, "v5", "--canary", "1", "--bake", "1s",
+        "--min-requests", "0", "--converge-timeout", "2m", "--wait",
+    )  # fmt: skip
+    assert rolled.returncode == 3, rolled.stdout + rolled.stderr
+    history = _cli(db, "--json", "history", MODEL_NAME)
+    assert "UntrustedRecord" in history.stdout
+    assert "is not signed" in history.stdout
+    assert not (tmp / "node-models" / MODEL_NAME / "v5").exists()
+    assert not list((tmp / "node-models").glob(".partial/*v5*"))
+    still = httpx.get(fleet["edge"] + "/engine").json()
+    assert (still["pid"], still["version"]) == (serving["pid"], serving["version"])
