@@ -11,7 +11,7 @@ unit tests see precisely what would run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
@@ -108,10 +108,17 @@ def _gpu_env(gpus: list[int], extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def vllm_plan(
-    spec: VllmReplica, *, port: int, model_name: str, token: str | None = None
+    spec: VllmReplica,
+    *,
+    port: int,
+    model_name: str,
+    token: str | None = None,
+    kv_events: Sequence[str] = (),
 ) -> LaunchPlan:
+    """``kv_events``: the flags that publish its KV-cache events (its prefix report's)."""
     served = spec.served_model_name or model_name
     argv = spec.serve_argv(spec.model, host=spec.host, port=port, served=served)
+    argv += kv_events
     endpoint = Endpoint(
         _url(spec.host, port), served, spec.capacity, "vllm", send_priority=spec.sends_priority
     )
@@ -254,8 +261,10 @@ def build_plan(
     python: str = sys.executable,
     version: str = "",
     token: str | None = None,
+    kv_events: Sequence[str] = (),
 ) -> LaunchPlan:
-    """The launch plan for any launched replica kind.
+    """The launch plan for any launched replica kind (``kv_events``: a vLLM replica's
+    event flags, :func:`vllm_plan`).
 
     ``token`` (the gateway's ``replica_client.token``) goes into the replica's
     environment so it accepts only the gateway: vLLM's ``VLLM_API_KEY``, the
@@ -263,7 +272,7 @@ def build_plan(
     a loopback or private address.
     """
     if isinstance(spec, VllmReplica):
-        return vllm_plan(spec, port=port, model_name=model_name, token=token)
+        return vllm_plan(spec, port=port, model_name=model_name, token=token, kv_events=kv_events)
     if isinstance(spec, TrtllmReplica):
         return trtllm_plan(spec, port=port, run_dir=run_dir)
     return llamacpp_plan(

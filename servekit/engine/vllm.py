@@ -21,7 +21,7 @@ around the agent's auth, admission and limits. vLLM leaves ``/health`` and
 With prefix caching on, the server publishes its KV-cache events on a Unix
 socket of its own (:mod:`servekit.engine.kv_events`); the engine subscribes and
 reports what the cache holds in ``load()`` as the routers' prefix block names
-(:mod:`servekit.engine.held_prefixes`, ``prefix_report_block_chars``).
+(:mod:`servekit.engine.vllm_prefixes`, ``prefix_report_block_chars``).
 """
 
 from __future__ import annotations
@@ -31,16 +31,13 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import Field
 
-from servekit.engine.held_prefixes import HeldPrefixes
-from servekit.engine.kv_events import KvEventFeed, kv_events_argv
 from servekit.engine.openai_http import OpenAIHTTPEngine, OpenAIHTTPSettings
 from servekit.engine.process import (
     EngineProcess,
@@ -51,7 +48,6 @@ from servekit.engine.process import (
     log_tail,
 )
 from servekit.engine.protocol import (
-    Finish,
     GenerationEvent,
     GenerationRequest,
     LoadReport,
@@ -61,6 +57,7 @@ from servekit.engine.protocol import (
 from servekit.engine.rates import RateTracker, measured
 from servekit.engine.vllm_args import VLLM_API_KEY_ENV, VllmServeArgs
 from servekit.engine.vllm_metrics import VllmGauges, parse_vllm_metrics
+from servekit.engine.vllm_prefixes import prefix_report_for
 from servekit.errors import EngineFailure, NotReady
 
 __all__ = ["VllmEngine", "VllmEngineSettings", "vllm_command", "with_vllm_priority"]
@@ -99,20 +96,6 @@ class VllmEngineSettings(VllmServeArgs):
         description="vLLM body fields sent with every request (e.g. ignore_eos or min_tokens "
         "for a benchmark); clients cannot set engine-native fields.",
     )
-    prefix_report_block_chars: int = Field(
-        64,
-        ge=0,
-        description="Report what the prefix cache holds in /load (from vLLM's KV-cache events) "
-        "as chained names of blocks of this many characters (the routers' "
-        "prefix_cache.block_chars); 0, or prefix caching off, reports nothing.",
-    )
-    prefix_report_stride: int = Field(
-        4, ge=1, description="Report every n-th block name of each held prompt (and its last)."
-    )
-
-    @property
-    def reports_prefixes(self) -> bool:
-        return self.prefix_report_block_chars > 0 and self.enable_prefix_caching is not False
 
     @property
     def context_window(self) -> int | None:
@@ -123,15 +106,14 @@ def vllm_command(
     settings: VllmEngineSettings,
     port: int,
     api_key: str | None = None,
-    kv_events: str | None = None,
+    kv_events: Sequence[str] = (),
 ) -> ProcessCommand:
     """The engine's process: ``vllm serve`` and its environment; with ``api_key``,
-    the server requires it on ``/v1`` (given in the environment, over ``env:``); with
-    ``kv_events``, it publishes its KV-cache events there."""
+    the server requires it on ``/v1`` (given in the environment, over ``env:``);
+    ``kv_events`` are the flags that publish its KV-cache events."""
     served = settings.served_model_name or settings.model_name
     argv = settings.serve_argv(settings.model, host=settings.host, port=port, served=served)
-    if kv_events is not None:
-        argv += kv_events_argv(kv_events)
+    argv += kv_events
     env = settings.serve_env()
     env.update(settings.env)
     if api_key is not None:
@@ -154,23 +136,9 @@ class VllmEngine:
         reach = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
         self.base_url = f"http://{reach}:{self.port}"
         api_key = secrets.token_urlsafe(32)  # this server's alone: a hot swap's gets another
-        self._held: HeldPrefixes | None = None
-        self._feed: KvEventFeed | None = None
-        self._feed_task: asyncio.Task[None] | None = None
-        self._events_socket: Path | None = None
-        if settings.reports_prefixes:
-            # A Unix socket: only this user may connect to it (the events carry prompt tokens).
-            name = f"vllm-kv-{self.port}-{secrets.token_hex(4)}.sock"
-            self._events_socket = Path(tempfile.gettempdir()) / name
-            self._held = HeldPrefixes(
-                settings.prefix_report_block_chars, settings.prefix_report_stride
-            )
-            self._feed = KvEventFeed(
-                f"ipc://{self._events_socket}", self._held.apply, self._held.reset
-            )
-        self.command = vllm_command(
-            settings, self.port, api_key, self._feed.endpoint if self._feed else None
-        )
+        self._prefixes = prefix_report_for(settings, str(self.port))
+        kv_events = self._prefixes.argv if self._prefixes is not None else []
+        self.command = vllm_command(settings, self.port, api_key, kv_events)
         label = f"vllm-{version or 'engine'}-{self.port}"
         self.process = EngineProcess(
             label,
@@ -236,8 +204,7 @@ class VllmEngine:
             "last_exit": self._supervisor.last_exit,
             "command": self.command.shell(),
             "log": str(self.process.log_path),
-            "kv_event_batches": self._feed.batches if self._feed else None,
-            "kv_event_gaps": self._feed.gaps if self._feed else None,
+            **(self._prefixes.status() if self._prefixes is not None else {}),
         }
 
     async def start(self) -> None:
@@ -245,8 +212,8 @@ class VllmEngine:
             if self._started:
                 return
             log.info("starting %s", self.command.shell())
-            if self._feed is not None and self._feed_task is None:
-                self._feed_task = self._feed.start()  # connects before the server binds
+            if self._prefixes is not None:
+                self._prefixes.start()  # connects before the server binds
             await self._supervisor.launch()
             await self._wait_healthy()
             await self._read_model_info()
@@ -276,7 +243,7 @@ class VllmEngine:
             prefix_cache_hit_tokens=g.prefix_cache_hits,
             spec_draft_tokens=g.spec_draft_tokens,
             spec_accepted_tokens=g.spec_accepted_tokens,
-            **(self._held.report() if self._held is not None else {}),
+            **(self._prefixes.report() if self._prefixes is not None else {}),
         )
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
@@ -287,14 +254,10 @@ class VllmEngine:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
             self._watch = None
-        if self._feed_task is not None:
-            self._feed_task.cancel()
-            await asyncio.gather(self._feed_task, return_exceptions=True)
-            self._feed_task = None
         self._healthy = False
         await self._supervisor.stop()
-        if self._events_socket is not None:
-            self._events_socket.unlink(missing_ok=True)
+        if self._prefixes is not None:
+            await self._prefixes.aclose()
         await self._http.aclose()
         await self._client.aclose()
 
@@ -305,14 +268,13 @@ class VllmEngine:
             raise NotReady("the vLLM engine is not running", retry_after=2)
         if self.settings.sends_priority:
             request = with_vllm_priority(request)
-        held = self._held
-        if held is not None:
-            request = held.tag(request)
-        events = measured(self._http.generate(request), self._rates)
+        if self._prefixes is not None:
+            upstream = self._prefixes.generate(request, self._http.generate)
+        else:
+            upstream = self._http.generate(request)
+        events = measured(upstream, self._rates)
         try:
             async for event in events:
-                if held is not None and isinstance(event, Finish):
-                    held.finished(request, event.prompt_tokens)
                 yield event
         finally:
             await events.aclose()  # type: ignore[attr-defined]
@@ -394,8 +356,8 @@ class VllmEngine:
 
     async def _restart(self) -> None:
         self._healthy = False
-        if self._held is not None:
-            self._held.reset()  # a new server starts with an empty cache
+        if self._prefixes is not None:
+            self._prefixes.reset()  # a new server starts with an empty cache
         delay = self._supervisor.next_delay()
         log.error("vllm on %s exited (code %s); restarting in %.1fs; log %s", self.base_url,
                   self._supervisor.last_exit, delay, self.process.log_path)  # fmt: skip
