@@ -11,7 +11,7 @@ unit tests see precisely what would run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TextIO
@@ -115,9 +115,12 @@ def vllm_plan(
     model_name: str,
     token: str | None = None,
     traces: EngineTraces | None = None,
+    kv_events: Sequence[str] = (),
 ) -> LaunchPlan:
+    """``kv_events``: the flags that publish its KV-cache events (its prefix report's)."""
     served = spec.served_model_name or model_name
     argv = spec.serve_argv(spec.model, host=spec.host, port=port, served=served, traces=traces)
+    argv += kv_events
     endpoint = Endpoint(
         _url(spec.host, port), served, spec.capacity, "vllm", send_priority=spec.sends_priority
     )
@@ -261,8 +264,10 @@ def build_plan(
     version: str = "",
     token: str | None = None,
     traces: EngineTraces | None = None,
+    kv_events: Sequence[str] = (),
 ) -> LaunchPlan:
-    """The launch plan for any launched replica kind.
+    """The launch plan for any launched replica kind (``kv_events``: a vLLM replica's
+    event flags, :func:`vllm_plan`).
 
     ``token`` (the gateway's ``replica_client.token``) goes into the replica's
     environment so it accepts only the gateway: vLLM's ``VLLM_API_KEY``, the
@@ -271,7 +276,9 @@ def build_plan(
     vLLM replica export its own spans to the same collector.
     """
     if isinstance(spec, VllmReplica):
-        return vllm_plan(spec, port=port, model_name=model_name, token=token, traces=traces)
+        return vllm_plan(
+            spec, port=port, model_name=model_name, token=token, traces=traces, kv_events=kv_events
+        )
     if isinstance(spec, TrtllmReplica):
         return trtllm_plan(spec, port=port, run_dir=run_dir)
     return llamacpp_plan(

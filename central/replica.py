@@ -7,11 +7,17 @@ load every ``scrape_interval_s`` and probes health every
 ``unhealthy_after`` failed probes, at once when its process exits or a
 request could not reach it, and comes back as soon as it answers again. A
 dead process is restarted after an exponential backoff.
+
+A launched vLLM replica reports what its prefix cache holds
+(:mod:`servekit.engine.vllm_prefixes`): its requests go through the report,
+which subscribes to the server's KV-cache events, and :meth:`Replica.report`
+carries the names; a restart empties it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
@@ -23,12 +29,17 @@ from central.balancer import Candidate
 from central.commands import Endpoint, LaunchPlan, build_plan, endpoint_for_url, llama_settings
 from central.scrape import ReplicaLoad, ReplicaProbe
 from central.settings import SupervisionSettings
-from central.specs import LlamaCppReplica, UrlReplica
+from central.specs import LlamaCppReplica, UrlReplica, VllmReplica
 from central.specs import ReplicaSpec as AnySpec
 from servekit.engine.llama import LlamaCppEngine
 from servekit.engine.process import Backoff, EngineProcess, ProcessSupervisor, free_port
 from servekit.engine.protocol import Engine, LoadReport
 from servekit.engine.rates import RateTracker
+from servekit.engine.vllm_prefixes import (
+    PrefixReportingEngine,
+    VllmPrefixReport,
+    prefix_report_for,
+)
 from servekit.secrets import redact_url
 from servekit.tracing import EngineTraces
 
@@ -72,6 +83,7 @@ class Replica:
         self._supervisor: ProcessSupervisor | None = None
         self._local: Engine | None = None
         self._local_start: asyncio.Task[None] | None = None
+        self.prefixes: VllmPrefixReport | None = None
         if isinstance(spec, UrlReplica):
             self.endpoint = endpoint_for_url(spec, model_name=model_name)
         elif isinstance(spec, LlamaCppReplica) and spec.mode == "inprocess":
@@ -82,9 +94,12 @@ class Replica:
         else:
             port = spec.port or free_port(spec.host)
             run_dir = Path(supervision.log_dir)
+            if isinstance(spec, VllmReplica):
+                self.prefixes = prefix_report_for(spec, f"{spec.name}-{port}")
             plan = build_plan(
                 spec, port=port, model_name=model_name, run_dir=run_dir, version=version,
                 token=token, traces=traces,
+                kv_events=self.prefixes.argv if self.prefixes else (),
             )  # fmt: skip
             self.endpoint = plan.endpoint
             self.plan = plan
@@ -97,6 +112,8 @@ class Replica:
             )
             self._supervisor = ProcessSupervisor(self.process, supervision)
         self.engine = self._local or engine_factory(self.endpoint)
+        if self.prefixes is not None:
+            self.engine = PrefixReportingEngine(self.engine, self.prefixes)
         self.state = ReplicaState.STARTING
         self.inflight = 0
         self.served = 0
@@ -138,6 +155,8 @@ class Replica:
         it sent it (vLLM's and TensorRT-LLM's metrics carry no TTFT or rates)."""
         if self.load is not None and self.load.report is not None:
             return self.load.report
+        if self.prefixes is not None:
+            return dataclasses.replace(self.rates.report(), **self.prefixes.report())
         return self.rates.report()
 
     def candidate(self) -> Candidate:
@@ -167,6 +186,8 @@ class Replica:
 
     async def run(self) -> None:
         """Supervise until cancelled."""
+        if self.prefixes is not None:
+            self.prefixes.start()  # connects before the server binds
         if self.process is not None:
             await self._launch()
         elif self._local is not None:
@@ -181,6 +202,8 @@ class Replica:
         self._set(ReplicaState.STOPPED)
         if self._supervisor is not None:
             await self._supervisor.stop()
+        if self.prefixes is not None:
+            await self.prefixes.aclose()
         if self._local_start is not None:
             self._local_start.cancel()
             await asyncio.gather(self._local_start, return_exceptions=True)
@@ -204,6 +227,7 @@ class Replica:
             "gpus": list(getattr(self.spec, "gpus", [])),
             "command": self.plan.shell() if self.plan is not None else None,
             "log": str(self.process.log_path) if self.process is not None else None,
+            **(self.prefixes.status() if self.prefixes is not None else {}),
         }
 
     # -- internals ---------------------------------------------------------
@@ -307,6 +331,8 @@ class Replica:
                     self.name, sup.last_exit, uptime, delay)  # fmt: skip
         self._set(ReplicaState.RESTARTING)
         self.load = None
+        if self.prefixes is not None:
+            self.prefixes.reset()  # the new server starts with an empty cache
         # Whatever the dead leader left in its session (engine workers) goes first.
         await sup.stop()
         await sup.relaunch(delay)

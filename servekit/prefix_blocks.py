@@ -25,7 +25,14 @@ from __future__ import annotations
 import zlib
 from collections.abc import Collection, Iterable, Sequence
 
-__all__ = ["chained_names", "conversation_text", "leading_run", "sampled", "scope_seed"]
+__all__ = [
+    "chained_names",
+    "conversation_text",
+    "interleaved_union",
+    "leading_run",
+    "sampled",
+    "scope_seed",
+]
 
 
 def conversation_text(turns: Iterable[tuple[str, str]]) -> str:
@@ -68,3 +75,17 @@ def leading_run(names: Sequence[int], held: Collection[int]) -> int:
         if names[i] in held:
             return i + 1
     return 0
+
+
+def interleaved_union(reports: Sequence[Sequence[int]], limit: int) -> tuple[int, ...]:
+    """The names of several reports (a gateway's replicas) as one, at most ``limit``:
+    taken from each in turn, so a cut leaves every report its first names (each puts
+    its most recent prompts first), without repeats."""
+    names: dict[int, None] = {}
+    for i in range(max((len(r) for r in reports), default=0)):
+        for report in reports:
+            if i < len(report):
+                names[report[i]] = None
+                if len(names) >= limit:
+                    return tuple(names)
+    return tuple(names)

@@ -16,9 +16,11 @@ from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from servekit.prefix_blocks import interleaved_union
 from servekit.wire import ChatCompletionRequest, CompletionRequest, FinishReason
 
 __all__ = [
+    "MAX_POOLED_PREFIX_BLOCKS",
     "Engine",
     "Finish",
     "GenerationEvent",
@@ -227,6 +229,10 @@ class LoadReport:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+# The most prefix block names a gateway reports for all its replicas together.
+MAX_POOLED_PREFIX_BLOCKS = 4096
+
+
 def pooled_figures(reports: Sequence[LoadReport], replicas: int) -> LoadReport:
     """A gateway's measured figures from its ``replicas``' reports (the counts,
     readiness and identity are the caller's to set, e.g. with ``dataclasses.replace``).
@@ -237,6 +243,11 @@ def pooled_figures(reports: Sequence[LoadReport], replicas: int) -> LoadReport:
     gateway reports all its replicas' running sequences as one count; a new
     request lands on one replica and meets about 1/``replicas`` of them, so
     each counts for the replicas' mean busy slowdown divided by their number.
+
+    What the replicas' caches hold is the union of their ``prefix_blocks`` (a
+    request of a held prefix is steered to its replica by the gateway's own
+    prefix affinity), in the block size most of them report, at most
+    :data:`MAX_POOLED_PREFIX_BLOCKS` names; None when no replica says.
     """
 
     def mean(values: list[float | None]) -> float | None:
@@ -247,6 +258,7 @@ def pooled_figures(reports: Sequence[LoadReport], replicas: int) -> LoadReport:
     busy = mean([r.busy_ms_per_seq for r in reports])
     windows = [r.max_context_tokens for r in reports if r.max_context_tokens is not None]
     return LoadReport(
+        **_pooled_prefixes(reports),
         max_context_tokens=min(windows) if windows else None,
         ttft_p50_ms=mean([r.ttft_p50_ms for r in reports]),
         ttft_p95_ms=max(p95) if p95 else None,
@@ -254,6 +266,17 @@ def pooled_figures(reports: Sequence[LoadReport], replicas: int) -> LoadReport:
         decode_tokens_per_s=mean([r.decode_tokens_per_s for r in reports]),
         prefill_tokens_per_s=mean([r.prefill_tokens_per_s for r in reports]),
     )
+
+
+def _pooled_prefixes(reports: Sequence[LoadReport]) -> dict[str, Any]:
+    saying = [r for r in reports if r.prefix_blocks is not None and r.prefix_block_chars > 0]
+    if not saying:
+        return {}
+    sizes = [r.prefix_block_chars for r in saying]
+    chars = max(sizes, key=sizes.count)
+    held = [r.prefix_blocks or () for r in saying if r.prefix_block_chars == chars]
+    names = interleaved_union(held, MAX_POOLED_PREFIX_BLOCKS)
+    return {"prefix_blocks": names, "prefix_block_chars": chars}
 
 
 @runtime_checkable

@@ -21,6 +21,11 @@ around the agent's auth, admission and limits. vLLM leaves ``/health`` and
 With the service's tracing on (``traces``), the server exports its own
 ``llm_request`` span per request to the same collector, below the span
 whose ``traceparent`` the request carries (:class:`servekit.tracing.EngineTraces`).
+
+With prefix caching on, the server publishes its KV-cache events on a Unix
+socket of its own (:mod:`servekit.engine.kv_events`); the engine subscribes and
+reports what the cache holds in ``load()`` as the routers' prefix block names
+(:mod:`servekit.engine.vllm_prefixes`, ``prefix_report_block_chars``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,7 @@ from servekit.engine.protocol import (
 from servekit.engine.rates import RateTracker, measured
 from servekit.engine.vllm_args import VLLM_API_KEY_ENV, VllmServeArgs
 from servekit.engine.vllm_metrics import VllmGauges, parse_vllm_metrics
+from servekit.engine.vllm_prefixes import prefix_report_for
 from servekit.errors import EngineFailure, NotReady
 from servekit.tracing import EngineTraces
 
@@ -106,14 +112,17 @@ def vllm_command(
     port: int,
     api_key: str | None = None,
     traces: EngineTraces | None = None,
+    kv_events: Sequence[str] = (),
 ) -> ProcessCommand:
     """The engine's process: ``vllm serve`` and its environment; with ``api_key``,
     the server requires it on ``/v1`` (given in the environment, over ``env:``);
-    with ``traces``, it exports its spans to the service's collector."""
+    with ``traces``, it exports its spans to the service's collector; ``kv_events``
+    are the flags that publish its KV-cache events."""
     served = settings.served_model_name or settings.model_name
     argv = settings.serve_argv(
         settings.model, host=settings.host, port=port, served=served, traces=traces
     )
+    argv += kv_events
     env = settings.serve_env(traces)
     env.update(settings.env)
     if api_key is not None:
@@ -142,7 +151,9 @@ class VllmEngine:
         reach = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
         self.base_url = f"http://{reach}:{self.port}"
         api_key = secrets.token_urlsafe(32)  # this server's alone: a hot swap's gets another
-        self.command = vllm_command(settings, self.port, api_key, traces)
+        self._prefixes = prefix_report_for(settings, str(self.port))
+        kv_events = self._prefixes.argv if self._prefixes is not None else []
+        self.command = vllm_command(settings, self.port, api_key, traces, kv_events)
         label = f"vllm-{version or 'engine'}-{self.port}"
         self.process = EngineProcess(
             label,
@@ -208,6 +219,7 @@ class VllmEngine:
             "last_exit": self._supervisor.last_exit,
             "command": self.command.shell(),
             "log": str(self.process.log_path),
+            **(self._prefixes.status() if self._prefixes is not None else {}),
         }
 
     async def start(self) -> None:
@@ -215,6 +227,8 @@ class VllmEngine:
             if self._started:
                 return
             log.info("starting %s", self.command.shell())
+            if self._prefixes is not None:
+                self._prefixes.start()  # connects before the server binds
             await self._supervisor.launch()
             await self._wait_healthy()
             await self._read_model_info()
@@ -244,6 +258,7 @@ class VllmEngine:
             prefix_cache_hit_tokens=g.prefix_cache_hits,
             spec_draft_tokens=g.spec_draft_tokens,
             spec_accepted_tokens=g.spec_accepted_tokens,
+            **(self._prefixes.report() if self._prefixes is not None else {}),
         )
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
@@ -256,6 +271,8 @@ class VllmEngine:
             self._watch = None
         self._healthy = False
         await self._supervisor.stop()
+        if self._prefixes is not None:
+            await self._prefixes.aclose()
         await self._http.aclose()
         await self._client.aclose()
 
@@ -266,7 +283,11 @@ class VllmEngine:
             raise NotReady("the vLLM engine is not running", retry_after=2)
         if self.settings.sends_priority:
             request = with_vllm_priority(request)
-        events = measured(self._http.generate(request), self._rates)
+        if self._prefixes is not None:
+            upstream = self._prefixes.generate(request, self._http.generate)
+        else:
+            upstream = self._http.generate(request)
+        events = measured(upstream, self._rates)
         try:
             async for event in events:
                 yield event
@@ -350,6 +371,8 @@ class VllmEngine:
 
     async def _restart(self) -> None:
         self._healthy = False
+        if self._prefixes is not None:
+            self._prefixes.reset()  # a new server starts with an empty cache
         delay = self._supervisor.next_delay()
         log.error("vllm on %s exited (code %s); restarting in %.1fs; log %s", self.base_url,
                   self._supervisor.last_exit, delay, self.process.log_path)  # fmt: skip

@@ -159,6 +159,16 @@ class VllmServeArgs(BaseModel):
     extra_args: list[str] = Field(
         default_factory=list, description="Flags appended verbatim to the command line."
     )
+    prefix_report_block_chars: int = Field(
+        64,
+        ge=0,
+        description="Report what the prefix cache holds in /load (from vLLM's KV-cache events) "
+        "as chained names of blocks of this many characters (the routers' "
+        "prefix_cache.block_chars); 0, or prefix caching off, reports nothing.",
+    )
+    prefix_report_stride: int = Field(
+        4, ge=1, description="Report every n-th block name of each held prompt (and its last)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> VllmServeArgs:
@@ -274,6 +284,11 @@ class VllmServeArgs(BaseModel):
             env["VLLM_CACHE_ROOT"] = str(root / "vllm")
             env["TORCHINDUCTOR_CACHE_DIR"] = str(root / "torchinductor")
         return env
+
+    @property
+    def reports_prefixes(self) -> bool:
+        """Whether the server publishes its KV-cache events to report its cache."""
+        return self.prefix_report_block_chars > 0 and self.enable_prefix_caching is not False
 
     @property
     def sends_priority(self) -> bool:

@@ -26,6 +26,7 @@ from hybrid_llm.local.servers import (
     service_process,
     wait_until,
 )
+from servekit.prefix_blocks import chained_names, conversation_text, leading_run
 from tests.support.vllm import HF_MODEL, MODEL_NAME, VLLM, require_vllm, sdk_stream
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -137,6 +138,32 @@ def test_concurrent_load_uses_both_replicas_and_their_metrics(gateway: str) -> N
     kv = [x for x in metrics.splitlines() if x.startswith("central_replica_kv_cache_usage{")]
     assert len(kv) == 2  # vllm:kv_cache_usage_perc of each replica
     assert all('kind="vllm"' in line for line in kv)
+
+
+def test_the_gateway_reports_what_its_replicas_prefix_caches_hold(gateway: str) -> None:
+    """A long prompt's names (as a router names them) reach the gateway's /load within
+    about a second, from the replica's vLLM KV-cache events; gone once it is killed."""
+    system = "You answer questions about tides. " + " ".join(
+        f"Rule {i}: give times in UTC." for i in range(60)
+    )
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "When?"}]
+    names = chained_names(conversation_text((m["role"], m["content"]) for m in messages), 64)
+
+    def held() -> int:
+        load = httpx.get(gateway + "/load").json()
+        return leading_run(names, set(load["prefix_blocks"] or ()))
+
+    before = {n: r["served"] for n, r in gateway_replicas(gateway).items()}
+    body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 2, "temperature": 0}
+    assert httpx.post(gateway + "/v1/chat/completions", json=body, timeout=120).status_code == 200
+    wait_until(lambda: held() >= len(names) * 0.8, 1.0, "the prompt's names in /load")
+    replicas = gateway_replicas(gateway)
+    (home,) = [n for n, r in replicas.items() if r["served"] > before[n]]
+    assert replicas[home]["kv_event_batches"] > 0
+    os.killpg(replicas[home]["pid"], signal.SIGKILL)
+    wait_until(lambda: held() == 0, 10, "names of a killed replica still in /load")
+    wait_until(lambda: gateway_replicas(gateway)[home]["state"] == "healthy", 450, "back")
+    assert held() == 0  # the new server starts cold
 
 
 def test_a_killed_replica_is_bypassed_and_restarted(gateway: str) -> None:
