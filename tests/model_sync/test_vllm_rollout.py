@@ -248,6 +248,16 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _failed_rollout(db: Path, version: str, *, converge: str) -> str:
+    """Roll ``version`` out to the canary, expect it rolled back (exit 3); the history."""
+    rolled = _cli(
+        db, "rollout", MODEL_NAME, version, "--canary", "1", "--bake", "1s",
+        "--min-requests", "0", "--converge-timeout", converge, "--wait",
+    )  # fmt: skip
+    assert rolled.returncode == 3, rolled.stdout + rolled.stderr
+    return _cli(db, "--json", "history", MODEL_NAME).stdout
+
+
 def test_a_version_vllm_cannot_load_leaves_the_old_one_serving(fleet: dict[str, Any]) -> None:
     """v4 verifies (its manifest is of the broken files) but vLLM fails to load it: the
     new server exits during its start and the serving one is untouched."""
@@ -258,14 +268,9 @@ def test_a_version_vllm_cannot_load_leaves_the_old_one_serving(fleet: dict[str, 
     (v4 / "model.safetensors").write_bytes(b"not a safetensors file")
     _push(fleet, v4, "v4")
     serving = httpx.get(fleet["edge"] + "/engine").json()
-    rolled = _cli(
-        db, "rollout", MODEL_NAME, "v4", "--canary", "1", "--bake", "1s",
-        "--min-requests", "0", "--converge-timeout", "8m", "--wait",
-    )  # fmt: skip
-    assert rolled.returncode == 3, rolled.stdout + rolled.stderr
-    history = _cli(db, "--json", "history", MODEL_NAME)
-    assert "EngineFailure" in history.stdout
-    assert "vllm exited with code" in history.stdout
+    history = _failed_rollout(db, "v4", converge="8m")
+    assert "EngineFailure" in history
+    assert "vllm exited with code" in history
     still = httpx.get(fleet["edge"] + "/engine").json()
     assert (still["pid"], still["version"]) == (serving["pid"], serving["version"])
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -283,14 +288,9 @@ def test_an_unsigned_version_is_refused_before_a_byte_is_fetched(fleet: dict[str
     assert pushed.returncode == 0, pushed.stderr
     assert "not signed" in pushed.stderr
     serving = httpx.get(fleet["edge"] + "/engine").json()
-    rolled = _cli(
-        db, "rollout", MODEL_NAME, "v5", "--canary", "1", "--bake", "1s",
-        "--min-requests", "0", "--converge-timeout", "2m", "--wait",
-    )  # fmt: skip
-    assert rolled.returncode == 3, rolled.stdout + rolled.stderr
-    history = _cli(db, "--json", "history", MODEL_NAME)
-    assert "UntrustedRecord" in history.stdout
-    assert "is not signed" in history.stdout
+    history = _failed_rollout(db, "v5", converge="2m")
+    assert "UntrustedRecord" in history
+    assert "is not signed" in history
     assert not (tmp / "node-models" / MODEL_NAME / "v5").exists()
     assert not list((tmp / "node-models").glob(".partial/*v5*"))
     still = httpx.get(fleet["edge"] + "/engine").json()
