@@ -173,6 +173,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         on_drain=hooks.drain,
         log_level=server.log_level,
         graceful_s=service.graceful_s(settings),
+        limits=server.connection_limits(),
         tls=server.tls,
         on_reload=reload,
     )
