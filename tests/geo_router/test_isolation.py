@@ -94,6 +94,26 @@ async def test_the_token_limit_gives_back_what_the_usage_shows_unused(
     assert answers[0].json()["usage"]["completion_tokens"] == 8
 
 
+async def test_a_prompt_the_estimate_under_counts_is_charged_from_its_usage(
+    auth: dict[str, str],
+) -> None:
+    """The intake charge is an estimate: a prompt the engine counts at 900 tokens while the
+    estimator saw a handful cost the tenant a handful until the usage was settled both ways."""
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(tpm=1000, burst_s=60)
+    edge = Behavior(words=4, prompt_tokens=900)
+    routing = {"default_max_tokens": 10, "max_tokens_cap": 10}
+    with serve_fake(edge) as url:
+        settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
+        async with router(settings) as c:
+            codes = []
+            for _ in range(3):
+                r = await c.post("/v1/chat/completions", json=CHAT, headers=auth)
+                codes.append(r.status_code)
+    assert codes == [200, 200, 429]  # 904 a request: the second leaves the bucket below 0
+    assert r.json()["error"]["code"] == "tokens_rate_limit_exceeded"
+
+
 async def test_a_clients_request_id_is_never_the_requests_id(auth: dict[str, str]) -> None:
     edge = Behavior()
     with serve_fake(edge) as url:
