@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 _CLOSING = b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout" + _CLOSING
 _HEAD_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large" + _CLOSING
+_LINGER_S = 2.0  # how long a refused client's further bytes are read and dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +84,15 @@ class GuardedProtocol(HeadWithBodyProtocol):
     _head: asyncio.TimerHandle | None = None
     _in_head = False  # a request head is arriving
     _head_bytes = 0  # bytes of it received so far
+    _dropping = False  # refused: what the client still sends is read and dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
+        if self._dropping:
+            return
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
@@ -145,12 +149,26 @@ class GuardedProtocol(HeadWithBodyProtocol):
         self._refuse(_REQUEST_TIMEOUT)
 
     def _refuse(self, answer: bytes) -> None:
-        """Answer a request whose head never completed, and close."""
+        """Answer a request whose head never completed, and close.
+
+        Closing a socket with the client's bytes still unread makes the kernel reset
+        the connection, which can destroy the answer before the client reads it; so
+        the answer goes out with a FIN and what the client still sends is read and
+        dropped for up to ``_LINGER_S`` (a lingering close, as nginx does)."""
         self._cancel_head()
         self._in_head = False
+        self._dropping = True
         if self.cycle is None or self.cycle.response_complete:  # no response under way
             self.transport.write(answer)
-        self.transport.close()
+        if not self.transport.can_write_eof():  # TLS: no half-close
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.loop.call_later(_LINGER_S, self._close)
+
+    def _close(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
 
     # Send stall: the client takes none of the bytes already sent for too long.
 

@@ -80,7 +80,7 @@ class ServerSettings(Section):
         65536, ge=1024, description="Larger request heads get 431 and the connection closes."
     )
     max_connections: int | None = Field(
-        2048,
+        8192,
         ge=1,
         description="Open connections above this get 503 too_many_connections at once "
         "(Retry-After: 1).",

@@ -134,9 +134,9 @@ def test_a_slow_request_head_gets_408_and_the_connection_closes() -> None:
 def test_a_huge_request_head_gets_431() -> None:
     with _serve(_ok, ConnectionLimits(max_header_bytes=16384)) as server:
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
-            # Past the cap, and then quiet: bytes still unread when the server
-            # closes would turn its close into a reset that eats the answer.
-            sock.sendall(b"GET / HTTP/1.1\r\nhost: t\r\nx-big: " + b"a" * 20000)
+            # Well past the cap, still sending after the server has refused it: its
+            # close must not turn into a reset that destroys the answer.
+            sock.sendall(b"GET / HTTP/1.1\r\nhost: t\r\nx-big: " + b"a" * 200_000)
             assert _closed_within(sock, 5).startswith(b"HTTP/1.1 431")
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
             sock.sendall(b"GET / HTTP/1.1\r\nhost: t\r\nx-fine: " + b"a" * 8000 + b"\r\n\r\n")
