@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from hybrid_llm.local.servers import UvicornThread
 from servekit.asgi import DisconnectWatch, Receive, Scope, Send
 from servekit.connection_guard import ConnectionLimits, guarded_protocol
 from servekit.settings import ServerSettings
+from tests.support.pki import PrivateCA
 
 REQUEST = b"GET /stream HTTP/1.1\r\nhost: t\r\n\r\n"
 
@@ -81,6 +83,21 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_handler_ends(
         sent = app.sent
         time.sleep(0.2)
         assert app.sent == sent  # nothing more is produced for it
+
+
+def test_a_tls_client_that_stops_reading_is_cut_off_too(tmp_path: Path) -> None:
+    """Over TLS the flow-control calls come from the TLS layer's own buffer."""
+    ca = PrivateCA(tmp_path)
+    issued = ca.issue()
+    app = _Endless()
+    tls = {"ssl_certfile": str(issued.cert_file), "ssl_keyfile": str(issued.key_file)}
+    limits = ConnectionLimits(send_stall_s=0.5)
+    with UvicornThread(app, http=guarded_protocol(limits), **tls) as server:
+        raw = _client(server.port)
+        with ca.client_context().wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            sock.sendall(REQUEST)
+            assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+            assert app.ended.wait(10), "the handler still runs for a client that reads nothing"
 
 
 def test_a_client_that_keeps_reading_is_never_cut_off() -> None:
