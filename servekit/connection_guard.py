@@ -21,6 +21,9 @@ closes each of those, from the transport's own flow-control callbacks:
   request on a kept-alive one, must deliver its request line and headers
   within this long; otherwise it gets ``408`` and is closed. uvicorn has no
   such knob (its keep-alive timer stops at the first byte received).
+  Refusals of a head (408, 431) close lingering: the answer leaves with a
+  FIN and the client's further bytes are dropped for a moment, since closing
+  with them unread would reset the connection and lose the answer.
 - **header size** (``max_header_bytes``): a request head larger than this gets
   ``431`` and the connection is closed; the parser (llhttp through
   ``httptools``) accepts heads of any size and uvicorn has no knob for it
