@@ -58,18 +58,43 @@ async def test_max_tokens_is_always_forwarded_and_capped(auth: dict[str, str]) -
 async def test_the_token_limit_charges_what_is_forwarded(auth: dict[str, str]) -> None:
     keys = router_settings([]).auth.model_dump()["keys"]
     keys[0].update(tpm=1000, burst_s=60)
-    edge = Behavior()
+    edge = Behavior(words=10_000)  # every answer runs to its budget
     routing = {"default_max_tokens": 300, "max_tokens_cap": 400}
     with serve_fake(edge) as url:
         settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
         async with router(settings) as c:
             codes = []
             for _ in range(4):  # a capped 50,000 costs 400, as forwarded: two fit in 1000
-                body = {**CHAT, "max_tokens": 50_000, "stream": True}  # no usage asked
+                body = {**CHAT, "max_tokens": 50_000, "stream": True}
                 codes.append(
                     (await c.post("/v1/chat/completions", json=body, headers=auth)).status_code
                 )
     assert codes == [200, 200, 429, 429]
+
+
+async def test_a_stream_that_asks_no_usage_is_settled_from_the_usage_it_never_sees(
+    auth: dict[str, str],
+) -> None:
+    """The router asks every upstream for usage; a client that did not gets none, and its
+    tokens are settled all the same (it could avoid paying for an under-counted prompt
+    by streaming without ``include_usage``)."""
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(tpm=1000, burst_s=60)
+    edge = Behavior(words=4, prompt_tokens=900)
+    routing = {"default_max_tokens": 10, "max_tokens_cap": 10}
+    with serve_fake(edge) as url:
+        settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
+        async with router(settings) as c:
+            answers = []
+            for _ in range(3):
+                body = {**CHAT, "stream": True}
+                answers.append(await c.post("/v1/chat/completions", json=body, headers=auth))
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert all(s["body"]["stream_options"] == {"include_usage": True} for s in edge.seen)
+    stream = answers[0].text
+    assert '"usage"' not in stream
+    assert '"finish_reason":"stop"' in stream.replace(" ", "")
+    assert stream.endswith("data: [DONE]\n\n")
 
 
 async def test_the_token_limit_gives_back_what_the_usage_shows_unused(
