@@ -183,21 +183,21 @@ class RateLimiter:
                 )
 
     async def settle(self, tenant: Tenant, charged: int, usage: object) -> int:
-        """After the answer: give back what ``charged`` (taken at intake) exceeds the
-        tokens its ``usage`` reports (prompt and completion; the completion budget
-        written upstream is a cap, most answers end sooner). Nothing without a usage
-        to trust, and never more taken: an estimate that ran low is not charged twice.
-        Returns the tokens given back."""
+        """After the answer: settle ``charged`` (taken at intake: the prompt's estimate plus
+        the capped completion budget) to the tokens its ``usage`` reports. What the answer
+        did not use goes back (most end before the cap); what the usage shows beyond the
+        charge (a prompt the estimator under-counted) is taken too, even from an empty
+        bucket, so the tenant's next requests wait for it. Nothing without a usage to
+        trust. Returns the tokens given back (negative: taken)."""
         if tenant.tpm is None or charged <= 0 or not isinstance(usage, dict):
             return 0
         used = usage.get("total_tokens")
         if not isinstance(used, int) or isinstance(used, bool) or used < 0:
             return 0
-        unused = charged - used
-        if unused <= 0:
-            return 0
-        await self._buckets.give_back("tpm:" + tenant.key_id, tenant.tpm, tenant.burst_s, unused)
-        return unused
+        owed = charged - used
+        if owed:
+            await self._buckets.give_back("tpm:" + tenant.key_id, tenant.tpm, tenant.burst_s, owed)
+        return owed
 
     async def aclose(self) -> None:
         await self._buckets.aclose()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from geo_router.continuation import Kind, assemble
+from geo_router.continuation import Kind, assemble, without_usage
 from geo_router.feedback import Served
 from geo_router.request_ids import CLIENT_ID_HEADER
 from geo_router.routed import RoutedStream
@@ -112,7 +112,9 @@ async def _serve(
         route_headers["X-Route-Trimmed"] = cand.trim.header()
     try:
         if req.body["stream"]:
-            await _stream(stream, route_headers, send, watch)
+            options = req.body.get("stream_options")
+            asked = isinstance(options, dict) and options.get("include_usage") is True
+            await _stream(stream, route_headers, send, watch, hide_usage=not asked)
             return
         async for _ in stream:
             pass
@@ -137,7 +139,12 @@ async def _serve(
 
 
 async def _stream(
-    chunks: RoutedStream, headers: dict[str, str], send: Send, watch: DisconnectWatch
+    chunks: RoutedStream,
+    headers: dict[str, str],
+    send: Send,
+    watch: DisconnectWatch,
+    *,
+    hide_usage: bool,
 ) -> None:
     headers["Cache-Control"] = "no-cache"
     raw = raw_headers(headers, b"text/event-stream; charset=utf-8")
@@ -146,6 +153,10 @@ async def _stream(
     async for chunk in chunks:
         if ended:
             continue  # nothing follows [DONE]; the stream is drained for its bookkeeping
+        if hide_usage:  # asked upstream for the limiter's sake, not the client's
+            chunk = without_usage(chunk)
+            if not chunk:
+                continue
         # The chunk that carries [DONE] also closes the response: one write, not two.
         ended = chunk.endswith(DONE_FRAME)
         if ended:

@@ -18,7 +18,9 @@ from servekit.continuation import TokenCount
 from servekit.errors import ServeError
 from servekit.sse import DONE_FRAME, EventReader, encode_data
 
-__all__ = ["Kind", "Partial", "Transcript", "assemble"]
+_USAGE = b'"usage"'
+
+__all__ = ["Kind", "Partial", "Transcript", "assemble", "without_usage"]
 
 Kind = Literal["chat", "completion"]
 
@@ -189,3 +191,22 @@ def assemble(state: Transcript) -> dict[str, Any]:
     if state.usage is not None:
         out["usage"] = state.usage
     return out
+
+
+def without_usage(complete: bytes) -> bytes:
+    """Complete events as a client that did not ask for usage sees them: the router asks
+    every upstream for it (the token limit settles from it), so the usage-only event is
+    dropped and any other event's ``usage`` removed; ``[DONE]`` is kept. Events without
+    usage pass untouched (one substring test on the hot path)."""
+    if _USAGE not in complete:
+        return complete
+    reader = EventReader()
+    frames = []
+    for event in reader.parse(complete):
+        if "usage" in event:
+            if not event.get("choices"):
+                continue
+            event = {k: v for k, v in event.items() if k != "usage"}
+        frames.append(encode_data(event))
+    out = b"".join(frames)
+    return out + DONE_FRAME if reader.done else out

@@ -77,11 +77,15 @@ class TokenBucket:
         return (amount - self.level) / self.rate
 
     def give_back(self, amount: float) -> None:
+        """Return ``amount``; a negative one is a debit, which may leave the bucket below
+        zero (later requests then wait until it has refilled past what is owed)."""
         self.level = min(self.capacity, self.level + amount)
 
 
 class Buckets(Protocol):
-    """Named buckets: ``take`` answers 0.0 or the seconds until ``amount`` would fit."""
+    """Named buckets: ``take`` answers 0.0 or the seconds until ``amount`` would fit;
+    ``give_back`` returns ``amount`` to a bucket, or with a negative ``amount`` takes it
+    whatever the level (a debit settled after the fact: it may go below zero)."""
 
     async def take(
         self, name: str, rate_per_min: float, burst_s: float, amount: float, now: float

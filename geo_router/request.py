@@ -46,8 +46,9 @@ class RouteRequest:
 
 
 def upstream_body(req: RouteRequest, cand: Scored) -> bytes:
-    """``req``'s body as ``cand`` gets it: its model name, its trimmed messages, streamed,
-    and its tenant's ``cache_salt`` (engines reuse cached prefixes only within one)."""
+    """``req``'s body as ``cand`` gets it: its model name, its trimmed messages, streamed
+    with usage, and its tenant's ``cache_salt`` (engines reuse cached prefixes only
+    within one)."""
     out = dict(req.body)
     out["model"] = cand.state.info.model
     if req.cache_salt is not None:
@@ -55,8 +56,9 @@ def upstream_body(req: RouteRequest, cand: Scored) -> bytes:
     if cand.trim is not None and "messages" in out:
         out["messages"] = cand.trim.apply(out["messages"])
     out["stream"] = True
-    if not req.body.get("stream"):
-        out["stream_options"] = {"include_usage": True}  # a non-streamed answer needs its usage
+    # Always: a non-streamed answer is built from it, and the token limit settles from it;
+    # a streaming client that did not ask never sees it (geo_router.completions).
+    out["stream_options"] = {"include_usage": True}
     return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
 
 

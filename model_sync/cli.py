@@ -399,6 +399,7 @@ def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
     from model_sync.artifacts import create_app
     from servekit.serve import run_service
     from servekit.service_auth import TokenGate, is_loopback, warn_if_open
+    from servekit.settings import ServerSettings
     from servekit.tls import ServerTLSSettings, client_ca_change
 
     overrides = {
@@ -441,7 +442,11 @@ def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
         return fresh.tls
 
     app = create_app(args.directory, gate)
-    run_service(app, host=args.host, port=args.port, tls=server.tls, on_reload=reload)
+    # The services' defaults for slow clients, heads and connections (docs/security.md).
+    limits = ServerSettings().connection_limits()
+    run_service(
+        app, host=args.host, port=args.port, limits=limits, tls=server.tls, on_reload=reload
+    )
     return 0
 
 

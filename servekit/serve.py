@@ -35,7 +35,7 @@ from typing import Any
 
 import uvicorn
 
-from servekit.http_protocol import HeadWithBodyProtocol
+from servekit.connection_guard import ConnectionLimits, guarded_protocol
 from servekit.secrets import RedactingFilter
 from servekit.tls import ServerTLSSettings, reload_server_context, server_context
 
@@ -100,15 +100,16 @@ def run_service(
     on_drain: Callable[[], None] = lambda: None,
     log_level: str = "info",
     graceful_s: float = 30.0,
-    http: type[asyncio.Protocol] | str = HeadWithBodyProtocol,
+    limits: ConnectionLimits | None = None,
     tls: ServerTLSSettings | None = None,
     on_reload: ReloadFn | None = None,
 ) -> None:
     """Serve ``app`` until a signal stops it.
 
-    ``http`` is uvicorn's HTTP protocol (a name or a protocol class). The
-    default is uvicorn's httptools protocol with each response's head sent
-    together with its first body bytes (:mod:`servekit.http_protocol`).
+    The HTTP protocol is uvicorn's httptools protocol with each response's
+    head sent together with its first body bytes (:mod:`servekit.http_protocol`)
+    and ``limits`` on slow readers, slow request heads and connections
+    (:mod:`servekit.connection_guard`; None: no limits).
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -121,7 +122,7 @@ def run_service(
         port=port,
         log_level=log_level,
         timeout_graceful_shutdown=int(graceful_s),
-        http=http,
+        http=guarded_protocol(limits or ConnectionLimits()),
         loop="uvloop",
         access_log=False,
         # Longer than any client pool keeps an idle connection (the router's:

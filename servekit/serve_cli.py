@@ -11,7 +11,9 @@ carries :class:`ServiceHooks` on ``app.state.hooks``: what draining means
 for it (called on SIGTERM before connections close) and what a reload
 applies live. On SIGHUP the settings file is read again with the same flags
 and handed to ``reload`` (API keys, service tokens), and the certificates it
-names are loaded into the listening socket (:mod:`servekit.serve`).
+names are loaded into the listening socket (:mod:`servekit.serve`). What is
+fixed with the socket (its address, the connection limits: :data:`RESTART_ONLY`)
+keeps its running value, with a warning naming what changed.
 
 Fail closed: a service that would take unauthenticated calls on a
 non-loopback address does not start unless ``server.allow_unauthenticated``
@@ -24,6 +26,7 @@ logged as an error and the running settings stay.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import types
 import typing
@@ -41,12 +44,14 @@ from servekit.tls import ServerTLSSettings, client_ca_change
 
 __all__ = [
     "FLAG_BLOCKS",
+    "RESTART_ONLY",
     "Service",
     "ServiceHooks",
     "ServiceSettings",
     "add_serve_command",
     "refuse_open",
     "reload_refusal",
+    "restart_only_changes",
     "run_command",
     "serve",
     "serve_overrides",
@@ -54,6 +59,18 @@ __all__ = [
 
 # The blocks whose plain fields become flags of ``serve``.
 FLAG_BLOCKS = ("server", "instance")
+
+# ``server:`` fields fixed when the socket is opened: a reload cannot change them.
+RESTART_ONLY = (
+    "host",
+    "port",
+    "send_stall_s",
+    "header_timeout_s",
+    "max_header_bytes",
+    "max_connections",
+)
+
+log = logging.getLogger(__name__)
 
 
 class ServiceSettings(Protocol):
@@ -161,6 +178,12 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         if refusal is not None:
             raise ConfigError(f"reload refused: {refusal}")
         refuse_open(fresh)
+        kept = restart_only_changes(running, fresh)
+        if kept:
+            log.warning(
+                "reload: server.%s changed, which needs a restart; the running values stay",
+                ", server.".join(kept),
+            )
         hooks.reload(fresh)
         running = fresh
         return fresh.server.tls
@@ -173,6 +196,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         on_drain=hooks.drain,
         log_level=server.log_level,
         graceful_s=service.graceful_s(settings),
+        limits=server.connection_limits(),
         tls=server.tls,
         on_reload=reload,
     )
@@ -199,6 +223,15 @@ def reload_refusal(running: ServiceSettings, fresh: ServiceSettings) -> str | No
             "service to anyone; restart it to do that"
         )
     return client_ca_change(running.server.tls, fresh.server.tls)
+
+
+def restart_only_changes(running: ServiceSettings, fresh: ServiceSettings) -> list[str]:
+    """The :data:`RESTART_ONLY` fields of ``server:`` that ``fresh`` changes."""
+    return [
+        name
+        for name in RESTART_ONLY
+        if getattr(running.server, name) != getattr(fresh.server, name)
+    ]
 
 
 def run_command(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:

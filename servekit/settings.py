@@ -10,13 +10,16 @@ flag everywhere.
 from __future__ import annotations
 
 import socket
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from servekit.config import Section
 from servekit.service_auth import ServiceAuthSettings
 from servekit.tls import ServerTLSSettings
+
+if TYPE_CHECKING:  # the guards import uvicorn, which reading settings does not need
+    from servekit.connection_guard import ConnectionLimits
 
 __all__ = [
     "AdmissionSettings",
@@ -60,6 +63,39 @@ class ServerSettings(Section):
         description="Start on a non-loopback address even though callers need no token or "
         "API key (a service refuses to otherwise).",
     )
+    send_stall_s: float | None = Field(
+        30.0,
+        gt=0,
+        description="A client that takes none of a response's bytes for this long (its "
+        "socket's buffers full) is disconnected: the stream ends and its slot and upstream "
+        "are released. null: wait forever.",
+    )
+    header_timeout_s: float | None = Field(
+        10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this long of the "
+        "connection or of the request's first byte; else 408 and the connection closes.",
+    )
+    max_header_bytes: int | None = Field(
+        65536, ge=1024, description="Larger request heads get 431 and the connection closes."
+    )
+    max_connections: int | None = Field(
+        8192,
+        ge=1,
+        description="Open connections above this get 503 too_many_connections at once "
+        "(Retry-After: 1).",
+    )
+
+    def connection_limits(self) -> ConnectionLimits:
+        """The HTTP server's per-connection guards (:mod:`servekit.connection_guard`)."""
+        from servekit.connection_guard import ConnectionLimits
+
+        return ConnectionLimits(
+            send_stall_s=self.send_stall_s,
+            header_timeout_s=self.header_timeout_s,
+            max_header_bytes=self.max_header_bytes,
+            max_connections=self.max_connections,
+        )
 
 
 class ServiceServerSettings(ServerSettings, ServerSecurity):

@@ -2,6 +2,7 @@
 running ``hybrid-llm up``: what was sent, what came back, closed or still open.
 
     flock /tmp/bench.lock .venv/bin/python -m studies.attack [--router URL] [--key KEY]
+        [--tenant-key KEY] [--patience S]
 
 Needs the local topology up (``scripts/run.sh`` or ``hybrid-llm up``; the router
 on 127.0.0.1:8080 with the example key ``sk-local-dev``). The artifact-server
@@ -9,8 +10,14 @@ and Consul-policy rows run on their own (a throw-away ``model-sync
 serve-artifacts`` and the rendered policy). Each row is one finding: ``closed``
 when the answer is the hardened one, ``OPEN`` for findings this branch does not
 close yet (listed so the gap stays visible), ``REGRESSED`` when a closed one
-answers the old way. The exit status is 1 on any regression, so CI can run it
-against a topology it started. Results: ``studies/attack.results.md``.
+answers the old way. The exit status is 1 on any regression. The test suite runs
+:func:`run` against a small real topology (``tests/test_attack.py``: one edge
+agent on the real model and the router), so a closed row that opens again
+fails CI. Results: ``studies/attack.results.md``.
+
+``--key`` is an operator's key; ``--tenant-key`` another tenant's (none: the
+anonymous caller). ``--patience`` is how long the connection rows wait for
+the server to cut a slow client off (its ``server.header_timeout_s``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -143,18 +152,31 @@ def cache_probe(c: httpx.Client) -> Row:
                f"{r.status_code}, header {header!r}", header is None)  # fmt: skip
 
 
-def cache_probe_engine(victim: httpx.Client, tenant: httpx.Client) -> Row:
-    # The victim (the operator's key) sends a text nobody could guess by chance; another
-    # tenant sends it again word for word. Shared caches answer with cached_tokens.
-    memo = f"Memo {secrets.token_hex(8)}: " + "the Northwind merger closes on Friday. " * 12
-    body = {**CHAT, "max_tokens": 1, "messages": [{"role": "user", "content": memo}]}
-    victim.post("/v1/chat/completions", json=body)
-    r = tenant.post("/v1/chat/completions", json=body)
+def _memo() -> str:
+    return f"Memo {secrets.token_hex(8)}: " + "the Northwind merger closes on Friday. " * 12
+
+
+def _cached_tokens(c: httpx.Client, text: str) -> tuple[int, int, int]:
+    """(status, cached prompt tokens, prompt tokens) of ``text`` sent by ``c``."""
+    body = {**CHAT, "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
+    r = c.post("/v1/chat/completions", json=body)
     usage = r.json().get("usage", {}) if r.status_code == 200 else {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    got = f"{r.status_code}, cached_tokens {cached}"
+    return r.status_code, int(cached), int(usage.get("prompt_tokens", 0))
+
+
+def cache_probe_engine(victim: httpx.Client, tenant: httpx.Client) -> Row:
+    # The victim (the operator's key) sends a text nobody could guess by chance; another
+    # tenant sends it again word for word. Shared caches answer with cached_tokens for
+    # nearly all of it; a tenant's own scope holds only what it sent itself (the chat
+    # template's opening, "Memo "), as a fresh text of its own shows.
+    victim_status, _, _ = _cached_tokens(victim, secret := _memo())
+    _, own, _ = _cached_tokens(tenant, _memo())
+    status, cached, prompt = _cached_tokens(tenant, secret)
+    got = f"{status}, cached_tokens {cached} of {prompt} (a fresh text of its own: {own})"
     tried = "another tenant's text again: usage.cached_tokens"
-    return Row("cross-tenant cache probe", tried, got, r.status_code == 200 and cached == 0)
+    closed = victim_status == status == 200 and cached < prompt // 2
+    return Row("cross-tenant cache probe", tried, got, closed)
 
 
 def explain_unlimited(c: httpx.Client) -> Row:
@@ -196,25 +218,89 @@ def consul_policy() -> Row:
                not can)  # fmt: skip
 
 
-def run(router: str, key: str) -> list[Row]:
+def _connect(router: str) -> socket.socket:
+    url = urlsplit(router)
+    return socket.create_connection((url.hostname or "127.0.0.1", url.port or 80), timeout=10)
+
+
+def _answer_then_close(sock: socket.socket, patience: float) -> str | None:
+    """The status line the server sent before closing; None if still open after ``patience``."""
+    sock.settimeout(patience)
+    data = b""
+    try:
+        while part := sock.recv(65536):
+            data += part
+    except TimeoutError:
+        return None
+    except ConnectionResetError:  # closed with our bytes unread: the answer may be lost
+        return "reset"
+    return data.split(b"\r\n", 1)[0].decode("latin-1") or "closed, no answer"
+
+
+def slow_head(router: str, patience: float) -> Row:
+    with _connect(router) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\n")  # no end
+        got = _answer_then_close(sock, patience)
+    tried = "a request head that never ends (slowloris)"
+    shown = got if got is not None else f"still open after {patience:g} s"
+    return Row("slow request head", tried, shown, got is not None)
+
+
+def huge_head(router: str, patience: float) -> Row:
+    with _connect(router) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: router\r\nx-pad: " + b"a" * 200_000)
+        got = _answer_then_close(sock, patience)
+    shown = got if got is not None else f"still open after {patience:g} s"
+    # 431, or a reset when the server closes before reading all of it; open: it waits on.
+    return Row("request head size", "a 200 kB header that never ends", shown, got is not None)
+
+
+def tenant_concurrency(c: httpx.Client) -> Row:
+    body = {**CHAT, "max_tokens": 200, "stream": True}
+    with c.stream("POST", "/v1/chat/completions", json=body) as held:
+        r = c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1})
+        held.close()  # read nothing: the stream is the tenant's slot held open
+    capped = r.status_code == 429 and _err(r).endswith("concurrency_limit_exceeded")
+    tried = "a second request while a stream is open"
+    # Allowed when the key sets no auth.keys[].max_streams: that is the key's setting.
+    return Row("tenant concurrency", tried, f"{held.status_code}, then {_err(r)}",
+               True if capped else None)  # fmt: skip
+
+
+def run(router: str, key: str, tenant_key: str | None = None, patience: float = 15.0) -> list[Row]:
+    """Every row against the router at ``router``: ``key`` an operator's, ``tenant_key``
+    another tenant's (None: the anonymous caller)."""
     rows: list[Row] = []
     headers = {"Authorization": f"Bearer {key}"}
+    as_tenant = {"Authorization": f"Bearer {tenant_key}"} if tenant_key is not None else {}
     with httpx.Client(base_url=router, headers=headers, timeout=120) as c:
         for check in (deep_json, nan_json, long_number, big_body):
             rows.append(check(c))
         rows += engine_fields(c)
         rows.append(default_output(c))
         rows += request_id(c)
-    # A tenant's key, not the operator's (the local topology's anonymous caller):
-    # the routing internals are the operator's only.
+    # A tenant's key, not the operator's: the routing internals are the operator's only.
     with (
         httpx.Client(base_url=router, headers=headers, timeout=120) as victim,
-        httpx.Client(base_url=router, timeout=120) as tenant,
+        httpx.Client(base_url=router, headers=as_tenant, timeout=120) as tenant,
     ):
         rows += [cache_probe(tenant), cache_probe_engine(victim, tenant)]
         rows.append(explain_unlimited(tenant))
+        rows.append(tenant_concurrency(tenant))
+    rows += [slow_head(router, patience), huge_head(router, patience)]
     rows += [artifact_server_open(), artifact_dotfiles(), consul_policy()]
     return rows
+
+
+VERDICT = {True: "closed", False: "REGRESSED", None: "OPEN"}
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as the study prints them: finding, what was tried, verdict, what came back."""
+    lines = [f"{'finding':<34}{'tried':<58}{'verdict':<10}got"]
+    for row in rows:
+        lines.append(f"{row.finding:<34}{row.tried[:56]:<58}{VERDICT[row.closed]:<10}{row.got}")
+    return "\n".join(lines)
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -227,13 +313,12 @@ def _common_prefix(a: str, b: str) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--router", default="http://127.0.0.1:8080")
-    p.add_argument("--key", default="sk-local-dev")
+    p.add_argument("--key", default="sk-local-dev", help="an operator's key")
+    p.add_argument("--tenant-key", default=None, help="another tenant's (default: anonymous)")
+    p.add_argument("--patience", type=float, default=15.0, help="seconds to wait for a cut-off")
     args = p.parse_args()
-    rows = run(args.router, args.key)
-    verdict = {True: "closed", False: "REGRESSED", None: "OPEN"}
-    print(f"{'finding':<34}{'tried':<58}{'verdict':<10}got")
-    for row in rows:
-        print(f"{row.finding:<34}{row.tried[:56]:<58}{verdict[row.closed]:<10}{row.got}")
+    rows = run(args.router, args.key, args.tenant_key, args.patience)
+    print(table(rows))
     return 1 if any(row.closed is False for row in rows) else 0
 
 

@@ -52,12 +52,20 @@ class ScriptedEngines:
     """The agent's engine seam, building scripted engines (one per version) it keeps.
 
     Each engine has the settings' model name, context window and version;
-    with ``hold_start`` every engine's start waits for that event.
+    with ``hold_start`` every engine's start waits for that event; ``pace_s``
+    apart its counted tokens.
     """
 
-    def __init__(self, *, capacity: int = 1, hold_start: asyncio.Event | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        capacity: int = 1,
+        hold_start: asyncio.Event | None = None,
+        pace_s: float = 0.01,
+    ) -> None:
         self.capacity = capacity
         self.hold_start = hold_start
+        self.pace_s = pace_s
         self.built: list[ScriptedEngine] = []
 
     def __call__(self, settings: EdgeEngineSettings, version: str) -> ScriptedEngine:
@@ -67,6 +75,7 @@ class ScriptedEngines:
             version=version,
             context_window=settings.context_window,
             hold_start=self.hold_start,
+            pace_s=self.pace_s,
         )
         self.built.append(engine)
         return engine

@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from hybrid_llm.local.servers import UvicornThread, wait_ready
+from hybrid_llm.local.servers import UvicornThread, wait_ready, wait_until
+from servekit.connection_guard import guarded_protocol
 from tests.edge_agent.conftest import (
     MODEL,
     ScriptedEngines,
@@ -169,3 +170,33 @@ def test_queue_full_gets_429_with_retry_after_at_once(agent: UvicornThread) -> N
             with pytest.raises(openai.RateLimitError):
                 sdk.chat.completions.create(model=MODEL, messages=LONG, max_tokens=2)  # type: ignore[arg-type]
     wait_idle(agent)
+
+
+def test_a_client_that_stops_reading_frees_the_slot_within_the_stall_time(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Its stream held the engine's only slot for as long as the socket stayed open."""
+    engines = ScriptedEngines(pace_s=0.0002)  # output far beyond what the sockets hold
+    stand_in = tmp_path_factory.mktemp("edge-stall") / "stand-in.gguf"
+    stand_in.write_bytes(b"GGUF scripted")
+    settings = settings_from(
+        stand_in, instance__id="edge-stall", engine__n_ctx=65536, server__send_stall_s=0.5
+    )
+    protocol = guarded_protocol(settings.server.connection_limits())
+    with UvicornThread(scripted_app(settings, engines), http=protocol) as agent:
+        wait_ready(agent.url, timeout=30)
+        payload = json.dumps({**COUNTING, "max_tokens": 60_000}).encode()
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", agent.port))
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
+            assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+            assert load(agent)["running"] == 1
+            # ... and it reads nothing more, the socket held open.
+            wait_until(lambda: load(agent)["running"] == 0, 10, "the slot to come back")
+            assert engines.current.running == 0  # the engine stopped generating for it
+            assert len(engines.current.requests) == 1

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
 from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from geo_router.settings import RouterSettings, hash_key
-from hybrid_llm.local.servers import UvicornThread, free_port
+from hybrid_llm.local.servers import UvicornThread, free_port, service_process
 from tests.geo_router.fake_upstream import Behavior, build_app
 
 KEY = "sk-test-router-key"
@@ -59,3 +63,27 @@ def auth() -> dict[str, str]:
 def refused_url() -> str:
     """A port nobody listens on: connections are refused."""
     return f"http://127.0.0.1:{free_port()}"
+
+
+def edge_agent(stack: ExitStack, region: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """A real ``edge-agent serve`` on the real model (``configs/edge-local.yaml``) in
+    ``region``, id ``edge-<region>``, until ``stack`` closes: its URL and process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["edge_agent", "serve", "--config", "configs/edge-local.yaml", "--port", str(port)]
+    args += ["--region", region, "--id", f"edge-{region}"]
+    proc = stack.enter_context(service_process(args, url))
+    return url, proc
+
+
+def router_process(stack: ExitStack, settings: RouterSettings, workdir: Path) -> str:
+    """The real ``geo-router serve`` CLI on ``settings`` (its file in ``workdir``) until
+    ``stack`` closes: its URL."""
+    port = free_port()
+    data = settings.model_dump(mode="json")
+    data["server"]["port"] = port
+    cfg = workdir / "router.yaml"
+    cfg.write_text(json.dumps(data))
+    url = f"http://127.0.0.1:{port}"
+    stack.enter_context(service_process(["geo_router", "serve", "--config", str(cfg)], url))
+    return url

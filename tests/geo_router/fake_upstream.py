@@ -40,6 +40,7 @@ class Behavior:
     # Usage in every chunk, as vLLM sends with ``continuous_usage_stats``, at this many
     # tokens a word (so chunks and tokens differ); 0: usage only at the end, if asked.
     usage_tokens_per_word: int = 0
+    prompt_tokens: int = 3  # what its usage reports for any prompt
     load: dict[str, Any] = field(default_factory=dict)
     seen: list[dict[str, Any]] = field(default_factory=list)  # bodies + headers received
     aborted: int = 0  # streams whose reader went away before the end
@@ -112,7 +113,7 @@ def build_app(b: Behavior) -> Starlette:
                 if b.usage_tokens_per_word:
                     event = json.loads(chunk[6:])
                     done = (i + 1 - start) * b.usage_tokens_per_word
-                    event["usage"] = {"prompt_tokens": 3, "completion_tokens": done}
+                    event["usage"] = {"prompt_tokens": b.prompt_tokens, "completion_tokens": done}
                     chunk = b"data: " + json.dumps(event).encode() + b"\n\n"
                 yield chunk
                 if b.token_delay_s:
@@ -121,9 +122,9 @@ def build_app(b: Behavior) -> Starlette:
             opts = body.get("stream_options") or {}
             if opts.get("include_usage"):
                 usage = {
-                    "prompt_tokens": 3,
+                    "prompt_tokens": b.prompt_tokens,
                     "completion_tokens": end - start,
-                    "total_tokens": 3 + end - start,
+                    "total_tokens": b.prompt_tokens + end - start,
                 }
                 event = {"id": cid, "object": "x", "created": 1, "model": b.model}
                 event.update(choices=[], usage=usage)

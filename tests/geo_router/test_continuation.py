@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import json
 
-from geo_router.continuation import Transcript, assemble
+from geo_router.continuation import Transcript, assemble, without_usage
 from geo_router.region import ResolvedRegion
 from geo_router.request import RouteRequest, continued
+from servekit.sse import DONE_FRAME
 
 
 def _chunk(text: str | None = None, role: bool = False, finish: str | None = None) -> dict:  # type: ignore[type-arg]
@@ -74,3 +75,16 @@ def test_assemble_builds_the_non_streamed_shape() -> None:
     assert out["object"] == "chat.completion"
     assert out["choices"][0]["message"] == {"role": "assistant", "content": "ok"}
     assert out["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_client_that_asked_no_usage_gets_none() -> None:
+    finish = b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":3,"total_tokens":5}}\n\n'
+    assert without_usage(finish) is finish  # no usage: untouched, not re-encoded
+    assert without_usage(usage) == b""
+    out = without_usage(finish + usage + DONE_FRAME)
+    assert out.endswith(DONE_FRAME)
+    assert b"usage" not in out
+    assert b'"finish_reason":"stop"' in out
+    continuous = b'data: {"choices":[{"index":0,"text":"a"}],"usage":{"total_tokens":4}}\n\n'
+    assert without_usage(continuous) == b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'

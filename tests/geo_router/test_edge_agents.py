@@ -16,21 +16,11 @@ import httpx
 import openai
 import pytest
 
-from hybrid_llm.local.servers import free_port, service_process
-from tests.geo_router.conftest import KEY, router_settings, upstream
+from tests.geo_router.conftest import KEY, edge_agent, router_process, router_settings, upstream
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def edge(stack: ExitStack, region: str) -> tuple[str, object]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = ["edge_agent", "serve", "--config", "configs/edge-local.yaml", "--port", str(port)]
-    args += ["--region", region, "--id", f"edge-{region}"]
-    proc = stack.enter_context(service_process(args, url))
-    return url, proc
 
 
 @pytest.fixture(scope="module")
@@ -38,19 +28,11 @@ def fleet(
     tmp_path_factory: pytest.TempPathFactory, model_path: Path
 ) -> Iterator[dict[str, object]]:
     with ExitStack() as stack:
-        east, east_proc = edge(stack, "east")
-        west, west_proc = edge(stack, "west")
+        east, east_proc = edge_agent(stack, "east")
+        west, west_proc = edge_agent(stack, "west")
         ups = [upstream(east, id="edge-east"), upstream(west, region="west", id="edge-west")]
         settings = router_settings(ups, routing={"ttft_deadline_s": 20.0, "slow_start_s": 0})
-        port = free_port()
-        cfg = tmp_path_factory.mktemp("router") / "router.yaml"
-        data = settings.model_dump(mode="json")
-        data["server"]["port"] = port
-        cfg.write_text(json.dumps(data))
-        router_url = f"http://127.0.0.1:{port}"
-        stack.enter_context(
-            service_process(["geo_router", "serve", "--config", str(cfg)], router_url)
-        )
+        router_url = router_process(stack, settings, tmp_path_factory.mktemp("router"))
         yield {"router": router_url, "edge-east": east_proc, "edge-west": west_proc}
 
 

@@ -3,6 +3,10 @@ request ids it makes (the client's kept apart), against a real fake upstream."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,7 +19,8 @@ from geo_router.app import create_app
 from geo_router.bodycheck import capped_max_tokens
 from geo_router.request_ids import client_request_id, new_request_id
 from geo_router.settings import RouterSettings
-from hybrid_llm.local.servers import UvicornThread
+from hybrid_llm.local.servers import UvicornThread, wait_until
+from servekit.connection_guard import ConnectionLimits, guarded_protocol
 from tests.geo_router.conftest import BATCH_KEY, KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
 
@@ -53,18 +58,43 @@ async def test_max_tokens_is_always_forwarded_and_capped(auth: dict[str, str]) -
 async def test_the_token_limit_charges_what_is_forwarded(auth: dict[str, str]) -> None:
     keys = router_settings([]).auth.model_dump()["keys"]
     keys[0].update(tpm=1000, burst_s=60)
-    edge = Behavior()
+    edge = Behavior(words=10_000)  # every answer runs to its budget
     routing = {"default_max_tokens": 300, "max_tokens_cap": 400}
     with serve_fake(edge) as url:
         settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
         async with router(settings) as c:
             codes = []
             for _ in range(4):  # a capped 50,000 costs 400, as forwarded: two fit in 1000
-                body = {**CHAT, "max_tokens": 50_000, "stream": True}  # no usage asked
+                body = {**CHAT, "max_tokens": 50_000, "stream": True}
                 codes.append(
                     (await c.post("/v1/chat/completions", json=body, headers=auth)).status_code
                 )
     assert codes == [200, 200, 429, 429]
+
+
+async def test_a_stream_that_asks_no_usage_is_settled_from_the_usage_it_never_sees(
+    auth: dict[str, str],
+) -> None:
+    """The router asks every upstream for usage; a client that did not gets none, and its
+    tokens are settled all the same (it could avoid paying for an under-counted prompt
+    by streaming without ``include_usage``)."""
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(tpm=1000, burst_s=60)
+    edge = Behavior(words=4, prompt_tokens=900)
+    routing = {"default_max_tokens": 10, "max_tokens_cap": 10}
+    with serve_fake(edge) as url:
+        settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
+        async with router(settings) as c:
+            answers = []
+            for _ in range(3):
+                body = {**CHAT, "stream": True}
+                answers.append(await c.post("/v1/chat/completions", json=body, headers=auth))
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert all(s["body"]["stream_options"] == {"include_usage": True} for s in edge.seen)
+    stream = answers[0].text
+    assert '"usage"' not in stream
+    assert '"finish_reason":"stop"' in stream.replace(" ", "")
+    assert stream.endswith("data: [DONE]\n\n")
 
 
 async def test_the_token_limit_gives_back_what_the_usage_shows_unused(
@@ -87,6 +117,26 @@ async def test_the_token_limit_gives_back_what_the_usage_shows_unused(
                 answers.append(await c.post("/v1/chat/completions", json=body, headers=auth))
     assert [a.status_code for a in answers] == [200] * 5  # 5 x 400 charged > 1000
     assert answers[0].json()["usage"]["completion_tokens"] == 8
+
+
+async def test_a_prompt_the_estimate_under_counts_is_charged_from_its_usage(
+    auth: dict[str, str],
+) -> None:
+    """The intake charge is an estimate: a prompt the engine counts at 900 tokens while the
+    estimator saw a handful cost the tenant a handful until the usage was settled both ways."""
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(tpm=1000, burst_s=60)
+    edge = Behavior(words=4, prompt_tokens=900)
+    routing = {"default_max_tokens": 10, "max_tokens_cap": 10}
+    with serve_fake(edge) as url:
+        settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
+        async with router(settings) as c:
+            codes = []
+            for _ in range(3):
+                r = await c.post("/v1/chat/completions", json=CHAT, headers=auth)
+                codes.append(r.status_code)
+    assert codes == [200, 200, 429]  # 904 a request: the second leaves the bucket below 0
+    assert r.json()["error"]["code"] == "tokens_rate_limit_exceeded"
 
 
 async def test_a_clients_request_id_is_never_the_requests_id(auth: dict[str, str]) -> None:
@@ -185,3 +235,43 @@ async def test_a_tenant_holds_at_most_max_streams_at_once(auth: dict[str, str]) 
                     await held.aread()
                 r = await c.post(path, json=CHAT, headers=auth)
                 assert r.status_code == 200, r.text  # the slot came back when it ended
+
+
+async def test_a_reader_that_stops_reading_loses_its_stream_and_slot(auth: dict[str, str]) -> None:
+    """A tenant that opens a stream and then reads nothing held its max_streams slot, the
+    router's handler and the upstream stream for as long as it kept the socket open."""
+    keys = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(max_streams=1)
+    # Far more than the sockets between us hold; a pause per word (where a cancelled
+    # stream notices: Starlette abandons a generator waiting at a yield).
+    edge = Behavior(words=1_000_000, token_delay_s=0.0001)
+    with serve_fake(edge) as url:
+        routing = {"max_tokens_cap": 1_000_000}
+        settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
+        protocol = guarded_protocol(ConnectionLimits(send_stall_s=0.5))
+        with UvicornThread(create_app(settings), http=protocol) as srv:
+            body = json.dumps({**CHAT, "stream": True, "max_tokens": 1_000_000}).encode()
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\n"
+                f"authorization: {auth['Authorization']}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\n\r\n"
+            ).encode()
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.connect(("127.0.0.1", srv.port))
+                sock.sendall(head + body)
+                assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+                # ... and never reads again, the socket held open.
+                async with httpx.AsyncClient(base_url=srv.url, timeout=10) as c:
+                    path = "/v1/chat/completions"
+                    deadline = time.monotonic() + 20  # filling the buffers takes ~4 s
+                    while True:
+                        short = {**CHAT, "max_tokens": 8}
+                        r = await c.post(path, json=short, headers=auth)
+                        if r.status_code == 200 or time.monotonic() > deadline:
+                            break
+                        assert r.json()["error"]["code"] == "concurrency_limit_exceeded"
+                        await asyncio.sleep(0.2)
+                    assert r.status_code == 200, "the stalled reader still holds the slot"
+                    # The upstream stream was cancelled, not read out.
+                    await asyncio.to_thread(wait_until, lambda: edge.aborted == 1, 5, "abort")

@@ -13,8 +13,10 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from geo_router.app import create_app
-from geo_router.limits import LimitsSettings, RedisBuckets, TokenBucket
+from geo_router.auth import RateLimiter, Tenant
+from geo_router.limits import Buckets, LimitsSettings, LocalBuckets, RedisBuckets, TokenBucket
 from geo_router.settings import RouterSettings
+from servekit.errors import RateLimited
 from tests.geo_router.conftest import KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
 from tests.support.redis import redis_server
@@ -125,3 +127,30 @@ async def test_concurrent_takes_on_redis_never_overspend_a_bucket() -> None:
     granted = sum(1 for w in waits if w == 0.0)
     assert 10 <= granted <= 12, waits  # a few may refill while 40 calls go through
     assert max(waits) == pytest.approx(TokenBucket(600, 0.0, 1.0).take(11, 0.0), abs=0.15)
+
+
+async def _settles_both_ways(buckets: Buckets) -> None:
+    limiter = RateLimiter(buckets)
+    tenant = Tenant("acme", "interactive", "k", tpm=1000, burst_s=60)
+    await limiter.check(tenant, 100)
+    assert await limiter.settle(tenant, 100, {"total_tokens": 40}) == 60  # given back
+    await limiter.check(tenant, 100)  # 960 left before it: 860 after
+    assert await limiter.settle(tenant, 100, {"total_tokens": 1000}) == -900  # taken
+    with pytest.raises(RateLimited):  # -40 left: even a small request waits
+        await limiter.check(tenant, 10)
+    assert await limiter.settle(tenant, 100, {"total_tokens": True}) == 0  # nothing to trust
+    assert await limiter.settle(tenant, 100, None) == 0
+
+
+async def test_usage_beyond_the_charge_is_taken_from_local_buckets() -> None:
+    await _settles_both_ways(LocalBuckets())
+
+
+async def test_usage_beyond_the_charge_is_taken_from_redis_buckets() -> None:
+    with redis_server() as redis:
+        settings = LimitsSettings(backend="redis", redis_url=redis.url, timeout_ms=2000)
+        buckets = RedisBuckets(settings, lambda down: None)
+        try:
+            await _settles_both_ways(buckets)
+        finally:
+            await buckets.aclose()

@@ -92,3 +92,22 @@ def test_a_reload_that_would_admit_anonymous_callers_is_refused(tmp_path: Path) 
             assert _status(url, OLD) == 200
             assert proc.poll() is None
     assert "removes authentication (auth.required is false" in log.read_text()
+
+
+def test_a_reload_says_which_connection_limits_need_a_restart(tmp_path: Path) -> None:
+    cfg = tmp_path / "router.yaml"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "router.log"
+    with serve_fake(Behavior()) as up:
+        _config(cfg, up, [OLD], port)
+        args = ["geo_router", "serve", "--config", str(cfg), "--log-level", "info"]
+        with log.open("wb") as out, service_process(args, url, stderr=out) as proc:
+            data = yaml.safe_load(cfg.read_text())
+            data["server"] = {"send_stall_s": 5}
+            data["auth"]["keys"] = [{"sha256": hash_key(NEW), "tenant": NEW}]
+            cfg.write_text(yaml.safe_dump(data))
+            proc.send_signal(signal.SIGHUP)
+            assert _until(url, NEW, 200) == 200  # what can change still does
+            assert proc.poll() is None
+    assert "server.send_stall_s changed, which needs a restart" in log.read_text()

@@ -5,6 +5,7 @@ a file behind an open path, and an open server on a public address."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -148,3 +149,16 @@ def test_a_reload_that_removes_every_token_is_refused(tmp_path: Path) -> None:
         ok = httpx.get(url + "/m.gguf", headers={"Authorization": "Bearer art-1"})
         assert ok.status_code == 200
         assert proc.poll() is None
+
+
+def test_serve_artifacts_has_the_services_connection_limits(tmp_path: Path) -> None:
+    # A 200 kB request head: accepted without end before (the parser takes any size).
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["model_sync", "serve-artifacts", str(tmp_path), "--port", str(port)]
+    with (
+        service_process(args, url, ready_timeout=60),
+        socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
+    ):
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: a\r\nx-pad: " + b"a" * 200_000)
+        assert sock.recv(1024).startswith(b"HTTP/1.1 431")

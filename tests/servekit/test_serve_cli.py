@@ -12,7 +12,7 @@ from edge_agent.cli import SERVICE as EDGE
 from geo_router.cli import SERVICE as ROUTER
 from geo_router.settings import RouterSettings
 from servekit.config import load_settings
-from servekit.serve_cli import Service, add_serve_command, serve_overrides
+from servekit.serve_cli import Service, add_serve_command, restart_only_changes, serve_overrides
 
 
 def _parse(service: Service[object], argv: list[str]) -> argparse.Namespace:  # type: ignore[type-var]
@@ -74,3 +74,12 @@ def test_the_server_block_wins_over_a_top_level_key(tmp_path: Path) -> None:
 def test_router_defaults_are_kept() -> None:
     server = RouterSettings().server
     assert (server.port, server.max_body_bytes, server.log_level) == (8000, 1_000_000, "warning")
+
+
+def test_a_reload_names_the_server_fields_it_cannot_change() -> None:
+    running = RouterSettings()
+    fresh = RouterSettings.model_validate(
+        {"server": {"send_stall_s": 5, "max_connections": 10, "max_body_bytes": 4096}}
+    )
+    assert restart_only_changes(running, fresh) == ["send_stall_s", "max_connections"]
+    assert restart_only_changes(running, RouterSettings()) == []
