@@ -26,6 +26,7 @@ from servekit.engine.protocol import (
     GenerationRequest,
     LoadReport,
     TextDelta,
+    prefill_backlog_ahead_ms,
     uncached_tokens,
 )
 from servekit.errors import EngineFailure, QueueFull, ServeError
@@ -99,13 +100,31 @@ def own_prefill_ms(engine: Engine, gen: GenerationRequest, report: LoadReport) -
     """How long ``engine`` would take to prefill ``gen``'s uncached prompt tokens at its
     measured rate: the engine's own count where it knows what its slots hold, else the
     router's (``X-Prefill-Tokens``); 0 when neither or no rate is known."""
-    tokens = uncached_tokens(engine, gen)
-    if tokens is None:
-        tokens = gen.prefill_tokens
+    tokens = _prefill_tokens(engine, gen)
     rate = report.prefill_tokens_per_s
     if not tokens or not rate:
         return 0.0
     return tokens / rate * 1000.0
+
+
+def _prefill_tokens(engine: Engine, gen: GenerationRequest) -> int | None:
+    tokens = uncached_tokens(engine, gen)
+    return gen.prefill_tokens if tokens is None else tokens
+
+
+def _observe_for(core: ServingCore, gen: GenerationRequest) -> float:
+    """Hand admission the engine's figures as this request meets them; its own
+    prefill in ms. The backlog ahead is the one this request waits behind where
+    the engine prefills shortest first (a short question does not wait for a
+    long document admitted before it), else all of it."""
+    engine = core.engines.current()
+    report = core.observe_engine()
+    tokens = _prefill_tokens(engine, gen)
+    if tokens is not None:
+        ahead = prefill_backlog_ahead_ms(engine, tokens)
+        if ahead is not None:
+            core.admission.observe(report.busy_ms_per_seq, ahead)
+    return own_prefill_ms(engine, gen, report)
 
 
 async def serve_generation(
@@ -129,7 +148,7 @@ async def serve_generation(
     own = 0.0
     if core.admission.ttft_budget_ms is not None:
         # The prediction needs the engine's backlog and prefill rate of this moment.
-        own = own_prefill_ms(core.engines.current(), gen, core.observe_engine())
+        own = _observe_for(core, gen)
         if trace is not None:
             trace.predicted(core.admission.predicted_wait_ms(), own)
     try:

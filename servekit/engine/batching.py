@@ -81,6 +81,7 @@ class BatchingLlamaEngine:
                 stats=self._stats,
                 estimator=self._estimator,
                 seed=s.seed,
+                shortest_first=s.prefill_order == "shortest",
             )
             await asyncio.wrap_future(scheduler.start())
             self._scheduler = scheduler
@@ -161,6 +162,11 @@ class BatchingLlamaEngine:
             if not done:
                 scheduler.cancel(job)
 
+    def prefill_backlog_ahead_ms(self, tokens: int) -> float | None:
+        """The prefill a request of ``tokens`` uncached prompt tokens would wait
+        behind, at the measured rate (see :func:`prefill_backlog_ms`)."""
+        return prefill_backlog_ms(self._stats.snapshot(), self._pending_tokens(), ahead_of=tokens)
+
     def uncached_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens of ``request`` no slot of its cache scope holds
         (``servekit.engine.prompt_estimate``)."""
@@ -219,13 +225,23 @@ class BatchingLlamaEngine:
             await asyncio.to_thread(scheduler.stop)
 
 
-def prefill_backlog_ms(snap: BatchingSnapshot, pending_tokens: int) -> float | None:
+def prefill_backlog_ms(
+    snap: BatchingSnapshot, pending_tokens: int, ahead_of: int | None = None
+) -> float | None:
     """The prompt tokens still to prefill, at the measured rate: the running
     sequences' exactly, and the ``pending_tokens`` estimated for the jobs the
     worker has not taken in yet (it tokenizes a job when its step ends, and a
     burst that arrives meanwhile would each see none ahead;
-    :mod:`servekit.engine.prompt_estimate`)."""
-    tokens = float(snap.prefill_backlog_tokens + pending_tokens)
+    :mod:`servekit.engine.prompt_estimate`).
+
+    ``ahead_of``: for a request with that many tokens to prefill; with
+    shortest-first prefill (``snap.prefill_remaining`` set) only the running
+    prompts with no more tokens left go before it. Jobs not taken in yet count
+    whole: their sizes are not known apart."""
+    running = snap.prefill_backlog_tokens
+    if ahead_of is not None and snap.prefill_remaining:
+        running = sum(r for r in snap.prefill_remaining if r <= ahead_of)
+    tokens = float(running + pending_tokens)
     if not tokens:
         return 0.0
     rate = snap.prefill_tokens_per_s

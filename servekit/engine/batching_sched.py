@@ -11,7 +11,15 @@ Each step of the loop:
    scope counts, see ``batching_slots``);
 4. builds one batch: the next token of every decoding sequence, then up to
    ``chunk_tokens`` prompt tokens of prefilling sequences (chunked prefill:
-   a long prompt is spread over several steps instead of stalling everyone);
+   a long prompt is spread over several steps instead of stalling everyone),
+   the budget going first to the sequences with the fewest prompt tokens
+   left (``shortest_first``; ties, and ``shortest_first=False``, in
+   admission order). First-come first-served held a short question's first
+   token behind a long document admitted a moment before it: in an overload
+   run 489-token prompts waited 5-15 s behind documents whose own prefill
+   was priced at 6-9 s. A long prompt still progresses in every step the
+   shorter ones leave budget in, and gets all of it once they have their
+   first token;
 5. runs one ``llama_decode`` and samples, per sequence, with its own chain;
    text goes to the job's sink (which hands it to the event loop).
 
@@ -105,12 +113,14 @@ class Scheduler:
         stats: BatchingStats,
         estimator: PromptEstimator,
         seed: int | None = None,
+        shortest_first: bool = True,
     ) -> None:
         self._load = load
         self._estimator = estimator
         self._model: LlamaBatchModel
         self._prepare: Prepare
         self._chunk = chunk_tokens
+        self._shortest_first = shortest_first
         self._seed = seed
         self.stats = stats
         self._slots: list[Slot[_Seq]] = []
@@ -122,7 +132,7 @@ class Scheduler:
         self._settled_tokens = 0
         self._waiting: list[tuple[int, int, Job, Prepared]] = []
         self._order = itertools.count()
-        self._running: list[_Seq] = []  # admission order: prefill goes first-come first-served
+        self._running: list[_Seq] = []  # admission order
         self._arrived: set[Job] = set()  # accepted since the last admission pass
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -201,14 +211,15 @@ class Scheduler:
             model.close()
 
     def _note_backlog(self) -> None:
-        # What a newcomer's prefill waits behind: prefill is first-come first-served.
+        # What a newcomer's prefill waits behind (all of it first-come first-served;
+        # with shortest first, the prompts with no more tokens left than its own).
         # Noted wherever it changes (a sequence admitted, a step's bookkeeping, a
         # sequence leaving), so it is current before a step that may take a
         # second and before an event reaches its client: a client that saw its
         # answer end must never read its prompt as still pending.
-        self.stats.prefill_backlog_tokens = sum(
-            len(seq.prompt) - seq.n_past for seq in self._running if seq.prefilling
-        )
+        remaining = tuple(len(seq.prompt) - seq.n_past for seq in self._running if seq.prefilling)
+        self.stats.prefill_remaining = remaining if self._shortest_first else ()
+        self.stats.prefill_backlog_tokens = sum(remaining)
 
     def _intake(self, *, block: bool) -> None:
         try:
@@ -314,12 +325,16 @@ class Scheduler:
             self._settle(job)
 
     def _step(self) -> None:
-        # Prefill budget first-come first-served; the batch itself in slot order
-        # (see batching_slots: consecutive sequence ids share one pass over the
+        # Prefill budget to the fewest tokens left first (or first-come first-served,
+        # see the module docstring); the batch itself in slot order (see
+        # batching_slots: consecutive sequence ids share one pass over the
         # weights), each sequence's tokens together.
         budget = self._chunk
         takes: dict[int, int] = {}
-        for seq in self._running:
+        order = self._running
+        if self._shortest_first:  # sorted() is stable: ties keep admission order
+            order = sorted(order, key=lambda s: len(s.prompt) - s.n_past)
+        for seq in order:
             if budget <= 0:
                 break
             if seq.prefilling:

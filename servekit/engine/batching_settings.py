@@ -8,6 +8,7 @@ only where a process actually builds one.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,6 +34,12 @@ class BatchingSettings(BaseModel):
         ge=1,
         description="Prompt tokens prefilled per step, interleaved with decoding; smaller keeps "
         "running streams smoother, larger gives new requests their first token sooner.",
+    )
+    prefill_order: Literal["shortest", "arrival"] = Field(
+        "shortest",
+        description="Which prompts a step's prefill budget goes to first: the fewest tokens "
+        "left to prefill (a short question is not held behind a long document admitted "
+        "before it) or first-come first-served.",
     )
     n_threads: int = Field(2, ge=1, description="CPU threads for llama.cpp.")
     seed: int | None = Field(None, description="Default sampling seed.")

@@ -35,6 +35,7 @@ class BatchingSnapshot:
     running: int
     waiting: int
     prefill_backlog_tokens: int  # prompt tokens of running sequences not yet prefilled
+    prefill_remaining: tuple[int, ...]  # the same, per prefilling sequence
     steps: int
     busy_seconds: float  # inside llama_decode
     decode_tokens: int
@@ -68,6 +69,7 @@ class BatchingStats:
     running: int = 0
     waiting: int = 0
     prefill_backlog_tokens: int = 0
+    prefill_remaining: tuple[int, ...] = ()
     steps: int = 0
     busy_seconds: float = 0.0
     decode_tokens: int = 0
@@ -181,6 +183,7 @@ class BatchingStats:
                 running=self.running,
                 waiting=self.waiting,
                 prefill_backlog_tokens=self.prefill_backlog_tokens,
+                prefill_remaining=self.prefill_remaining,
                 steps=self.steps,
                 busy_seconds=self.busy_seconds,
                 decode_tokens=self.decode_tokens,

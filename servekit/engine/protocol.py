@@ -31,6 +31,7 @@ __all__ = [
     "SamplingParams",
     "TextDelta",
     "pooled_figures",
+    "prefill_backlog_ahead_ms",
     "uncached_tokens",
 ]
 
@@ -308,6 +309,18 @@ class Engine(Protocol):
     async def ready(self) -> bool: ...
 
     async def aclose(self) -> None: ...
+
+
+def prefill_backlog_ahead_ms(engine: object, tokens: int) -> float | None:
+    """The prefill a request with ``tokens`` prompt tokens to prefill would wait
+    behind on ``engine``, if it tells apart what goes before such a request (one
+    that prefills shortest first defines ``prefill_backlog_ahead_ms(tokens)``);
+    ``None`` otherwise (its load report's whole backlog is what waits ahead)."""
+    ahead = getattr(engine, "prefill_backlog_ahead_ms", None)
+    if ahead is None or not callable(ahead):
+        return None
+    ms = ahead(tokens)
+    return float(ms) if isinstance(ms, int | float) else None
 
 
 def uncached_tokens(engine: object, request: GenerationRequest) -> int | None:

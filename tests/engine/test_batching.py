@@ -226,6 +226,53 @@ async def test_a_prompt_being_prefilled_is_reported_as_backlog(
     assert engine.load().prefill_backlog_ms == 0.0
 
 
+async def _short_behind_long(eng: BatchingLlamaEngine) -> tuple[float, float, float, float]:
+    """A short question arrives while a long document is being prefilled: the first
+    token times of both, and the backlog priced for the short one and for anyone."""
+    await collect(eng, chat("Name a colour." + " Please." * 10, max_tokens=1))  # a rate
+    # A text no earlier test sent: nothing of it is cached.
+    long_prompt = "Outline: " + "the night train to the coast stopped at every village. " * 30
+    long_task = asyncio.create_task(collect(eng, chat(long_prompt, max_tokens=1)))
+    while eng.stats().prefill_backlog_tokens < 6 * CHUNK:  # noqa: ASYNC110 (worker's counter)
+        assert not long_task.done(), "the document's prefill was never seen in progress"
+        await asyncio.sleep(0.002)
+    ahead_ms = eng.prefill_backlog_ahead_ms(12)
+    whole_ms = eng.load().prefill_backlog_ms
+    assert ahead_ms is not None
+    assert whole_ms is not None
+    _, _, short_times = await collect(eng, chat("Name a fruit.", max_tokens=1))
+    _, _, long_times = await long_task
+    return short_times[0], long_times[0], ahead_ms, whole_ms
+
+
+async def test_a_short_prompt_is_prefilled_before_a_long_one_admitted_first(
+    engine: BatchingLlamaEngine,
+) -> None:
+    """Shortest first: the question's first token comes while the document is still
+    being read, and admission is told it waits behind none of the document."""
+    short_first, long_first, ahead_ms, whole_ms = await _short_behind_long(engine)
+    assert short_first < long_first - 0.05, long_first - short_first  # steps before
+    assert ahead_ms < 0.2 * whole_ms, (ahead_ms, whole_ms)
+
+
+async def test_first_come_first_served_holds_the_short_prompt_behind(model_path: Path) -> None:
+    """prefill_order: arrival keeps the old order (and prices the whole backlog)."""
+    eng = BatchingLlamaEngine(
+        BatchingSettings(
+            model_path=model_path, model_name="smollm2", slots=SLOTS, ctx_per_slot=CTX,
+            chunk_tokens=CHUNK, n_threads=2, prefill_order="arrival",
+        )
+    )  # fmt: skip
+    await eng.start()
+    try:
+        short_first, long_first, ahead_ms, whole_ms = await _short_behind_long(eng)
+    finally:
+        await eng.aclose()
+    # Not before the document's last chunk: at best in the same step.
+    assert short_first > long_first - 0.005, long_first - short_first
+    assert ahead_ms == whole_ms
+
+
 async def test_a_prompt_submitted_mid_step_is_priced_at_its_own_length(
     engine: BatchingLlamaEngine,
 ) -> None:
