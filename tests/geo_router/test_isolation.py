@@ -38,6 +38,13 @@ async def router(settings: RouterSettings) -> AsyncIterator[httpx.AsyncClient]:
             yield client
 
 
+def _keys(**limits: Any) -> list[dict[str, Any]]:
+    """The test router's keys, the first one (``KEY``'s) with ``limits``."""
+    keys: list[dict[str, Any]] = router_settings([]).auth.model_dump()["keys"]
+    keys[0].update(limits)
+    return keys
+
+
 async def test_max_tokens_is_always_forwarded_and_capped(auth: dict[str, str]) -> None:
     edge = Behavior()
     routing = {"default_max_tokens": 200, "max_tokens_cap": 1000}
@@ -56,8 +63,7 @@ async def test_max_tokens_is_always_forwarded_and_capped(auth: dict[str, str]) -
 
 
 async def test_the_token_limit_charges_what_is_forwarded(auth: dict[str, str]) -> None:
-    keys = router_settings([]).auth.model_dump()["keys"]
-    keys[0].update(tpm=1000, burst_s=60)
+    keys = _keys(tpm=1000, burst_s=60)
     edge = Behavior(words=10_000)  # every answer runs to its budget
     routing = {"default_max_tokens": 300, "max_tokens_cap": 400}
     with serve_fake(edge) as url:
@@ -78,8 +84,7 @@ async def test_a_stream_that_asks_no_usage_is_settled_from_the_usage_it_never_se
     """The router asks every upstream for usage; a client that did not gets none, and its
     tokens are settled all the same (it could avoid paying for an under-counted prompt
     by streaming without ``include_usage``)."""
-    keys = router_settings([]).auth.model_dump()["keys"]
-    keys[0].update(tpm=1000, burst_s=60)
+    keys = _keys(tpm=1000, burst_s=60)
     edge = Behavior(words=4, prompt_tokens=900)
     routing = {"default_max_tokens": 10, "max_tokens_cap": 10}
     with serve_fake(edge) as url:
@@ -102,8 +107,7 @@ async def test_the_token_limit_gives_back_what_the_usage_shows_unused(
 ) -> None:
     """Charged the capped budget at intake, settled from ``usage`` afterwards: an 8-word
     answer of a 400-token budget leaves the rest of the bucket to the tenant."""
-    keys = router_settings([]).auth.model_dump()["keys"]
-    keys[0].update(tpm=1000, burst_s=60)
+    keys = _keys(tpm=1000, burst_s=60)
     edge = Behavior(words=8)
     routing = {"default_max_tokens": 300, "max_tokens_cap": 400}
     with serve_fake(edge) as url:
@@ -124,8 +128,7 @@ async def test_a_prompt_the_estimate_under_counts_is_charged_from_its_usage(
 ) -> None:
     """The intake charge is an estimate: a prompt the engine counts at 900 tokens while the
     estimator saw a handful cost the tenant a handful until the usage was settled both ways."""
-    keys = router_settings([]).auth.model_dump()["keys"]
-    keys[0].update(tpm=1000, burst_s=60)
+    keys = _keys(tpm=1000, burst_s=60)
     edge = Behavior(words=4, prompt_tokens=900)
     routing = {"default_max_tokens": 10, "max_tokens_cap": 10}
     with serve_fake(edge) as url:
@@ -214,8 +217,7 @@ async def test_routing_internals_are_for_operator_keys_only() -> None:
 
 
 async def test_a_tenant_holds_at_most_max_streams_at_once(auth: dict[str, str]) -> None:
-    keys = router_settings([]).auth.model_dump()["keys"]
-    keys[0].update(max_streams=1)
+    keys = _keys(max_streams=1)
     slow = Behavior(words=4, token_delay_s=0.3)  # a stream that stays open ~1 s
     with serve_fake(slow) as url:
         settings = router_settings([upstream(url)], auth={"keys": keys})
@@ -240,8 +242,7 @@ async def test_a_tenant_holds_at_most_max_streams_at_once(auth: dict[str, str]) 
 async def test_a_reader_that_stops_reading_loses_its_stream_and_slot(auth: dict[str, str]) -> None:
     """A tenant that opens a stream and then reads nothing held its max_streams slot, the
     router's handler and the upstream stream for as long as it kept the socket open."""
-    keys = router_settings([]).auth.model_dump()["keys"]
-    keys[0].update(max_streams=1)
+    keys = _keys(max_streams=1)
     # Far more than the sockets between us hold; a pause per word (where a cancelled
     # stream notices: Starlette abandons a generator waiting at a yield).
     edge = Behavior(words=1_000_000, token_delay_s=0.0001)
