@@ -233,7 +233,7 @@ async def _short_behind_long(eng: BatchingLlamaEngine) -> tuple[float, float, fl
     # A text no earlier test sent: nothing of it is cached.
     long_prompt = "Outline: " + "the night train to the coast stopped at every village. " * 30
     long_task = asyncio.create_task(collect(eng, chat(long_prompt, max_tokens=1)))
-    while eng.stats().prefill_backlog_tokens < 6 * CHUNK:  # noqa: ASYNC110 (worker's counter)
+    while eng.stats().prefill_backlog_tokens < 6 * CHUNK:
         assert not long_task.done(), "the document's prefill was never seen in progress"
         await asyncio.sleep(0.002)
     ahead_ms = eng.prefill_backlog_ahead_ms(12)
