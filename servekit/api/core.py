@@ -67,10 +67,13 @@ class ServingCore:
     async def ready(self) -> bool:
         return not self.draining and await self.engines.current().ready()
 
-    def observe_engine(self) -> LoadReport:
-        """The engine's load report, its slowdown and backlog handed to admission."""
+    def observe_engine(self, backlog_ms: float | None = None) -> LoadReport:
+        """The engine's load report, its slowdown and backlog handed to admission
+        (``backlog_ms``: the part of the backlog one request waits behind, when
+        the engine tells it apart)."""
         report = self.engines.current().load()
-        self.admission.observe(report.busy_ms_per_seq, report.prefill_backlog_ms)
+        backlog = report.prefill_backlog_ms if backlog_ms is None else backlog_ms
+        self.admission.observe(report.busy_ms_per_seq, backlog)
         return report
 
     def load(self) -> LoadReport:

@@ -118,12 +118,9 @@ def _observe_for(core: ServingCore, gen: GenerationRequest) -> float:
     the engine prefills shortest first (a short question does not wait for a
     long document admitted before it), else all of it."""
     engine = core.engines.current()
-    report = core.observe_engine()
     tokens = _prefill_tokens(engine, gen)
-    if tokens is not None:
-        ahead = prefill_backlog_ahead_ms(engine, tokens)
-        if ahead is not None:
-            core.admission.observe(report.busy_ms_per_seq, ahead)
+    ahead = None if tokens is None else prefill_backlog_ahead_ms(engine, tokens)
+    report = core.observe_engine(backlog_ms=ahead)
     return own_prefill_ms(engine, gen, report)
 
 

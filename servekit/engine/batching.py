@@ -165,7 +165,14 @@ class BatchingLlamaEngine:
     def prefill_backlog_ahead_ms(self, tokens: int) -> float | None:
         """The prefill a request of ``tokens`` uncached prompt tokens would wait
         behind, at the measured rate (see :func:`prefill_backlog_ms`)."""
-        return prefill_backlog_ms(self._stats.snapshot(), self._pending_tokens(), ahead_of=tokens)
+        stats = self._stats
+        remaining = stats.prefill_remaining  # one tuple, replaced whole by the worker
+        running = sum(r for r in remaining if r <= tokens) if remaining else None
+        return backlog_ms(
+            stats.prefill_backlog_tokens if running is None else running,
+            self._pending_tokens(),
+            stats.prefill_rate(),
+        )
 
     def uncached_tokens(self, request: GenerationRequest) -> int:
         """Prompt tokens of ``request`` no slot of its cache scope holds
@@ -225,24 +232,22 @@ class BatchingLlamaEngine:
             await asyncio.to_thread(scheduler.stop)
 
 
-def prefill_backlog_ms(
-    snap: BatchingSnapshot, pending_tokens: int, ahead_of: int | None = None
-) -> float | None:
+def prefill_backlog_ms(snap: BatchingSnapshot, pending_tokens: int) -> float | None:
     """The prompt tokens still to prefill, at the measured rate: the running
     sequences' exactly, and the ``pending_tokens`` estimated for the jobs the
     worker has not taken in yet (it tokenizes a job when its step ends, and a
     burst that arrives meanwhile would each see none ahead;
-    :mod:`servekit.engine.prompt_estimate`).
+    :mod:`servekit.engine.prompt_estimate`)."""
+    return backlog_ms(snap.prefill_backlog_tokens, pending_tokens, snap.prefill_tokens_per_s)
 
-    ``ahead_of``: for a request with that many tokens to prefill; with
-    shortest-first prefill (``snap.prefill_remaining`` set) only the running
-    prompts with no more tokens left go before it. Jobs not taken in yet count
-    whole: their sizes are not known apart."""
-    running = snap.prefill_backlog_tokens
-    if ahead_of is not None and snap.prefill_remaining:
-        running = sum(r for r in snap.prefill_remaining if r <= ahead_of)
+
+def backlog_ms(running: int, pending_tokens: int, rate: float | None) -> float | None:
+    """``running`` + ``pending_tokens`` prompt tokens at ``rate`` tokens/s (None: no
+    rate measured yet). :meth:`BatchingLlamaEngine.prefill_backlog_ahead_ms` passes
+    only the running prompts that go before a newcomer (shortest first: those
+    with no more tokens left); jobs not taken in yet count whole, their sizes
+    are not known apart."""
     tokens = float(running + pending_tokens)
     if not tokens:
         return 0.0
-    rate = snap.prefill_tokens_per_s
     return tokens / rate * 1000.0 if rate else None

@@ -12,14 +12,9 @@ Each step of the loop:
 4. builds one batch: the next token of every decoding sequence, then up to
    ``chunk_tokens`` prompt tokens of prefilling sequences (chunked prefill:
    a long prompt is spread over several steps instead of stalling everyone),
-   the budget going first to the sequences with the fewest prompt tokens
-   left (``shortest_first``; ties, and ``shortest_first=False``, in
-   admission order). First-come first-served held a short question's first
-   token behind a long document admitted a moment before it: in an overload
-   run 489-token prompts waited 5-15 s behind documents whose own prefill
-   was priced at 6-9 s. A long prompt still progresses in every step the
-   shorter ones leave budget in, and gets all of it once they have their
-   first token;
+   the budget first to the fewest prompt tokens left (``shortest_first``;
+   ties, or off, in admission order: first come, first served held short
+   questions 5-15 s behind documents admitted just before them);
 5. runs one ``llama_decode`` and samples, per sequence, with its own chain;
    text goes to the job's sink (which hands it to the event loop).
 

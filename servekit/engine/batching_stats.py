@@ -35,7 +35,6 @@ class BatchingSnapshot:
     running: int
     waiting: int
     prefill_backlog_tokens: int  # prompt tokens of running sequences not yet prefilled
-    prefill_remaining: tuple[int, ...]  # the same, per prefilling sequence
     steps: int
     busy_seconds: float  # inside llama_decode
     decode_tokens: int
@@ -69,6 +68,8 @@ class BatchingStats:
     running: int = 0
     waiting: int = 0
     prefill_backlog_tokens: int = 0
+    # Per prefilling sequence when prefill goes shortest first (else empty): what
+    # goes before a newcomer (BatchingLlamaEngine.prefill_backlog_ahead_ms).
     prefill_remaining: tuple[int, ...] = ()
     steps: int = 0
     busy_seconds: float = 0.0
@@ -173,6 +174,15 @@ class BatchingStats:
         with self._lock:
             return [sec for n, sec in self._decode_steps if n == sequences]
 
+    def prefill_rate(self) -> float | None:
+        """The measured prefill rate alone (what ``snapshot()`` reports), without
+        the snapshot's sorting: admission asks it per request."""
+        with self._lock:
+            return self._prefill_rate_locked()
+
+    def _prefill_rate_locked(self) -> float | None:
+        return self._window_prefill_rate() or self._last_prefill_rate
+
     def snapshot(self) -> BatchingSnapshot:
         with self._lock:
             ttft = sorted(self._ttft_ms)
@@ -183,7 +193,6 @@ class BatchingStats:
                 running=self.running,
                 waiting=self.waiting,
                 prefill_backlog_tokens=self.prefill_backlog_tokens,
-                prefill_remaining=self.prefill_remaining,
                 steps=self.steps,
                 busy_seconds=self.busy_seconds,
                 decode_tokens=self.decode_tokens,
@@ -203,7 +212,7 @@ class BatchingStats:
                 busy_ms_per_seq=self._busy.ms_per_seq(),
                 # Tokens per second of decode time: what the engine does while busy.
                 decode_tokens_per_s=decode / busy if busy > 0 and decode else None,
-                prefill_tokens_per_s=self._window_prefill_rate() or self._last_prefill_rate,
+                prefill_tokens_per_s=self._prefill_rate_locked(),
                 requests_ok=self.requests_ok,
                 requests_failed=self.requests_failed,
                 requests_cancelled=self.requests_cancelled,
