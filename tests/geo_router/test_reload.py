@@ -8,7 +8,10 @@ file that no longer loads changes nothing.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +74,10 @@ def test_sighup_reloads_the_api_keys(tmp_path: Path) -> None:
             assert proc.poll() is None
 
 
-def test_a_reload_that_would_admit_anonymous_callers_is_refused(tmp_path: Path) -> None:
+@contextmanager
+def _logged_router(tmp_path: Path) -> Iterator[tuple[str, Path, Path, subprocess.Popen[bytes]]]:
+    """A router serving ``OLD`` from a config file, its log at info: (url, config,
+    log, process)."""
     cfg = tmp_path / "router.yaml"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -80,34 +86,38 @@ def test_a_reload_that_would_admit_anonymous_callers_is_refused(tmp_path: Path) 
         _config(cfg, up, [OLD], port)
         args = ["geo_router", "serve", "--config", str(cfg), "--log-level", "info"]
         with log.open("wb") as out, service_process(args, url, stderr=out) as proc:
-            data = yaml.safe_load(cfg.read_text())
-            data["auth"]["required"] = False
-            cfg.write_text(yaml.safe_dump(data))
-            proc.send_signal(signal.SIGHUP)
-            deadline = time.monotonic() + 10
-            while "reload refused" not in log.read_text() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            anonymous = httpx.get(url + "/v1/models", timeout=5).status_code
-            assert anonymous == 401  # still closed
-            assert _status(url, OLD) == 200
-            assert proc.poll() is None
+            yield url, cfg, log, proc
+
+
+def _reload(proc: subprocess.Popen[bytes], cfg: Path, change: Callable[[Any], None]) -> None:
+    """Edit the config file with ``change`` and send SIGHUP."""
+    data = yaml.safe_load(cfg.read_text())
+    change(data)
+    cfg.write_text(yaml.safe_dump(data))
+    proc.send_signal(signal.SIGHUP)
+
+
+def test_a_reload_that_would_admit_anonymous_callers_is_refused(tmp_path: Path) -> None:
+    with _logged_router(tmp_path) as (url, cfg, log, proc):
+        _reload(proc, cfg, lambda data: data["auth"].update(required=False))
+        deadline = time.monotonic() + 10
+        while "reload refused" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        anonymous = httpx.get(url + "/v1/models", timeout=5).status_code
+        assert anonymous == 401  # still closed
+        assert _status(url, OLD) == 200
+        assert proc.poll() is None
     assert "removes authentication (auth.required is false" in log.read_text()
 
 
+def _stall_and_new_key(data: Any) -> None:
+    data["server"] = {"send_stall_s": 5}
+    data["auth"]["keys"] = [{"sha256": hash_key(NEW), "tenant": NEW}]
+
+
 def test_a_reload_says_which_connection_limits_need_a_restart(tmp_path: Path) -> None:
-    cfg = tmp_path / "router.yaml"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "router.log"
-    with serve_fake(Behavior()) as up:
-        _config(cfg, up, [OLD], port)
-        args = ["geo_router", "serve", "--config", str(cfg), "--log-level", "info"]
-        with log.open("wb") as out, service_process(args, url, stderr=out) as proc:
-            data = yaml.safe_load(cfg.read_text())
-            data["server"] = {"send_stall_s": 5}
-            data["auth"]["keys"] = [{"sha256": hash_key(NEW), "tenant": NEW}]
-            cfg.write_text(yaml.safe_dump(data))
-            proc.send_signal(signal.SIGHUP)
-            assert _until(url, NEW, 200) == 200  # what can change still does
-            assert proc.poll() is None
+    with _logged_router(tmp_path) as (url, cfg, log, proc):
+        _reload(proc, cfg, _stall_and_new_key)
+        assert _until(url, NEW, 200) == 200  # what can change still does
+        assert proc.poll() is None
     assert "server.send_stall_s changed, which needs a restart" in log.read_text()
