@@ -230,8 +230,9 @@ class Attempt:
         return self.failed(err)
 
     def won(self) -> None:
-        """It primed first: the TTFT counts, its prefix is recorded where it went;
-        the slot stays taken while it streams."""
+        """It primed first and its first bytes are on their way to the client (the
+        stream books it then, off the path to the first token): the TTFT counts,
+        its prefix is recorded where it went; the slot stays taken while it streams."""
         r, cand = self._routing, self.cand
         ttft_ms = self.ttft_s * 1000.0
         predicted = cand.prediction

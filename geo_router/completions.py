@@ -69,7 +69,6 @@ async def _serve(
     stream = RoutedStream(state.routing, req, taken.decision)
     await stream.open()
     taken.stages.mark("upstream")
-    state.metrics.observe_stages(taken.stages.spans())
     cand = stream.cand
     assert cand is not None
     route_headers = {
@@ -120,6 +119,7 @@ async def _serve(
             pass
     finally:
         await stream.aclose()
+        state.metrics.observe_stages(taken.stages.spans())  # off the path to the first byte
         transcript = stream.transcript
         transcript.sync()  # parses what was recorded: the answer's id and usage
         await state.limiter.settle(taken.tenant, taken.charged_tokens, transcript.usage)

@@ -64,8 +64,11 @@ async def first_primed(
 ) -> tuple[Attempt, bool]:
     """The first attempt of ``plan`` to prime, and whether it is a winning hedge.
 
-    Raises the last attempt's error when none primes (at once for an error no
-    other instance would answer differently)."""
+    The caller books the winner (:meth:`~geo_router.attempt.Attempt.won`) once its
+    first bytes are on their way to the client: the predictor's update and the
+    prefix record are off the path to the first token. Raises the last attempt's
+    error when none primes (at once for an error no other instance would answer
+    differently)."""
     if not plan:
         raise NotReady("no healthy upstream can serve this request", retry_after=1)
     settings, metrics = routing.settings, routing.metrics
@@ -114,7 +117,6 @@ async def first_primed(
                     except BaseException:  # cancelled: the client went away
                         await attempt.abandon()
                         raise
-                    attempt.won()
                     return attempt, False
                 launch()
             timers: list[float] = []
@@ -149,7 +151,6 @@ async def first_primed(
                     judge(attempt, exc)
                 elif winner is None:
                     winner = attempt
-                    attempt.won()
                 else:  # a tie: keep the first, drop the other
                     await attempt.abandon()
             if winner is not None:

@@ -84,6 +84,7 @@ class RoutedStream:
                 yield attempt.head
                 now = time.perf_counter()
             # Accounting waits until the first bytes are on their way to the client.
+            attempt.won()
             m.ttft.labels(tier, region).observe(now - req.arrived)
             m.overhead.observe(max(0.0, now - req.arrived - attempt.ttft_s))
             m.decisions.labels(tier, region, self.reason).inc()
@@ -125,6 +126,7 @@ class RoutedStream:
                 out = said.splice_events(attempt.head, sent_before)
                 if out:
                     yield out
+                attempt.won()
         finally:
             await attempt.abandon()  # a no-op for an attempt already judged
             m.e2e.labels(tier, region).observe(time.perf_counter() - req.arrived)
