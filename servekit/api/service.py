@@ -20,7 +20,7 @@ from fastapi import APIRouter, FastAPI
 from servekit.api.endpoints import CompletionEndpoints, CompletionHandler, serve_completion
 from servekit.api.errors import install_error_handlers
 from servekit.api.ops import ServiceOps, ops_router
-from servekit.asgi import ASGIApp
+from servekit.asgi import ASGIApp, Receive, Scope, Send
 from servekit.errors import ServeError
 from servekit.serve_cli import ServiceHooks
 from servekit.service_auth import ServiceAuth, TokenGate
@@ -41,6 +41,22 @@ class _ServiceApp(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         return self.front(super().build_middleware_stack())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """HTTP goes straight to the doors, as ``Starlette.__call__`` sends it:
+        FastAPI's own entry (0.165+) asks the global OpenTelemetry providers
+        whether to instrument on every request, which the services never want
+        (their spans are their own, ``servekit.tracing``) and which cost every
+        completion a share of its time to first token."""
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        if self.root_path:
+            scope["root_path"] = self.root_path
+        scope["app"] = self
+        if self.middleware_stack is None:
+            self.middleware_stack = self.build_middleware_stack()
+        await self.middleware_stack(scope, receive, send)
 
 
 def create_service_app(
