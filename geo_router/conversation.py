@@ -68,9 +68,10 @@ def estimate_tokens(text: str) -> int:
     return cjk + (len(text) - cjk + 3) // 4
 
 
-def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
-    """The prompt's tokens, template markers included (at least 1)."""
-    turns = turns_of(body)
+def estimate_prompt_tokens(body: Mapping[str, Any], turns: Sequence[Turn] | None = None) -> int:
+    """The prompt's tokens, template markers included (at least 1); ``turns`` are
+    :func:`turns_of` the body when the caller has them already."""
+    turns = turns_of(body) if turns is None else turns
     overhead = TEMPLATE_TOKENS_PER_MESSAGE * len(turns) if "messages" in body else 0
     return max(1, sum(estimate_tokens(t.text) for t in turns) + overhead)
 

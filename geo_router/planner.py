@@ -172,7 +172,7 @@ class Planner:
 
     def shape(self, body: Mapping[str, Any], cache_salt: str | None = None) -> RequestShape:
         turns = turns_of(body)
-        tokens = estimate_prompt_tokens(body)
+        tokens = estimate_prompt_tokens(body, turns)
         messages = body.get("messages")
         prefix = (
             EMPTY

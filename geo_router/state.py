@@ -95,7 +95,8 @@ async def intake(
     stages.mark("body")
     charged = 0
     if limit:
-        charged = estimate_prompt_tokens(body) + budget
+        # Only a tokens-per-minute limit reads the estimate (it walks the whole prompt).
+        charged = estimate_prompt_tokens(body) + budget if tenant.tpm is not None else 0
         await state.limiter.check(tenant, charged)
         stages.mark("limit")
     region = state.resolver.resolve(peer, headers)
@@ -125,4 +126,4 @@ async def intake(
     )
     if span is not None:
         trace_intake(state.routing.tracing, span, stages, decision, tenant.name)
-    return Intake(req, decision, stages, tenant, charged if tenant.tpm is not None else 0)
+    return Intake(req, decision, stages, tenant, charged)

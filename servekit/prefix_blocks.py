@@ -50,9 +50,16 @@ def chained_names(text: str, block_chars: int, seed: int = 0) -> list[int]:
     none), the chain started at ``seed`` (:func:`scope_seed`)."""
     names: list[int] = []
     h = seed
-    for i in range(len(text) // block_chars):
-        chunk = text[i * block_chars : (i + 1) * block_chars]
-        h = zlib.crc32(chunk.encode("utf-8", "surrogatepass"), h)
+    crc32 = zlib.crc32
+    if text.isascii():  # a character is a byte: one encode, blocks are views of it
+        data = memoryview(text.encode("ascii"))
+        for start in range(0, len(text) - block_chars + 1, block_chars):
+            h = crc32(data[start : start + block_chars], h)
+            names.append(h)
+        return names
+    for start in range(0, len(text) - block_chars + 1, block_chars):
+        chunk = text[start : start + block_chars]
+        h = crc32(chunk.encode("utf-8", "surrogatepass"), h)
         names.append(h)
     return names
 
