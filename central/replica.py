@@ -288,8 +288,7 @@ class Replica:
 
     async def _read_load(self) -> ReplicaLoad | None:
         if self._local is not None:
-            report = self._local.load()
-            return ReplicaLoad(running=report.running, waiting=report.waiting, report=report)
+            return ReplicaLoad.of(self._local.load())
         return await self._probe.load(self.endpoint)
 
     async def _local_failed(self, task: asyncio.Task[None]) -> None:

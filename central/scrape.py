@@ -9,30 +9,29 @@
   did not step, i.e. it is idle.
 - The stand-in (edge agent): its ``/load`` JSON, a :class:`LoadReport`.
 
-httpx errors end here: a probe that cannot reach its replica says so with a
-``False`` or ``None``, never an exception.
+Each page is fetched, timed out and its failures mapped by
+:func:`servekit.load_reading.read_load_page`, as every reader of an
+instance's load does; here they end: a probe that cannot read its replica
+says so with a ``False`` or ``None``, never an exception.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from central.commands import Endpoint
+from central.commands import Endpoint, LoadSource
 from servekit.engine.protocol import LoadReport
 from servekit.engine.vllm_metrics import parse_vllm_metrics as parse_vllm_gauges
+from servekit.errors import ServeError
+from servekit.load_reading import load_report_from, read_load_page
 from servekit.peers import PeerProblems
 
-__all__ = [
-    "ReplicaLoad",
-    "ReplicaProbe",
-    "parse_load_report",
-    "parse_trtllm_stats",
-    "parse_vllm_metrics",
-]
+__all__ = ["ReplicaLoad", "ReplicaProbe", "parse_trtllm_stats", "parse_vllm_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +44,11 @@ class ReplicaLoad:
     waiting: int = 0
     kv_cache_usage: float | None = None
     report: LoadReport | None = None
+
+    @classmethod
+    def of(cls, report: LoadReport) -> ReplicaLoad:
+        """The load a replica's own report gives."""
+        return cls(running=report.running, waiting=report.waiting, report=report)
 
 
 def parse_vllm_metrics(text: str) -> ReplicaLoad:
@@ -79,18 +83,18 @@ def parse_trtllm_stats(stats: Any) -> ReplicaLoad:
     )
 
 
-def parse_load_report(data: Any) -> ReplicaLoad:
-    """Read the stand-in's own LoadReport."""
-    if not isinstance(data, dict):
-        raise ValueError("/load must be a JSON object")
-    report = LoadReport.from_dict(data)
-    return ReplicaLoad(running=report.running, waiting=report.waiting, report=report)
-
-
 def _num(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+# Where each kind of replica tells its load, and how it is read.
+_PAGES: dict[LoadSource, tuple[str, Callable[[httpx.Response], ReplicaLoad]]] = {
+    "vllm": ("/metrics", lambda r: parse_vllm_metrics(r.text)),
+    "trtllm": ("/metrics", lambda r: parse_trtllm_stats(r.json())),
+    "load": ("/load", lambda r: ReplicaLoad.of(load_report_from(r))),
+}
 
 
 class ReplicaProbe:
@@ -113,18 +117,15 @@ class ReplicaProbe:
 
     async def load(self, endpoint: Endpoint) -> ReplicaLoad | None:
         """The replica's current load, or None when it cannot be read."""
-        if endpoint.load_source == "none":
+        page = _PAGES.get(endpoint.load_source)
+        if page is None:
             return None
-        path = "/load" if endpoint.load_source == "load" else "/metrics"
+        path, parse = page
+        timeout = endpoint.load_timeout_s or self._timeout
         try:
-            timeout = endpoint.load_timeout_s or self._timeout
-            response = await self._client.get(endpoint.base_url + path, timeout=timeout)
-            response.raise_for_status()
-            if endpoint.load_source == "vllm":
-                return parse_vllm_metrics(response.text)
-            if endpoint.load_source == "trtllm":
-                return parse_trtllm_stats(response.json())
-            return parse_load_report(response.json())
-        except (httpx.HTTPError, ValueError) as exc:
+            return await read_load_page(
+                self._client, endpoint.base_url + path, parse, timeout_s=timeout
+            )
+        except ServeError as exc:
             log.debug("load scrape of %s failed: %s", endpoint.base_url, exc)
             return None

@@ -30,7 +30,6 @@ from prometheus_client import CollectorRegistry
 from geo_router.live_load import LiveLoad
 from servekit.registry import CatalogView, RegistrySettings, StaticEntry, StaticSettings
 from servekit.registry.factory import open_registry
-from servekit.registry.load_probe import LoadProbe
 from servekit.registry.protocol import InstanceInfo, InstanceState, KVStore, RegistryError
 from servekit.registry.static import StaticRegistry
 
@@ -207,7 +206,7 @@ async def open_discovery(
         else:
             live = LiveLoad(
                 view,
-                LoadProbe(client, client_for=probe_client_for),
+                probe_client_for or (lambda _info: client),
                 poll_interval_s,
                 metrics_registry=metrics_registry,
             )

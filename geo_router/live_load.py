@@ -31,14 +31,16 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from servekit.engine.protocol import LoadReport
-from servekit.registry import CatalogView, InstanceState
-from servekit.registry.load_probe import LoadProbe
+from servekit.errors import ServeError
+from servekit.load_reading import LoadNotReported, read_load_report
+from servekit.registry import CatalogView, InstanceInfo, InstanceState
 
 __all__ = ["LiveLoad"]
 
@@ -53,10 +55,12 @@ class _Polled:
 
 
 class LiveLoad:
+    """``client_for`` gives the client asking an instance (its tier's token and CA)."""
+
     def __init__(
         self,
         view: CatalogView,
-        probe: LoadProbe,
+        client_for: Callable[[InstanceInfo], httpx.AsyncClient],
         interval_s: float,
         *,
         unreachable_after: int = 2,
@@ -64,7 +68,7 @@ class LiveLoad:
         metrics_registry: CollectorRegistry | None = None,
     ) -> None:
         self._view = view
-        self._probe = probe
+        self._client_for = client_for
         self.interval_s = interval_s
         self.unreachable_after = unreachable_after
         self._limit = asyncio.Semaphore(concurrency)
@@ -125,10 +129,14 @@ class LiveLoad:
     async def _poll_one(self, state: InstanceState) -> None:
         polled = self._polled.setdefault(state.info.id, _Polled())
         asked = time.time()
+        report: LoadReport | None = None
+        answered = 200
         async with self._limit:
             try:
-                report, status = await self._probe.fetch(state.info.url, state.info)
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                report = await read_load_report(self._client_for(state.info), state.info.url)
+            except LoadNotReported as exc:
+                answered = exc.answered
+            except ServeError as exc:
                 polled.failures += 1
                 self._count("unreachable")
                 if polled.failures == self.unreachable_after:
@@ -142,7 +150,7 @@ class LiveLoad:
                 self._warned.add(state.info.id)
                 log.warning("instance %s at %s answered /load with %d: routing on the"
                             " catalog's copy of its load, which a Consul agent may forward"
-                            " minutes late", state.info.id, state.info.url, status)  # fmt: skip
+                            " minutes late", state.info.id, state.info.url, answered)  # fmt: skip
             return
         self._count("ok")
         polled.load, polled.at = report, asked

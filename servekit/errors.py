@@ -19,7 +19,8 @@ at exactly one boundary per foreign library.
     ├── UpstreamError               502 (the upstream failed: 5xx, bad body, broke off)
     │   ├── UpstreamUnavailable     503 (could not connect: nothing was sent)
     │   ├── UpstreamTimeout         504
-    │   └── UpstreamRejected        502 (a 400 that may be the engine's own failure)
+    │   ├── UpstreamRejected        502 (a 400 that may be the engine's own failure)
+    │   └── LoadNotReported         502 (answered without a load: servekit.load_reading)
     └── EngineFailure               500 (the local engine crashed)
 """
 

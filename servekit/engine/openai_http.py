@@ -7,9 +7,10 @@ from the upstream itself. Failures, error answers and events are read as
 everywhere else (``servekit.transport.map_failure``,
 ``servekit.transport.error_from_response``, ``servekit.sse.EventReader``).
 
-Load is learned by a :class:`LoadProbe` polled in the background: by default
-the project's ``/load`` JSON; the central tier plugs in probes that scrape
-vLLM's or TensorRT-LLM's metrics.
+Load is learned by a :data:`LoadProbe` polled in the background: by default
+the upstream's own ``/load`` (:func:`servekit.load_reading.read_load_report`);
+``probe=None`` for an upstream whose load someone else reads (the central
+gateway scrapes its replicas itself).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,8 +36,9 @@ from servekit.engine.protocol import (
     Priority,
     TextDelta,
 )
-from servekit.errors import UpstreamError, UpstreamRejected
+from servekit.errors import ServeError, UpstreamError, UpstreamRejected
 from servekit.http_client import UpstreamPool
+from servekit.load_reading import read_load_report
 from servekit.peers import PeerCredentials, async_client
 from servekit.sse import EventReader, event_error
 from servekit.transport import (
@@ -46,16 +49,14 @@ from servekit.transport import (
     map_failure,
 )
 
-__all__ = [
-    "LoadProbe",
-    "OpenAIHTTPEngine",
-    "OpenAIHTTPSettings",
-    "probe_load_json",
-]
+__all__ = ["LoadProbe", "OpenAIHTTPEngine", "OpenAIHTTPSettings"]
 
 log = logging.getLogger(__name__)
 
 LoadProbe = Callable[[httpx.AsyncClient, str], Awaitable[LoadReport]]
+
+# The project's /load answers from memory; the engine's client waits minutes for answers.
+_read_own_load: LoadProbe = functools.partial(read_load_report, timeout_s=2.0)
 
 
 class OpenAIHTTPSettings(BaseModel):
@@ -91,13 +92,6 @@ class OpenAIHTTPSettings(BaseModel):
     )
 
 
-async def probe_load_json(client: httpx.AsyncClient, base_url: str) -> LoadReport:
-    """The project's own ``GET /load`` (edge agents, central gateway)."""
-    resp = await client.get(f"{base_url}/load", timeout=2.0)
-    resp.raise_for_status()
-    return LoadReport.from_dict(resp.json())
-
-
 class OpenAIHTTPEngine:
     """Streams completions from one OpenAI-compatible server.
 
@@ -112,7 +106,7 @@ class OpenAIHTTPEngine:
         *,
         transport: Transport | None = None,
         client: httpx.AsyncClient | None = None,
-        probe: LoadProbe | None = probe_load_json,
+        probe: LoadProbe | None = _read_own_load,
         version: str = "",
         peer: PeerCredentials | None = None,
     ) -> None:
@@ -170,7 +164,7 @@ class OpenAIHTTPEngine:
                 report = await self._probe(self._http(), self.base_url)
                 self._last_load = report
                 self._healthy = True
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            except ServeError as exc:
                 log.debug("load probe of %s failed: %s", self.base_url, exc)
                 self._healthy = await self.check_health()
             await asyncio.sleep(self.settings.probe_interval_s)

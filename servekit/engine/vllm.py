@@ -62,7 +62,8 @@ from servekit.engine.rates import RateTracker, measured
 from servekit.engine.vllm_args import VLLM_API_KEY_ENV, VllmServeArgs
 from servekit.engine.vllm_metrics import VllmGauges, parse_vllm_metrics
 from servekit.engine.vllm_prefixes import prefix_report_for
-from servekit.errors import EngineFailure, NotReady
+from servekit.errors import EngineFailure, NotReady, ServeError
+from servekit.load_reading import read_load_page
 from servekit.tracing import EngineTraces
 
 __all__ = ["VllmEngine", "VllmEngineSettings", "vllm_command", "with_vllm_priority"]
@@ -346,11 +347,12 @@ class VllmEngine:
             pass
 
     async def _scrape(self) -> bool:
+        url = self.base_url + "/metrics"
         try:
-            resp = await self._client.get(self.base_url + "/metrics", timeout=2.0)
-            resp.raise_for_status()
-            self._gauges = parse_vllm_metrics(resp.text)
-        except (httpx.HTTPError, ValueError) as exc:
+            self._gauges = await read_load_page(
+                self._client, url, lambda r: parse_vllm_metrics(r.text), timeout_s=2.0
+            )
+        except ServeError as exc:
             log.debug("metrics scrape of %s failed: %s", self.base_url, exc)
             return False
         return True

@@ -29,8 +29,9 @@ from collections.abc import Callable
 import httpx
 
 from servekit.engine.protocol import LoadReport
+from servekit.errors import ServeError
+from servekit.load_reading import LoadNotReported, read_load_report
 from servekit.peers import PeerProblems
-from servekit.registry.load_probe import LoadProbe
 from servekit.registry.protocol import (
     InstanceInfo,
     InstanceState,
@@ -82,7 +83,6 @@ class StaticRegistry:
         self._own_client = client is None
         self._client = client or httpx.AsyncClient(timeout=settings.probe_timeout_s)
         self._client_for = client_for
-        self._load = LoadProbe(self._client, settings.load_path or "/load", client_for=client_for)
         self._problems = PeerProblems(log)
         self._states: dict[str, InstanceState] = {
             info.id: InstanceState(info=info, load=LoadReport(), healthy=False, last_heartbeat=0.0)
@@ -132,12 +132,8 @@ class StaticRegistry:
             client = self._client_for(info) if self._client_for is not None else self._client
             ready = await client.get(url + "/ready")
             healthy = ready.status_code == 200
-            load = old.load
-            if self.settings.load_path:
-                report, status = await self._load.fetch(url, info)
-                self._problems.status(url, status)  # a refused token says so, once
-                load = report or old.load
-        except httpx.HTTPError as exc:
+            load = await self._read_load(client, url) or old.load
+        except (httpx.HTTPError, ServeError) as exc:
             self._problems.failed(url, exc)  # a refused certificate says so, once
             log.debug("static probe of %s failed: %s", url, exc)
             missed = self._unanswered[info.id] = self._unanswered.get(info.id, 0) + 1
@@ -147,6 +143,17 @@ class StaticRegistry:
         self._unanswered.pop(info.id, None)
         seen = time.time() if healthy else old.last_heartbeat
         return InstanceState(info=info, load=load, healthy=healthy, last_heartbeat=seen)
+
+    async def _read_load(self, client: httpx.AsyncClient, url: str) -> LoadReport | None:
+        """The entry's report; None without ``load_path`` or when it answered without one.
+        Could not ask it: the mapped error (``servekit.load_reading``)."""
+        if not self.settings.load_path:
+            return None
+        try:
+            return await read_load_report(client, url, path=self.settings.load_path)
+        except LoadNotReported as exc:
+            self._problems.status(url, exc.answered)  # a refused token says so, once
+            return None
 
     # -- catalog (read side) -------------------------------------------------
 

@@ -20,7 +20,6 @@ from hybrid_llm.local.servers import UvicornThread
 from servekit.engine.protocol import LoadReport
 from servekit.registry import CatalogView, InstanceInfo
 from servekit.registry.embedded import EmbeddedRegistry
-from servekit.registry.load_probe import LoadProbe
 from tests.geo_router.conftest import refused_url, serve_fake
 from tests.geo_router.fake_upstream import Behavior
 
@@ -47,7 +46,7 @@ async def _live(registry: EmbeddedRegistry, metrics: CollectorRegistry) -> Async
     try:
         assert await view.wait_fresh(3.0)
         async with httpx.AsyncClient(timeout=1.0) as client:
-            yield LiveLoad(view, LoadProbe(client), 0.1, metrics_registry=metrics)
+            yield LiveLoad(view, lambda _info: client, 0.1, metrics_registry=metrics)
     finally:
         await view.aclose()
 

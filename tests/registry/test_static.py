@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -169,3 +170,26 @@ async def test_an_unanswered_probe_is_an_outage_only_when_repeated() -> None:
             assert not await healthy()
         finally:
             await registry.aclose()
+
+
+async def test_a_load_refusing_our_token_warns_once_and_keeps_the_entry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def refused(request: Request) -> Response:
+        return JSONResponse({"error": {"message": "no key"}}, status_code=401)
+
+    instance = Instance(with_load=False)
+    instance.app.add_route("/load", refused)
+    with UvicornThread(instance.app) as a:
+        entry = StaticEntry(url=a.url, tier="edge", region="eu", model="m", id="a")
+        registry = StaticRegistry(StaticSettings(entries=[entry], probe_timeout_s=2.0))
+        try:
+            with caplog.at_level(logging.WARNING):
+                for _ in range(3):
+                    await registry.probe_once()
+            (state,) = await registry.instances()
+            assert state.load == LoadReport()  # healthy from /ready, no report
+        finally:
+            await registry.aclose()
+    warned = [r.getMessage() for r in caplog.records if "refused the service token" in r.message]
+    assert warned == [f"{a.url} refused the service token (HTTP 401)"]

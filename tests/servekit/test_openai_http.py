@@ -328,3 +328,41 @@ async def test_an_upstream_silent_before_its_head_times_out() -> None:
         await engine.aclose()
         server.close()
         await server.wait_closed()
+
+
+async def test_the_load_probe_outlives_a_load_it_cannot_read() -> None:
+    """An upstream's /load that is not a JSON object (here a list) is one failed read:
+    the probe asks again and takes the next report. Before the shared reader, the
+    list's AttributeError ended the probe, and the engine never learned its load."""
+    import asyncio
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse
+    from starlette.routing import Route
+
+    from hybrid_llm.local.servers import UvicornThread
+    from servekit.engine.protocol import LoadReport
+
+    answers: list[Any] = [[1, 2], LoadReport(ready=True, waiting=5).to_dict()]
+
+    async def load(request: Request) -> JSONResponse:
+        return JSONResponse(answers[0] if len(answers) == 1 else answers.pop(0))
+
+    async def health(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/load", load), Route("/health", health)])
+    with UvicornThread(app) as server:
+        settings = OpenAIHTTPSettings(base_url=server.url, model="m", probe_interval_s=0.05)
+        engine = OpenAIHTTPEngine(settings)
+        await engine.start()
+        try:
+            for _ in range(100):
+                if engine.load().waiting == 5:
+                    break
+                await asyncio.sleep(0.02)
+            assert engine.load().waiting == 5
+            assert await engine.ready()
+        finally:
+            await engine.aclose()
