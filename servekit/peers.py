@@ -90,7 +90,8 @@ class PeerSettings(SecretSettings):
         description="What an https:// peer's certificate must name: the URL's host (host), "
         "<tier>.<identity_domain> (tier) or <instance id>.<tier>.<identity_domain> "
         "(instance). Only tier or instance proves the role of a peer found in a registry; "
-        "both refuse http:// peers.",
+        "both refuse http:// peers. Read by callers that know the peer's role (the "
+        "router's peers); others check the host.",
     )
     identity_domain: str = Field(
         DEFAULT_DOMAIN, min_length=1, description="The domain of the names `identity` asks for."

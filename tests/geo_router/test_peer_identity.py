@@ -194,3 +194,12 @@ async def test_a_registration_claiming_the_center_with_an_edge_certificate_is_no
     assert len(warned) == 1, warned
     assert f"certificate is not valid for '{CENTER_NAME}'" in warned[0]
     assert stolen.seen == []
+
+
+def test_a_static_upstream_without_a_nameable_id_fails_at_start(pki: dict[str, PrivateCA]) -> None:
+    entry = upstream("https://10.0.0.7:8101", id="edge_a")
+    with pytest.raises(ValueError, match="instance id 'edge_a' is not a DNS label"):
+        router_settings([entry], peers=peers(pki["fleet"], "instance"))
+    router_settings(
+        [upstream("https://10.0.0.7:8101", id="edge-a")], peers=peers(pki["fleet"], "instance")
+    )
