@@ -415,6 +415,11 @@ class RouterSettings(Section):
         # Fail at start rather than refuse the upstream at every request.
         for u in self.upstreams:
             peer = u.client or self.peers.for_tier(u.tier)
+            if peer.identity != "host" and not u.url.lower().startswith("https://"):
+                raise ValueError(
+                    f"upstream {u.url}: identity: {peer.identity} can only be checked over TLS;"
+                    " give an https:// URL"
+                )
             try:
                 expected_name(peer.identity, peer.identity_domain, u.tier, u.id or u.url)
             except IdentityUnusable as exc:

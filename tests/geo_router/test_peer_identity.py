@@ -200,6 +200,8 @@ def test_a_static_upstream_without_a_nameable_id_fails_at_start(pki: dict[str, P
     entry = upstream("https://10.0.0.7:8101", id="edge_a")
     with pytest.raises(ValueError, match="instance id 'edge_a' is not a DNS label"):
         router_settings([entry], peers=peers(pki["fleet"], "instance"))
+    with pytest.raises(ValueError, match="can only be checked over TLS"):
+        router_settings([upstream("http://10.0.0.7:8101")], peers=peers(pki["fleet"], "tier"))
     router_settings(
         [upstream("https://10.0.0.7:8101", id="edge-a")], peers=peers(pki["fleet"], "instance")
     )
