@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-__all__ = ["DEFAULT_DOMAIN", "Identity", "IdentityUnusable", "expected_name"]
+__all__ = ["DEFAULT_DOMAIN", "Identity", "IdentityUnusable", "check_domain", "expected_name"]
 
 Identity = Literal["host", "tier", "instance"]
 DEFAULT_DOMAIN = "hybrid-llm.internal"
@@ -41,6 +41,11 @@ def _label(value: str, what: str) -> str:
             "so no certificate can name it"
         )
     return low
+
+
+def check_domain(domain: str) -> str:
+    """``domain`` lower-cased; :class:`IdentityUnusable` unless it is dot-separated labels."""
+    return ".".join(_label(part, "domain label") for part in domain.split("."))
 
 
 def expected_name(identity: Identity, domain: str, tier: str, instance_id: str) -> str | None:

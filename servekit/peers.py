@@ -39,9 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
-from servekit.peer_identity import DEFAULT_DOMAIN, Identity, IdentityUnusable, expected_name
+from servekit.peer_identity import (
+    DEFAULT_DOMAIN,
+    Identity,
+    IdentityUnusable,
+    check_domain,
+    expected_name,
+)
 from servekit.secrets import SecretSettings
 from servekit.tls import client_context, describe_tls_error
 
@@ -94,8 +100,13 @@ class PeerSettings(SecretSettings):
         "router's peers); others check the host.",
     )
     identity_domain: str = Field(
-        DEFAULT_DOMAIN, min_length=1, description="The domain of the names `identity` asks for."
+        DEFAULT_DOMAIN, description="The domain of the names `identity` asks for."
     )
+
+    @field_validator("identity_domain")
+    @classmethod
+    def _domain(cls, value: str) -> str:
+        return check_domain(value)  # IdentityUnusable is a ValueError: names the field
 
     def credentials(self) -> PeerCredentials:
         """The context and headers these settings describe (build once, reuse)."""
@@ -103,9 +114,7 @@ class PeerSettings(SecretSettings):
         headers: dict[str, str] = {}
         if self.token is not None:
             headers["authorization"] = f"Bearer {self.token.get_secret_value()}"
-        return PeerCredentials(
-            ctx, headers, self.require_tls, self.identity, self.identity_domain.lower()
-        )
+        return PeerCredentials(ctx, headers, self.require_tls, self.identity, self.identity_domain)
 
 
 @dataclass(frozen=True, eq=False)

@@ -35,3 +35,10 @@ def test_credentials_bound_to_a_peer_refuse_what_cannot_be_checked() -> None:
         creds.for_peer("edge", "edge_a").check_url("https://10.0.0.7:8101/load")
     host = PeerSettings().credentials()
     assert host.for_peer("edge", "edge_a") is host  # identity: host binds nothing
+
+
+@pytest.mark.parametrize("domain", ["", "fleet..internal", ".internal", "bad domain"])
+def test_a_domain_no_certificate_can_carry_fails_at_start(domain: str) -> None:
+    with pytest.raises(ValueError, match="identity_domain"):
+        PeerSettings(identity="tier", identity_domain=domain)
+    assert PeerSettings(identity_domain="Fleet.Example").identity_domain == "fleet.example"
