@@ -41,6 +41,7 @@ from servekit.engine.protocol import LoadReport
 from servekit.errors import ServeError
 from servekit.load_reading import LoadNotReported, read_load_report
 from servekit.registry import CatalogView, InstanceInfo, InstanceState
+from servekit.tls import describe_tls_error
 
 __all__ = ["LiveLoad"]
 
@@ -140,8 +141,9 @@ class LiveLoad:
                 polled.failures += 1
                 self._count("unreachable")
                 if polled.failures == self.unreachable_after:
+                    why = describe_tls_error(exc) or exc  # a certificate naming another role
                     log.warning("instance %s at %s unreachable (%s); not routing to it until"
-                                " it answers", state.info.id, state.info.url, exc)  # fmt: skip
+                                " it answers", state.info.id, state.info.url, why)  # fmt: skip
                 return
         polled.failures = 0
         if report is None:

@@ -6,6 +6,12 @@ block is built once (:meth:`servekit.peers.PeerSettings.credentials`) and
 shared by the data path (``UpstreamPool``) and the ``/ready`` + ``/load``
 probes (one ``httpx.AsyncClient`` per block), so a probe and a request to the
 same instance always carry the same credentials.
+
+With ``identity: tier`` or ``instance`` in a block, each instance gets the
+block bound to the certificate name its tier (and id) must carry
+(:meth:`~servekit.peers.PeerCredentials.for_peer`), made once per instance:
+a registration claiming ``tier: center`` is reached only if its certificate
+names the center.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from servekit.peers import PeerCredentials, PeerSettings, async_client
 from servekit.registry.protocol import InstanceInfo, Tier
 
 __all__ = ["PeerBook"]
+
+_MAX_BOUND = 8192  # instances with their certificate name bound in, kept
 
 
 class PeerBook:
@@ -47,9 +55,19 @@ class PeerBook:
             (u.id or u.url.rstrip("/")): build(u.client) for u in upstreams if u.client is not None
         }
         self._clients: dict[PeerCredentials, httpx.AsyncClient] = {}
+        self._bound: dict[tuple[PeerCredentials, Tier, str], PeerCredentials] = {}
 
     def for_instance(self, info: InstanceInfo) -> PeerCredentials:
-        return self._by_id.get(info.id) or self._tiers[info.tier]
+        creds = self._by_id.get(info.id) or self._tiers[info.tier]
+        if creds.identity == "host":
+            return creds
+        key = (creds, info.tier, info.id)
+        bound = self._bound.get(key)
+        if bound is None:
+            if len(self._bound) >= _MAX_BOUND:  # ids that came and went
+                self._bound.clear()
+            bound = self._bound[key] = creds.for_peer(info.tier, info.id)
+        return bound
 
     def probe_client(self, info: InstanceInfo) -> httpx.AsyncClient:
         """An HTTP client with this instance's credentials (shared per credentials)."""

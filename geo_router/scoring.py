@@ -52,12 +52,14 @@ the first-token deadline. The formula's terms stay in explain as they were.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from geo_router.predictor import Features, Prediction
 from geo_router.prefix_index import Prefix
@@ -72,7 +74,34 @@ __all__ = ["Scored", "Scorer", "instance_url", "within_budget_first"]
 
 
 def instance_url(state: InstanceState) -> str:
-    return state.info.meta.get("url") or state.info.url
+    """Where to send an instance's requests: its registered address, port and scheme.
+
+    ``meta["url"]`` (a static upstream's configured URL, which may carry a path
+    prefix) is used only when it names that same origin: the registration's
+    meta is the instance's own word, and an instance (a stolen edge) must not
+    point the router, with the fleet's token, at another host or port.
+    """
+    info = state.info
+    given = info.meta.get("url")
+    if given and _same_origin(given, info.meta.get("scheme", "http"), info.address, info.port):
+        return given
+    return info.url
+
+
+@functools.lru_cache(maxsize=4096)
+def _same_origin(url: str, scheme: str, address: str, port: int) -> bool:
+    try:
+        parts = urlsplit(url)
+        given_port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # an unparsable port
+        return False
+    return (
+        parts.scheme == scheme
+        and (parts.hostname or "").lower() == address.lower()
+        and given_port == port
+        and not parts.username
+        and not parts.password
+    )
 
 
 @dataclass(frozen=True, slots=True)

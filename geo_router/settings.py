@@ -13,6 +13,7 @@ from geo_router.limits import LimitsSettings
 from geo_router.policy import PolicySettings
 from servekit import rtt
 from servekit.config import Section
+from servekit.peer_identity import IdentityUnusable, expected_name
 from servekit.peers import PeerSettings
 from servekit.registry.protocol import Tier
 from servekit.registry.settings import RegistrySettings, StaticEntry
@@ -408,6 +409,25 @@ class RouterSettings(Section):
     def open_because(self) -> str | None:
         """Why anyone may call the router (None: an API key is required)."""
         return None if self.auth.required else "auth.required is false: anonymous callers served"
+
+    @model_validator(mode="after")
+    def _upstream_identities(self) -> RouterSettings:
+        # Fail at start rather than refuse the upstream at every request.
+        for u in self.upstreams:
+            peer = u.client or self.peers.for_tier(u.tier)
+            if peer.identity != "host" and not u.url.lower().startswith("https://"):
+                raise ValueError(
+                    f"upstream {u.url}: identity: {peer.identity} can only be checked over TLS;"
+                    " give an https:// URL"
+                )
+            try:
+                expected_name(peer.identity, peer.identity_domain, u.tier, u.id or u.url)
+            except IdentityUnusable as exc:
+                raise ValueError(
+                    f"upstream {u.url}: {exc}; with identity: {peer.identity} give it an id"
+                    " its certificate names"
+                ) from None
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -16,10 +16,12 @@ aiohttp's ``ClientSession.post``; warm, ~13 µs against ~110 µs.
 Only what the router needs: ``POST``, ``http``/``https``, chunked or
 length-delimited (or close-delimited) responses, no redirects, proxies or
 decompression. A :class:`~servekit.peers.PeerCredentials` given with a
-request picks the TLS context (CA bundle, client certificate) and the
-headers (the service token) of its connections, pre-encoded once per origin;
-an ``https://`` URL is only ever spoken to over TLS, and with ``require_tls``
-an ``http://`` one is refused before connecting. Failures raise
+request picks the TLS context (CA bundle, client certificate), the name the
+peer's certificate must carry (its ``server_name``, else the URL's host) and
+the headers (the service token) of its connections, pre-encoded once per
+origin; an ``https://`` URL is only ever spoken to over TLS, and with
+``require_tls`` (or a role to check) an ``http://`` one is refused before
+connecting. Failures raise
 :class:`ConnectError` (could not connect within ``connect_timeout_s``, or
 the TLS handshake failed: nothing was sent),
 :class:`ConnectionBroken` (closed or malformed mid-response) or
@@ -44,7 +46,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from servekit.peers import PeerCredentials, PlainTextRefused
+from servekit.peers import PeerCredentials, PeerRefused
 from servekit.tls import describe_tls_error
 
 __all__ = ["ConnectError", "ConnectionBroken", "HTTPClientError", "Response", "UpstreamPool"]
@@ -69,7 +71,7 @@ class ConnectionBroken(HTTPClientError):
 
 
 class _Origin:
-    __slots__ = ("extra_headers", "host", "host_header", "idle", "port", "ssl")
+    __slots__ = ("extra_headers", "host", "host_header", "idle", "port", "server_name", "ssl")
 
     def __init__(
         self, scheme: str, host: str, port: int | None, peer: PeerCredentials | None
@@ -78,8 +80,10 @@ class _Origin:
         self.host = host
         self.port = port or (443 if secure else 80)
         self.ssl: ssl.SSLContext | None = None
+        self.server_name: str | None = None  # what the certificate must name (SNI too)
         if secure:
             self.ssl = peer.ssl if peer is not None else ssl.create_default_context()
+            self.server_name = (peer.server_name if peer is not None else None) or host
         default = self.port == (443 if secure else 80)
         name = f"[{host}]" if ":" in host else host
         self.host_header = (name if default else f"{name}:{self.port}").encode("ascii")
@@ -351,7 +355,7 @@ class UpstreamPool:
         if peer is not None:
             try:
                 peer.check_url(url)
-            except PlainTextRefused as exc:
+            except PeerRefused as exc:
                 raise ConnectError(url, exc) from None
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -387,7 +391,7 @@ class UpstreamPool:
                     origin.host,
                     origin.port,
                     ssl=origin.ssl,
-                    server_hostname=origin.host if origin.ssl else None,
+                    server_hostname=origin.server_name,
                 )
         except TimeoutError:
             reason = TimeoutError(f"no connection within {self._connect_timeout_s:g}s")

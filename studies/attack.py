@@ -7,10 +7,11 @@ running ``hybrid-llm up``: what was sent, what came back, closed or still open.
 Needs the local topology up (``scripts/run.sh`` or ``hybrid-llm up``; the router
 on 127.0.0.1:8080 with the example key ``sk-local-dev``). The artifact-server
 and Consul-policy rows run on their own (a throw-away ``model-sync
-serve-artifacts`` and the rendered policy). Each row is one finding: ``closed``
-when the answer is the hardened one, ``OPEN`` for findings this branch does not
-close yet (listed so the gap stays visible), ``REGRESSED`` when a closed one
-answers the old way. The exit status is 1 on any regression. The test suite runs
+serve-artifacts`` and the rendered policy), as do the rows on the rendered
+topology's tokens and the router's choice of URL. Each row is one finding:
+``closed`` when the answer is the hardened one, ``OPEN`` for findings this
+branch does not close yet (listed so the gap stays visible), ``REGRESSED``
+when a closed one answers the old way. The exit status is 1 on any regression. The test suite runs
 :func:`run` against a small real topology (``tests/test_attack.py``: one edge
 agent on the real model and the router), so a closed row that opens again
 fails CI. Results: ``studies/attack.results.md``.
@@ -218,6 +219,37 @@ def consul_policy() -> Row:
                not can)  # fmt: skip
 
 
+def tier_tokens() -> Row:
+    """The center as ``hybrid-llm up`` renders it (in a scratch state directory): does
+    it take the token every edge holds?"""
+    from central.settings import CentralSettings
+    from hybrid_llm.local.topology import TopologySettings, build_specs, service_token
+    from servekit.config import load_settings
+    from servekit.service_auth import hash_token
+
+    with tempfile.TemporaryDirectory() as tmp:
+        topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir=tmp)
+        build_specs(topo, REPO)
+        center = load_settings(CentralSettings, Path(tmp) / "topology" / "center.yaml")
+        edge_token = service_token(Path(tmp), "edge") or ""
+    taken = hash_token(edge_token) in center.server.auth.digests()
+    return Row("compromised node", "edge-a's token at the center (as up renders it)",
+               "accepted" if taken else "refused: not among its tokens", not taken)  # fmt: skip
+
+
+def registered_url() -> Row:
+    """Where the router sends a registration whose own meta names another host."""
+    from geo_router.scoring import instance_url
+    from servekit.engine.protocol import LoadReport
+    from servekit.registry.protocol import InstanceInfo, InstanceState
+
+    meta = {"url": "http://10.9.9.9:8100"}
+    info = InstanceInfo("edge-a", "center", "center", "127.0.0.1", 8101, "m", meta=meta)
+    url = instance_url(InstanceState(info, LoadReport(), True, 0.0))
+    return Row("compromised node", "registers meta.url http://10.9.9.9:8100",
+               f"router sends to {url}", url == info.url)  # fmt: skip
+
+
 def _connect(router: str) -> socket.socket:
     url = urlsplit(router)
     return socket.create_connection((url.hostname or "127.0.0.1", url.port or 80), timeout=10)
@@ -289,6 +321,7 @@ def run(router: str, key: str, tenant_key: str | None = None, patience: float = 
         rows.append(tenant_concurrency(tenant))
     rows += [slow_head(router, patience), huge_head(router, patience)]
     rows += [artifact_server_open(), artifact_dotfiles(), consul_policy()]
+    rows += [tier_tokens(), registered_url()]
     return rows
 
 

@@ -10,10 +10,13 @@ topology never needs a service to grow flags. Strings in ``args``,
 ``{config}`` (this service's rendered settings file), ``{url}`` (its own
 address), ``{advertise}`` (where the fleet should reach it: through its delay
 proxy when netem is on), ``{advertise_of[other-name]}`` / ``{url_of[..]}``,
-and ``{service_token_file}``: the file holding the service token that edges
-and the center accept and the router and the gateway send. Every build
-writes a fresh random token there (mode 0600), so each ``up`` has its own;
-:func:`service_headers` gives operator tools (profile, benches) that token.
+``{service_token_file}``: the file holding the edges' service token (the
+router sends it to edges), and ``{center_token_file}``: the center's (the
+router sends it to the center, the gateway to its stand-in replicas). One
+token per tier, so an edge's token (a stolen edge's) does not open the
+center. Every build writes fresh random tokens (mode 0600), so each ``up``
+has its own; :func:`service_headers` gives operator tools (profile, benches)
+a tier's token.
 ``{trusted_keys_file}`` is the public half of the topology's operator signing
 key (``<state_dir>/secrets/operator.pub``; the private key beside it, mode
 0600), made once and kept across runs: the edges trust it, so a version
@@ -36,13 +39,14 @@ import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hybrid_llm.local.supervisor import ProcessSpec
 from model_sync.signing import SigningKey, generate_keypair, public_key_text
+from servekit.registry.protocol import Tier
 from servekit.rtt import RttTable
 
 __all__ = [
@@ -59,7 +63,7 @@ __all__ = [
     "service_token_path",
     "signing_key_paths",
     "with_services",
-    "write_service_token",
+    "write_service_tokens",
 ]
 
 SERVICE_TOKEN_ENV = "HYBRID_LLM_SERVICE_TOKEN"
@@ -227,20 +231,23 @@ def with_services(topo: TopologySettings, names: Sequence[str]) -> TopologySetti
     return TopologySettings.model_validate(data)
 
 
-def service_token_path(state_dir: Path) -> Path:
-    return state_dir / "secrets" / "service-token"
+def service_token_path(state_dir: Path, tier: Tier = "edge") -> Path:
+    """The file of ``tier``'s service token: ``service-token`` (edges), ``center-token``."""
+    return state_dir / "secrets" / ("service-token" if tier == "edge" else f"{tier}-token")
 
 
-def write_service_token(state_dir: Path) -> Path:
-    """A new random service token in ``<state_dir>/secrets/service-token`` (0600)."""
-    path = service_token_path(state_dir)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(f"svc-{secrets.token_urlsafe(32)}\n")
-    os.replace(tmp, path)
-    return path
+def write_service_tokens(state_dir: Path) -> dict[Tier, Path]:
+    """A new random token per tier under ``<state_dir>/secrets/`` (0600 each)."""
+    written: dict[Tier, Path] = {}
+    for tier in get_args(Tier):
+        path = written[tier] = service_token_path(state_dir, tier)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"svc-{tier}-{secrets.token_urlsafe(32)}\n")
+        os.replace(tmp, path)
+    return written
 
 
 def signing_key_paths(state_dir: Path) -> tuple[Path, Path]:
@@ -264,23 +271,23 @@ def ensure_signing_key(state_dir: Path) -> Path:
     return generate_keypair(private.parent, private.stem)[1]
 
 
-def service_token(state_dir: Path = Path("var")) -> str | None:
-    """The token the local topology's edges and center accept, for calling them directly.
+def service_token(state_dir: Path = Path("var"), tier: Tier = "edge") -> str | None:
+    """The token the local topology's ``tier`` accepts, for calling it directly.
 
     ``$HYBRID_LLM_SERVICE_TOKEN`` if set, else the one ``hybrid-llm up`` wrote.
     """
     token = os.environ.get(SERVICE_TOKEN_ENV)
     if not token:
         try:
-            token = service_token_path(state_dir).read_text(encoding="utf-8").strip()
+            token = service_token_path(state_dir, tier).read_text(encoding="utf-8").strip()
         except OSError:
             return None
     return token or None
 
 
-def service_headers(state_dir: Path = Path("var")) -> dict[str, str]:
+def service_headers(state_dir: Path = Path("var"), tier: Tier = "edge") -> dict[str, str]:
     """``Authorization`` with :func:`service_token` (empty when there is none)."""
-    token = service_token(state_dir)
+    token = service_token(state_dir, tier)
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
@@ -326,9 +333,10 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
     state = root / topo.state_dir
     rendered_dir = state / "topology"
     rendered_dir.mkdir(parents=True, exist_ok=True)
-    write_service_token(state)
+    write_service_tokens(state)
     ensure_signing_key(state)
     token_file = service_token_path(topo.state_dir)  # as the services see it (cwd=root)
+    center_token_file = service_token_path(topo.state_dir, "center")
     trusted_keys_file = signing_key_paths(topo.state_dir)[1]
     store = topo.trace_store()
     services = sorted(topo.enabled(), key=lambda s: s is not store)  # stable: listed order
@@ -377,6 +385,7 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
             "url_of": url_of,
             "advertise_of": advertise_of,
             "service_token_file": str(token_file),
+            "center_token_file": str(center_token_file),
             "trusted_keys_file": str(trusted_keys_file),
         }
         base: dict[str, Any] = {}

@@ -266,10 +266,12 @@ def _print_ready(topo: TopologySettings, sup: Supervisor, out: Output) -> None:
     if base:
         out.plain(_examples(base, topo.example_api_key))
     token = service_token_path(topo.state_dir)
+    center_token = service_token_path(topo.state_dir, "center")
     if token.is_file():
         out.show(
-            f"Edges and the center accept only the service token in {token} (the router "
-            f'sends it): curl -H "Authorization: Bearer $(cat {token})" ...',
+            f"The edges accept only the service token in {token}, the center only the one "
+            f"in {center_token} (the router sends each its own): "
+            f'curl -H "Authorization: Bearer $(cat {token})" ...',
             highlight=False,
         )
     key, _ = signing_key_paths(topo.state_dir)

@@ -62,7 +62,7 @@ def entry_info(entry: StaticEntry) -> InstanceInfo:
         version=entry.version,
         capacity=entry.capacity,
         tags=tuple(entry.tags),
-        meta={"url": entry.url.rstrip("/")},
+        meta={"url": entry.url.rstrip("/"), "scheme": parsed.scheme},
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 from geo_router.settings import RouterSettings, hash_key
 from hybrid_llm.local.servers import UvicornThread, free_port, service_process
 from tests.geo_router.fake_upstream import Behavior, build_app
+from tests.support.pki import PrivateCA
 
 KEY = "sk-test-router-key"
 BATCH_KEY = "sk-test-batch-key"
@@ -53,6 +54,16 @@ def upstream(url: str, tier: str = "edge", region: str = "east", **kw: Any) -> d
 def serve_fake(behavior: Behavior) -> Iterator[str]:
     with UvicornThread(build_app(behavior)) as server:
         yield server.url
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PrivateCA]:
+    """Two certificate authorities: the fleet's and another (certificates made in the test)."""
+    base = tmp_path_factory.mktemp("pki")
+    return {
+        "fleet": PrivateCA(base / "fleet", "fleet"),
+        "other": PrivateCA(base / "other", "other"),
+    }
 
 
 @pytest.fixture

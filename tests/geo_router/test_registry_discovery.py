@@ -101,3 +101,37 @@ async def test_ratings_reach_model_syncs_acceptance_figures(tmp_path: Path) -> N
                     assert (counts.rated, counts.accepted) == (3, 2)
     finally:
         await registry.aclose()
+
+
+async def test_a_registration_cannot_point_the_router_at_another_host(tmp_path: Path) -> None:
+    """The router sends an instance's requests (with the fleet's token) to the address
+    it registered, not to whatever its own meta says: a stolen edge registering
+    ``meta.url`` of another service gets nothing sent there."""
+    reg_settings = RegistrySettings.model_validate(
+        {"backend": "embedded", "embedded": {"path": str(tmp_path / "registry.db")}}
+    )
+    registry = await open_registry(reg_settings)
+    real, elsewhere = Behavior(model="m"), Behavior(model="m")
+    try:
+        with serve_fake(real) as url, serve_fake(elsewhere) as other_url:
+            port = int(url.rsplit(":", 1)[1])
+            info = InstanceInfo(
+                "e1", "edge", "east", "127.0.0.1", port, "m", meta={"url": other_url}
+            )
+            await registry.register(info, ttl_s=60)
+            await registry.heartbeat("e1", LoadReport(ready=True, capacity=4, model="m"))
+            settings = router_settings(
+                [], registry=reg_settings.model_dump(mode="json"), poll_interval_s=0.1
+            )
+            app = create_app(settings)
+            async with LifespanManager(app) as manager:
+                transport = httpx.ASGITransport(app=manager.app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://r") as c:
+                    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+                    headers = {"Authorization": f"Bearer {KEY}"}
+                    r = await c.post("/v1/chat/completions", json=body, headers=headers)
+                    assert r.status_code == 200, r.text
+    finally:
+        await registry.aclose()
+    assert not elsewhere.seen
+    assert len(real.seen) == 1

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from geo_router.app import create_app
 from hybrid_llm.local.servers import UvicornThread, wait_ready
@@ -33,20 +32,15 @@ TOKEN = "svc-router-to-edges"
 BODY = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, PrivateCA]:
-    base = tmp_path_factory.mktemp("pki")
-    return {
-        "fleet": PrivateCA(base / "fleet", "fleet"),
-        "other": PrivateCA(base / "other", "other"),
-    }
-
-
 @contextmanager
 def tls_upstream(
-    ca: PrivateCA, behavior: Behavior, client_ca: PrivateCA | None = None
+    ca: PrivateCA,
+    behavior: Behavior,
+    client_ca: PrivateCA | None = None,
+    names: tuple[str, ...] = ("127.0.0.1",),
 ) -> Iterator[UvicornThread]:
-    issued = ca.issue("127.0.0.1")
+    """``behavior`` served over HTTPS with a certificate from ``ca`` for ``names``."""
+    issued = ca.issue(*names)
     extra: dict[str, Any] = {
         "ssl_certfile": str(issued.cert_file),
         "ssl_keyfile": str(issued.key_file),

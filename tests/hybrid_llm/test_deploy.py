@@ -155,3 +155,19 @@ def test_the_collector_receives_where_the_services_export() -> None:
     for name in ("router.yaml", "edge.yaml", "central.yaml"):
         tracing = yaml.safe_load((DEPLOY / "config" / name).read_text())["tracing"]
         assert tracing["endpoint"].endswith(":" + http.rsplit(":", 1)[1] + "/v1/traces"), name
+
+
+def test_the_production_router_checks_roles_and_sends_a_token_per_tier() -> None:
+    """A stolen edge's certificate or token must not pass for the center's."""
+    peers = yaml.safe_load((DEPLOY / "config" / "router.yaml").read_text())["peers"]
+    assert peers["edge"]["identity"] == peers["center"]["identity"] == "instance"
+    assert peers["edge"]["token_file"] != peers["center"]["token_file"]
+    units = {
+        name: (DEPLOY / "systemd" / f"{name}.service").read_text()
+        for name in ("edge-agent", "central")
+    }
+    edge_tokens = re.findall(r"LoadCredential=service-tokens:(\S+)", units["edge-agent"])
+    center_tokens = re.findall(r"LoadCredential=service-tokens:(\S+)", units["central"])
+    assert edge_tokens
+    assert center_tokens
+    assert edge_tokens != center_tokens

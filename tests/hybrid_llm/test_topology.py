@@ -184,7 +184,9 @@ def test_the_center_can_run_on_vllm(tmp_path: Path) -> None:
         load_settings(TopologySettings, REPO / "configs" / "local.yaml", center="trtllm")
 
 
-def test_each_build_wires_one_fresh_service_token_to_every_service(tmp_path: Path) -> None:
+def test_each_build_wires_one_fresh_token_per_tier(tmp_path: Path) -> None:
+    """Edges take one token, the center another: a stolen edge's token does not open
+    the center. The router sends each tier its own."""
     from central.settings import CentralSettings
     from edge_agent.settings import EdgeSettings
     from geo_router.settings import RouterSettings
@@ -192,26 +194,71 @@ def test_each_build_wires_one_fresh_service_token_to_every_service(tmp_path: Pat
 
     topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path))
     token_file = tmp_path / "secrets" / "service-token"
+    center_file = tmp_path / "secrets" / "center-token"
     build_specs(topo, REPO)
     first = token_file.read_text().strip()
     build_specs(topo, REPO)
-    token = token_file.read_text().strip()
+    token, center_token = token_file.read_text().strip(), center_file.read_text().strip()
     assert len(token) > 30
+    assert len(center_token) > 30
     assert token != first  # every `up` has its own
-    assert token_file.stat().st_mode & 0o077 == 0  # readable by the owner only
+    assert token != center_token
+    for path in (token_file, center_file):
+        assert path.stat().st_mode & 0o077 == 0  # readable by the owner only
     rendered = tmp_path / "topology"
     for edge in ("edge-a", "edge-b"):
         accepted = load_settings(EdgeSettings, rendered / f"{edge}.yaml").server.auth.digests()
         assert accepted == [hash_token(token)]
     center = load_settings(CentralSettings, rendered / "center.yaml")
-    assert center.server.auth.digests() == [hash_token(token)]
+    assert center.server.auth.digests() == [hash_token(center_token)]
     assert center.replica_client.token is not None
-    assert center.replica_client.token.get_secret_value() == token
+    assert center.replica_client.token.get_secret_value() == center_token
     router = load_settings(RouterSettings, rendered / "router.yaml")
-    assert router.peers.default.token is not None
-    assert router.peers.default.token.get_secret_value() == token
-    assert token not in (rendered / "router.yaml").read_text()  # files name the token file
+    sent = {tier: router.peers.for_tier(tier).token for tier in ("edge", "center")}
+    assert {t: s.get_secret_value() if s else None for t, s in sent.items()} == {
+        "edge": token,
+        "center": center_token,
+    }
+    text = (rendered / "router.yaml").read_text()
+    assert token not in text  # files name the token files
+    assert center_token not in text
     assert service_headers(tmp_path) == {"Authorization": f"Bearer {token}"}
+    assert service_headers(tmp_path, "center") == {"Authorization": f"Bearer {center_token}"}
+
+
+def test_the_center_as_up_configures_it_refuses_the_edges_token(tmp_path: Path) -> None:
+    """A real gateway with the rendered center settings (its stand-in replicas swapped
+    for a double that wants the same token): the edges' token gets 401, its own serves."""
+    from central.app import create_app
+    from central.settings import CentralSettings
+    from hybrid_llm.local.engine_double import create_double
+    from hybrid_llm.local.servers import UvicornThread
+
+    topo = load_settings(TopologySettings, REPO / "configs" / "local.yaml", state_dir=str(tmp_path))
+    build_specs(topo, REPO)
+    edge_token = (tmp_path / "secrets" / "service-token").read_text().strip()
+    center_token = (tmp_path / "secrets" / "center-token").read_text().strip()
+    rendered = yaml.safe_load((tmp_path / "topology" / "center.yaml").read_text())
+    settings_model = str(rendered["model"])
+    with UvicornThread(create_double(settings_model, tokens=[center_token])) as double:
+        rendered["replicas"] = [{"name": "double", "kind": "url", "url": double.url}]
+        rendered.pop("registry", None)
+        settings = CentralSettings.model_validate(rendered)
+        with UvicornThread(create_app(settings)) as gateway:
+            wait_ready(gateway.url, timeout=60)
+            chat = {"model": settings.model, "messages": [{"role": "user", "content": "hi"}]}
+
+            def ask(token: str) -> httpx.Response:
+                headers = {"Authorization": f"Bearer {token}"}
+                return httpx.post(
+                    gateway.url + "/v1/chat/completions", json=chat, headers=headers, timeout=30
+                )
+
+            refused = ask(edge_token)
+            assert refused.status_code == 401, refused.text
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+            served = ask(center_token)
+            assert served.status_code == 200, served.text
 
 
 def test_the_edges_trust_the_topology_signing_key_kept_across_builds(tmp_path: Path) -> None:
