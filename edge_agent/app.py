@@ -64,6 +64,7 @@ class EdgeAgent:
             aliases=frozenset(settings.aliases),
             version=version,
             max_tokens_limit=settings.engine.context_window,
+            stream_deadline_s=settings.server.stream_deadline_s,
             tracing=start_tracing(
                 settings.tracing,
                 "edge-agent",

@@ -172,7 +172,7 @@ class ServingMetrics:
         )
         self._outcomes = Counter(
             "hybrid_requests",
-            "Requests by outcome: ok, client_error, rejected, cancelled, error.",
+            "Requests by outcome: ok, client_error, rejected, cancelled, deadline, error.",
             (*LABELS, "outcome"),
             registry=registry,
         )

@@ -12,7 +12,7 @@ for it (called on SIGTERM before connections close) and what a reload
 applies live. On SIGHUP the settings file is read again with the same flags
 and handed to ``reload`` (API keys, service tokens), and the certificates it
 names are loaded into the listening socket (:mod:`servekit.serve`). What is
-fixed with the socket (its address, the connection limits: :data:`RESTART_ONLY`)
+fixed at start (its address, the connection limits: :data:`RESTART_ONLY`)
 keeps its running value, with a warning naming what changed.
 
 Fail closed: a service that would take unauthenticated calls on a
@@ -60,11 +60,13 @@ __all__ = [
 # The blocks whose plain fields become flags of ``serve``.
 FLAG_BLOCKS = ("server", "instance")
 
-# ``server:`` fields fixed when the socket is opened: a reload cannot change them.
+# ``server:`` fields fixed when the service starts (most with its socket): a reload
+# cannot change them.
 RESTART_ONLY = (
     "host",
     "port",
     "send_stall_s",
+    "stream_deadline_s",
     "header_timeout_s",
     "max_header_bytes",
     "max_connections",

@@ -200,3 +200,36 @@ def test_a_client_that_stops_reading_frees_the_slot_within_the_stall_time(
             wait_until(lambda: load(agent)["running"] == 0, 10, "the slot to come back")
             assert engines.current.running == 0  # the engine stopped generating for it
             assert len(engines.current.requests) == 1
+
+
+def test_a_stream_past_its_deadline_ends_with_an_error_and_frees_the_slot(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A client reading every byte of a long generation held the slot until it was done."""
+    engines = ScriptedEngines()  # 10 ms a token: 1000 tokens take 10 s
+    stand_in = tmp_path_factory.mktemp("edge-deadline") / "stand-in.gguf"
+    stand_in.write_bytes(b"GGUF scripted")
+    settings = settings_from(stand_in, instance__id="edge-deadline", server__stream_deadline_s=0.5)
+    with UvicornThread(scripted_app(settings, engines)) as agent:
+        wait_ready(agent.url, timeout=30)
+        began = time.monotonic()
+        body = {**COUNTING, "max_tokens": 1000}
+        r = httpx.post(agent.url + "/v1/completions", json=body, timeout=30)
+        took = time.monotonic() - began
+        frames = [f for f in r.text.split("\n\n") if f]
+        assert r.status_code == 200
+        assert frames[-1] == "data: [DONE]"
+        error = json.loads(frames[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "stream_deadline_exceeded", frames[-2]
+        assert len(frames) > 3  # tokens came before it
+        assert took < 3
+        wait_idle(agent, timeout=3)
+        assert engines.current.running == 0  # the engine stopped generating for it
+        metrics = httpx.get(agent.url + "/metrics").text
+        outcomes = [line for line in metrics.splitlines() if line.startswith("hybrid_requests_t")]
+        assert len(outcomes) == 1, outcomes  # counted once, not as an error
+        assert 'outcome="deadline"' in outcomes[0]
+        assert outcomes[0].endswith(" 1.0")
+        # The slot came back once: a short answer is served at once.
+        short = {**COUNTING, "max_tokens": 3, "stream": False}
+        assert httpx.post(agent.url + "/v1/completions", json=short, timeout=30).is_success
