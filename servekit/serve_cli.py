@@ -38,6 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 from pydantic import BaseModel
 
 from servekit.config import ConfigError, load_settings
+from servekit.metrics import GuardMetrics
 from servekit.service_auth import refuse_open_bind
 from servekit.settings import ServerSettings
 from servekit.tls import ServerTLSSettings, client_ca_change
@@ -191,6 +192,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         return fresh.server.tls
 
     server = settings.server
+    guard: GuardMetrics | None = getattr(app.state, "connection_guard", None)
     run_service(
         app,
         host=server.host,
@@ -199,6 +201,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         log_level=server.log_level,
         graceful_s=service.graceful_s(settings),
         limits=server.connection_limits(),
+        on_close=guard.closed if guard is not None else None,
         tls=server.tls,
         on_reload=reload,
     )
