@@ -24,6 +24,7 @@ from cryptography import x509
 from edge_agent.settings import EdgeSettings
 from geo_router.app import create_app as create_router
 from hybrid_llm.local.servers import UvicornThread, free_port, service_process, wait_ready
+from model_sync.signing import generate_keypair, key_id, parse_public_key
 from servekit.service_auth import ServiceAuthSettings
 from tests.edge_agent.conftest import MODEL, in_process, scripted_app
 from tests.geo_router.conftest import KEY, router_settings, upstream
@@ -192,3 +193,32 @@ def _wait_for(check: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+@pytest.mark.anyio
+async def test_sighup_reloads_the_keys_version_records_are_checked_against(
+    scripted_settings: Callable[..., EdgeSettings], tmp_path: Path
+) -> None:
+    """The edge's reload hook (what SIGHUP calls with the re-read file) hands the
+    reconciler the trusted keys it lists now; they were read only at start."""
+    publics = [
+        generate_keypair(tmp_path / "keys", name)[1].read_text().strip()
+        for name in ("current", "next")
+    ]
+    ids = [key_id(parse_public_key(text)) for text in publics]
+
+    def settings(trusted: list[str]) -> EdgeSettings:
+        return scripted_settings(
+            instance__id="edge-keys",
+            registry={"backend": "embedded", "embedded": {"path": str(tmp_path / "reg.db")}},
+            model_sync={"model_dir": str(tmp_path / "models"), "trusted_keys": trusted},
+        )
+
+    app = scripted_app(settings(publics[:1]))
+    async with in_process(app):
+        reconciler = app.state.agent.reconciler
+        assert set(reconciler.verifier.keys) == {ids[0]}
+        app.state.hooks.reload(settings(publics))
+        assert set(reconciler.verifier.keys) == set(ids)
+        app.state.hooks.reload(settings(publics[1:]))
+        assert set(reconciler.verifier.keys) == {ids[1]}
