@@ -63,3 +63,16 @@ async def test_a_stream_past_its_deadline_ends_with_an_error_and_frees_its_slot(
                 error = json.loads(_events(r.text)[-2])["error"]
                 assert error["code"] == "stream_deadline_exceeded"
                 assert 1.5 <= took < 3.0
+
+
+async def test_a_whole_answer_past_its_deadline_gets_504_in_the_openai_shape() -> None:
+    edge = Behavior(words=100, token_delay_s=0.05)
+    with serve_fake(edge) as url:
+        settings = router_settings([upstream(url)], server={"stream_deadline_s": 0.6})
+        with UvicornThread(create_app(settings)) as srv:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+                auth = {"Authorization": f"Bearer {KEY}"}
+                r = await c.post(PATH, json={**CHAT, "max_tokens": 100}, headers=auth)
+                assert r.status_code == 504, r.text
+                assert r.json()["error"]["code"] == "stream_deadline_exceeded"
+                await asyncio.to_thread(wait_until, lambda: edge.aborted == 1, 5, "abort")
