@@ -177,10 +177,11 @@ async def _stream(
                     if not chunk:
                         continue
                 # The chunk that carries [DONE] also closes the response: one write, not two.
-                ended = chunk.endswith(DONE_FRAME)
-                if ended:
+                last = chunk.endswith(DONE_FRAME)
+                if last:
                     watch.finish()
-                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                ended = last
     except StreamDeadlineExceeded as exc:
         if ended:
             return  # the client has its whole answer; only the bookkeeping was cut short

@@ -272,8 +272,9 @@ async def _stream(
                 except StopAsyncIteration:
                     raise EngineFailure("engine stream ended without a finish") from None
     except ServeError as exc:
+        if not done:  # else finished and counted; the deadline cut its last write short
+            _record_failure(core, exc)
         done = True
-        _record_failure(core, exc)
         await body(encode_error(exc) + DONE_FRAME, more=False)
     finally:
         if not done:
