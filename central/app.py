@@ -62,6 +62,7 @@ class CentralGateway:
             self.admission,
             self.metrics,
             version=settings.version,
+            stream_deadline_s=settings.server.stream_deadline_s,
             tracing=start_tracing(settings.tracing, "central", resource),
         )
         capacity = self.pool.capacity

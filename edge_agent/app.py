@@ -64,6 +64,7 @@ class EdgeAgent:
             aliases=frozenset(settings.aliases),
             version=version,
             max_tokens_limit=settings.engine.context_window,
+            stream_deadline_s=settings.server.stream_deadline_s,
             tracing=start_tracing(
                 settings.tracing,
                 "edge-agent",
@@ -76,6 +77,7 @@ class EdgeAgent:
             self.prometheus.register(collector)
         self.load_error: BaseException | None = None
         self.registration = Registration(settings.registry, self.instance_info, self._load)
+        self.reconciler: Reconciler | None = None
         self.reconciling: asyncio.Task[None] | None = None
 
     def instance_info(self) -> InstanceInfo:
@@ -103,7 +105,16 @@ class EdgeAgent:
                 version=self.slot.version,
                 stats=self._load,
             )
+            self.reconciler = reconciler
             self.reconciling = asyncio.create_task(reconciler.run())
+
+    def reload(self, fresh: EdgeSettings) -> None:
+        """What a SIGHUP applies beyond the service tokens: the keys version records
+        must be signed with (the reconciler logs what changed; without a running
+        reconciler they are read when it starts)."""
+        if self.reconciler is not None:
+            sync = fresh.model_sync
+            self.reconciler.trust(sync.trusted_keys if sync is not None else [])
 
     def _load(self) -> LoadReport:
         return self.core.load()
@@ -176,7 +187,8 @@ def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory | None =
     """The edge agent's app; ``engine_factory`` builds each engine it serves
     (default: the real one the settings name).
 
-    ``app.state.token_gate`` holds the accepted service tokens.
+    ``app.state.token_gate`` holds the accepted service tokens; a SIGHUP reload
+    applies the file's tokens and its ``model_sync.trusted_keys``.
     """
     gate = TokenGate(settings.server.auth)
 
@@ -202,6 +214,11 @@ def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory | None =
         if running is not None:
             running.drain()
 
+    def reload(fresh: EdgeSettings) -> None:
+        running = getattr(app.state, "agent", None)
+        if running is not None:
+            running.reload(fresh)
+
     app = build_serving_app(
         title="edge-agent",
         version="0.1.0",
@@ -211,6 +228,7 @@ def create_app(settings: EdgeSettings, *, engine_factory: EngineFactory | None =
         max_tokens_limit=settings.engine.context_window,
         auth=gate,
         drain=drain,
+        reload=reload,
     )
 
     @app.get("/engine", summary="The serving engine: kind, version and, for a process engine, "

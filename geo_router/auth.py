@@ -48,6 +48,7 @@ class Tenant:
     operator: bool = False  # may see routing internals (explain, cached-token figures)
     max_streams: int | None = None  # requests in flight at once, per router
     cache_salt: str | None = None  # its cache scope, as engines take it (see cache_salt)
+    stream_deadline_s: float | None = None  # its own answers' deadline (None: the server's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,7 @@ def _tenant(entry: ApiKeySettings, salt_key: bytes) -> Tenant:
         entry.operator,
         entry.max_streams,
         cache_salt(salt_key, scope),
+        entry.stream_deadline_s,
     )
 
 

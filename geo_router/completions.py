@@ -20,7 +20,9 @@ from geo_router.request_ids import CLIENT_ID_HEADER
 from geo_router.routed import RoutedStream
 from geo_router.state import Intake, RouterState, intake
 from servekit.asgi import DisconnectWatch, Scope, Send, raw_headers, send_json
-from servekit.sse import DONE_FRAME
+from servekit.errors import StreamDeadlineExceeded
+from servekit.sse import DONE_FRAME, encode_error
+from servekit.stream_deadline import stream_deadline
 from servekit.tracing import ending, mark_failed
 
 if TYPE_CHECKING:
@@ -109,14 +111,24 @@ async def _serve(
         )
     if cand.trim is not None:
         route_headers["X-Route-Trimmed"] = cand.trim.header()
+    deadline = taken.tenant.stream_deadline_s or state.settings.server.stream_deadline_s
     try:
         if req.body["stream"]:
             options = req.body.get("stream_options")
             asked = isinstance(options, dict) and options.get("include_usage") is True
-            await _stream(stream, route_headers, send, watch, hide_usage=not asked)
+            await _stream(
+                stream,
+                route_headers,
+                send,
+                watch,
+                hide_usage=not asked,
+                arrival=req.arrived,
+                deadline=deadline,
+            )
             return
-        async for _ in stream:
-            pass
+        async with stream_deadline(req.arrived, deadline):
+            async for _ in stream:
+                pass
     finally:
         await stream.aclose()
         state.metrics.observe_stages(taken.stages.spans())  # off the path to the first byte
@@ -145,23 +157,39 @@ async def _stream(
     watch: DisconnectWatch,
     *,
     hide_usage: bool,
+    arrival: float,
+    deadline: float | None,
 ) -> None:
+    """Relay the stream within its ``deadline`` (seconds from the request's arrival);
+    past it the client's last event is the error and ``[DONE]`` (the caller's
+    ``finally`` gives up the upstream and settles the tenant's tokens)."""
     headers["Cache-Control"] = "no-cache"
     raw = raw_headers(headers, b"text/event-stream; charset=utf-8")
     await send({"type": "http.response.start", "status": 200, "headers": raw})
     ended = False
-    async for chunk in chunks:
+    try:
+        async with stream_deadline(arrival, deadline):
+            async for chunk in chunks:
+                if ended:
+                    continue  # nothing follows [DONE]; drained for its bookkeeping
+                if hide_usage:  # asked upstream for the limiter's sake, not the client's
+                    chunk = without_usage(chunk)
+                    if not chunk:
+                        continue
+                # The chunk that carries [DONE] also closes the response: one write, not two.
+                last = chunk.endswith(DONE_FRAME)
+                if last:
+                    watch.finish()
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                ended = last
+    except StreamDeadlineExceeded as exc:
         if ended:
-            continue  # nothing follows [DONE]; the stream is drained for its bookkeeping
-        if hide_usage:  # asked upstream for the limiter's sake, not the client's
-            chunk = without_usage(chunk)
-            if not chunk:
-                continue
-        # The chunk that carries [DONE] also closes the response: one write, not two.
-        ended = chunk.endswith(DONE_FRAME)
-        if ended:
-            watch.finish()
-        await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            return  # the client has its whole answer; only the bookkeeping was cut short
+        chunks.transcript.error = exc
+        watch.finish()
+        frame = encode_error(exc) + DONE_FRAME
+        await send({"type": "http.response.body", "body": frame, "more_body": False})
+        return
     if not ended:
         watch.finish()
         await send({"type": "http.response.body", "body": b"", "more_body": False})

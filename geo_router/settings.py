@@ -57,6 +57,12 @@ class ApiKeySettings(Section):
         description="Requests in flight at once (per router); more answer 429 at once. A "
         "stream a client reads slowly holds an engine slot until it ends.",
     )
+    stream_deadline_s: float | None = Field(
+        None,
+        gt=0,
+        description="This key's answers end this long after their request arrived (a "
+        "stream with an error event and [DONE]); unset: server.stream_deadline_s.",
+    )
     operator: bool = Field(
         False,
         description="May see routing internals: /v1/route/explain and X-Route-Cached-Tokens. "

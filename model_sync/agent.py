@@ -202,6 +202,36 @@ class Reconciler:
                 with contextlib.suppress(RegistryError):
                     await self._report(state="failed", error=f"invalid desired state: {exc}")
 
+    def trust(self, trusted_keys: list[str]) -> None:
+        """Verify records against ``trusted_keys`` from now on (an edge's SIGHUP reload),
+        logging the ids of the keys added and removed. A target that failed is tried
+        again (a record signed by a newly trusted key installs without a new desired
+        version). An empty list where keys were trusted would stop verification: it
+        is refused with an error and the running keys stay until a restart."""
+        before = set(self.verifier.keys) if self.verifier is not None else set()
+        verifier = RecordVerifier(trusted_keys) if trusted_keys else None
+        after = set(verifier.keys) if verifier is not None else set()
+        if before and not after:
+            log.error(
+                "node %s: reload leaves model_sync.trusted_keys empty, which would stop "
+                "verifying version records; still trusting %s (restart to turn it off)",
+                self.node_id,
+                ", ".join(sorted(before)),
+            )
+            return
+        if after == before:
+            return
+        self.verifier = verifier
+        log.warning(
+            "node %s: trusted keys reloaded: added %s, removed %s; now trusting %s",
+            self.node_id,
+            ", ".join(sorted(after - before)) or "none",
+            ", ".join(sorted(before - after)) or "none",
+            ", ".join(sorted(after)),
+        )
+        if self.actual.state == "failed":
+            self._retry_at = time.monotonic()  # the next watch round tries it again
+
     async def reconcile(self, desired: DesiredState) -> None:
         """Bring the node to ``desired`` once; never raises for a failed attempt."""
         self._retry_at = None

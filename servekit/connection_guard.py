@@ -35,20 +35,33 @@ closes each of those, from the transport's own flow-control callbacks:
   contract, so a router fails over to another instance.
 
 A body is bounded by each service's ``max_body_bytes`` (413).
+
+Each closing is reported to ``on_close`` with its reason (:data:`CLOSE_REASONS`:
+``send_stall``, ``header_timeout``, ``header_too_large``,
+``too_many_connections``); the services count them in
+``hybrid_connections_closed_total{reason}`` (:mod:`servekit.metrics`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 from servekit.asgi import Receive, Scope, Send, send_json
 from servekit.errors import NotReady
 from servekit.http_protocol import HeadWithBodyProtocol
 
-__all__ = ["ConnectionLimits", "GuardedProtocol", "guarded_protocol"]
+__all__ = [
+    "CLOSE_REASONS",
+    "CloseReason",
+    "ConnectionLimits",
+    "GuardedProtocol",
+    "OnClose",
+    "guarded_protocol",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +69,10 @@ _CLOSING = b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout" + _CLOSING
 _HEAD_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large" + _CLOSING
 _LINGER_S = 2.0  # how long a refused client's further bytes are read and dropped
+
+CloseReason = Literal["send_stall", "header_timeout", "header_too_large", "too_many_connections"]
+CLOSE_REASONS: tuple[CloseReason, ...] = get_args(CloseReason)
+OnClose = Callable[[CloseReason], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +99,7 @@ class GuardedProtocol(HeadWithBodyProtocol):
     """The services' HTTP protocol with the guards of :class:`ConnectionLimits`."""
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    on_close: ClassVar[OnClose | None] = None
 
     _stall: asyncio.TimerHandle | None = None
     _head: asyncio.TimerHandle | None = None
@@ -103,6 +121,7 @@ class GuardedProtocol(HeadWithBodyProtocol):
         cap = self.limits.max_header_bytes
         if self._in_head and cap is not None and self._head_bytes > cap:
             log.info("request head over %d bytes: answered 431", cap)
+            self._report("header_too_large")
             self._refuse(_HEAD_TOO_LARGE)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -125,12 +144,18 @@ class GuardedProtocol(HeadWithBodyProtocol):
             super().on_headers_complete()
             return
         log.warning("over %d connections: answered 503 too_many_connections", cap)
+        self._report("too_many_connections")
         app = self.app
         self.app = _too_many_connections
         try:
             super().on_headers_complete()
         finally:
             self.app = app
+
+    def _report(self, reason: CloseReason) -> None:
+        report = type(self).on_close
+        if report is not None:
+            report(reason)
 
     def _await_head(self) -> None:
         self._in_head = True
@@ -149,6 +174,7 @@ class GuardedProtocol(HeadWithBodyProtocol):
         if self.transport.is_closing():
             return
         log.info("request head not complete after %gs: closed", self.limits.header_timeout_s)
+        self._report("header_timeout")
         self._refuse(_REQUEST_TIMEOUT)
 
     def _refuse(self, answer: bytes) -> None:
@@ -195,9 +221,14 @@ class GuardedProtocol(HeadWithBodyProtocol):
         log.info(
             "client took no response bytes for %gs: connection aborted", self.limits.send_stall_s
         )
+        self._report("send_stall")
         self.transport.abort()  # close() would wait for the unread bytes to leave
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
-    """The protocol class uvicorn should build, with these limits."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"limits": limits})
+def guarded_protocol(
+    limits: ConnectionLimits, on_close: OnClose | None = None
+) -> type[GuardedProtocol]:
+    """The protocol class uvicorn should build, with these limits; ``on_close`` hears
+    each connection a guard closes (a service's :class:`~servekit.metrics.GuardMetrics`)."""
+    attrs = {"limits": limits, "on_close": staticmethod(on_close) if on_close else None}
+    return type("GuardedProtocol", (GuardedProtocol,), attrs)

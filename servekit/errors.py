@@ -21,6 +21,7 @@ at exactly one boundary per foreign library.
     │   ├── UpstreamTimeout         504
     │   ├── UpstreamRejected        502 (a 400 that may be the engine's own failure)
     │   └── LoadNotReported         502 (answered without a load: servekit.load_reading)
+    ├── StreamDeadlineExceeded      504 (the answer ran past its total time; sent as an event)
     └── EngineFailure               500 (the local engine crashed)
 """
 
@@ -43,6 +44,7 @@ __all__ = [
     "QueueFull",
     "RateLimited",
     "ServeError",
+    "StreamDeadlineExceeded",
     "UpstreamError",
     "UpstreamRejected",
     "UpstreamTimeout",
@@ -185,6 +187,15 @@ class UpstreamRejected(UpstreamError):
     def __init__(self, rejection: ServeError) -> None:
         super().__init__(f"upstream refused the request: {rejection.message}")
         self.rejection = rejection
+
+
+class StreamDeadlineExceeded(ServeError):
+    """An answer still running at its deadline (``server.stream_deadline_s``): the stream
+    ends with this as its error event and ``[DONE]`` (:mod:`servekit.stream_deadline`)."""
+
+    status = 504
+    type = "timeout"
+    default_code = "stream_deadline_exceeded"
 
 
 class EngineFailure(ServeError):

@@ -14,9 +14,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from servekit.connection_guard import CLOSE_REASONS, CloseReason
 from servekit.engine.protocol import LoadReport
 
-__all__ = ["LATENCY_BUCKETS", "ServingMetrics", "labelled_counter", "labelled_gauge"]
+__all__ = [
+    "LATENCY_BUCKETS",
+    "GuardMetrics",
+    "ServingMetrics",
+    "labelled_counter",
+    "labelled_gauge",
+]
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -172,7 +179,7 @@ class ServingMetrics:
         )
         self._outcomes = Counter(
             "hybrid_requests",
-            "Requests by outcome: ok, client_error, rejected, cancelled, error.",
+            "Requests by outcome: ok, client_error, rejected, cancelled, deadline, error.",
             (*LABELS, "outcome"),
             registry=registry,
         )
@@ -200,3 +207,24 @@ class ServingMetrics:
 
     def outcome(self, outcome: str) -> None:
         self._outcomes.labels(**self.labels, outcome=outcome).inc()
+
+
+class GuardMetrics:
+    """What the connection guards closed (:mod:`servekit.connection_guard`), on a registry
+    of its own: every service (router, edge, center) serves it beside its own metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._closed = Counter(
+            "hybrid_connections_closed",
+            "Connections the server's guards closed, by reason: send_stall (the client took "
+            "no bytes for server.send_stall_s), header_timeout (408), header_too_large (431), "
+            "too_many_connections (503).",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in CLOSE_REASONS:  # every reason shows, at 0 until it happens
+            self._closed.labels(reason)
+
+    def closed(self, reason: CloseReason) -> None:
+        self._closed.labels(reason).inc()

@@ -35,7 +35,7 @@ from typing import Any
 
 import uvicorn
 
-from servekit.connection_guard import ConnectionLimits, guarded_protocol
+from servekit.connection_guard import ConnectionLimits, OnClose, guarded_protocol
 from servekit.secrets import RedactingFilter
 from servekit.tls import ServerTLSSettings, reload_server_context, server_context
 
@@ -101,6 +101,7 @@ def run_service(
     log_level: str = "info",
     graceful_s: float = 30.0,
     limits: ConnectionLimits | None = None,
+    on_close: OnClose | None = None,
     tls: ServerTLSSettings | None = None,
     on_reload: ReloadFn | None = None,
 ) -> None:
@@ -109,7 +110,8 @@ def run_service(
     The HTTP protocol is uvicorn's httptools protocol with each response's
     head sent together with its first body bytes (:mod:`servekit.http_protocol`)
     and ``limits`` on slow readers, slow request heads and connections
-    (:mod:`servekit.connection_guard`; None: no limits).
+    (:mod:`servekit.connection_guard`; None: no limits), each connection they close
+    reported to ``on_close``.
     """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -122,7 +124,7 @@ def run_service(
         port=port,
         log_level=log_level,
         timeout_graceful_shutdown=int(graceful_s),
-        http=guarded_protocol(limits or ConnectionLimits()),
+        http=guarded_protocol(limits or ConnectionLimits(), on_close),
         loop="uvloop",
         access_log=False,
         # Longer than any client pool keeps an idle connection (the router's:

@@ -12,7 +12,7 @@ for it (called on SIGTERM before connections close) and what a reload
 applies live. On SIGHUP the settings file is read again with the same flags
 and handed to ``reload`` (API keys, service tokens), and the certificates it
 names are loaded into the listening socket (:mod:`servekit.serve`). What is
-fixed with the socket (its address, the connection limits: :data:`RESTART_ONLY`)
+fixed at start (its address, the connection limits: :data:`RESTART_ONLY`)
 keeps its running value, with a warning naming what changed.
 
 Fail closed: a service that would take unauthenticated calls on a
@@ -38,6 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 from pydantic import BaseModel
 
 from servekit.config import ConfigError, load_settings
+from servekit.metrics import GuardMetrics
 from servekit.service_auth import refuse_open_bind
 from servekit.settings import ServerSettings
 from servekit.tls import ServerTLSSettings, client_ca_change
@@ -60,11 +61,13 @@ __all__ = [
 # The blocks whose plain fields become flags of ``serve``.
 FLAG_BLOCKS = ("server", "instance")
 
-# ``server:`` fields fixed when the socket is opened: a reload cannot change them.
+# ``server:`` fields fixed when the service starts (most with its socket): a reload
+# cannot change them.
 RESTART_ONLY = (
     "host",
     "port",
     "send_stall_s",
+    "stream_deadline_s",
     "header_timeout_s",
     "max_header_bytes",
     "max_connections",
@@ -189,6 +192,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         return fresh.server.tls
 
     server = settings.server
+    guard: GuardMetrics | None = getattr(app.state, "connection_guard", None)
     run_service(
         app,
         host=server.host,
@@ -197,6 +201,7 @@ def serve(service: Service[S], args: argparse.Namespace) -> int:
         log_level=server.log_level,
         graceful_s=service.graceful_s(settings),
         limits=server.connection_limits(),
+        on_close=guard.closed if guard is not None else None,
         tls=server.tls,
         on_reload=reload,
     )

@@ -70,6 +70,13 @@ class ServerSettings(Section):
         "socket's buffers full) is disconnected: the stream ends and its slot and upstream "
         "are released. null: wait forever.",
     )
+    stream_deadline_s: float | None = Field(
+        600.0,
+        gt=0,
+        description="An answer still running this long after its request arrived is ended: "
+        "a stream gets an error event (code stream_deadline_exceeded) and [DONE], its "
+        "upstream or engine slot is released. null: no bound.",
+    )
     header_timeout_s: float | None = Field(
         10.0,
         gt=0,

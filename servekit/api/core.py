@@ -37,6 +37,7 @@ class ServingCore:
     version: str = ""
     max_tokens_limit: int | None = None
     draining: bool = False
+    stream_deadline_s: float | None = 600.0  # a stream this old (from arrival) is ended
     tracing: Tracing = OFF  # the service's tracer (its lifespan starts and shuts it down)
     requests_ok: int = field(default=0, init=False)
     requests_failed: int = field(default=0, init=False)

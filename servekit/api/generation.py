@@ -4,7 +4,8 @@ The first engine event is awaited *before* the response starts, so anything
 that goes wrong early (context overflow, engine failure, a refused upstream)
 becomes a plain HTTP error with the right status instead of a broken stream.
 After the first byte, failures end the stream with an OpenAI error event and
-``[DONE]``. The admission ticket is held until the stream ends, however it ends.
+``[DONE]``, and so does the stream deadline (``ServingCore.stream_deadline_s``).
+The admission ticket is held until the stream ends, however it ends.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from servekit.engine.protocol import (
     prefill_backlog_ahead_ms,
     uncached_tokens,
 )
-from servekit.errors import EngineFailure, QueueFull, ServeError
+from servekit.errors import EngineFailure, QueueFull, ServeError, StreamDeadlineExceeded
 from servekit.sse import DONE_FRAME, encode_error
+from servekit.stream_deadline import stream_deadline
 
 __all__ = ["serve_generation"]
 
@@ -81,6 +83,8 @@ class _Clock:
 def _record_failure(core: ServingCore, exc: ServeError) -> None:
     if isinstance(exc, QueueFull):
         core.metrics.outcome("rejected")
+    elif isinstance(exc, StreamDeadlineExceeded):  # the caller's doing, not the version's
+        core.metrics.outcome("deadline")
     elif exc.status < 500:
         core.metrics.outcome("client_error")
     else:
@@ -200,7 +204,8 @@ async def serve_generation(
         await _stream(core, frames, clock, first, events, ticket, include_usage, send)
         return
     try:
-        text, finish = await _collect(clock, first, events)
+        async with stream_deadline(arrival, core.stream_deadline_s):
+            text, finish = await _collect(clock, first, events)
     except asyncio.CancelledError:
         core.metrics.outcome("cancelled")
         raise
@@ -245,29 +250,31 @@ async def _stream(
         await send({"type": "http.response.body", "body": chunk, "more_body": more})
 
     try:
-        role = frames.role()
-        if role is not None:
-            await body(role)
-        event = first
-        while True:
-            if isinstance(event, Finish):
-                clock.on_finish(event)
-                done = True
-                tail = frames.finish(event.reason)
-                if include_usage:
-                    tail += frames.usage(event)
-                await body(tail + DONE_FRAME, more=False)
-                return
-            clock.on_delta(event)
-            if event.text:
-                await body(frames.delta(event.text))
-            try:
-                event = await anext(events)
-            except StopAsyncIteration:
-                raise EngineFailure("engine stream ended without a finish") from None
+        async with stream_deadline(clock.arrival, core.stream_deadline_s):
+            role = frames.role()
+            if role is not None:
+                await body(role)
+            event = first
+            while True:
+                if isinstance(event, Finish):
+                    clock.on_finish(event)
+                    done = True
+                    tail = frames.finish(event.reason)
+                    if include_usage:
+                        tail += frames.usage(event)
+                    await body(tail + DONE_FRAME, more=False)
+                    return
+                clock.on_delta(event)
+                if event.text:
+                    await body(frames.delta(event.text))
+                try:
+                    event = await anext(events)
+                except StopAsyncIteration:
+                    raise EngineFailure("engine stream ended without a finish") from None
     except ServeError as exc:
+        if not done:  # else finished and counted; the deadline cut its last write short
+            _record_failure(core, exc)
         done = True
-        _record_failure(core, exc)
         await body(encode_error(exc) + DONE_FRAME, more=False)
     finally:
         if not done:

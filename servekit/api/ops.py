@@ -5,7 +5,8 @@ What each one *says* comes from the running service's :class:`ServiceOps`
 (``app.state.ops``): a serving instance reports its engine's names and
 readiness (:class:`CoreOps`), the router its aliases and healthy instances
 (``geo_router.ops.RouterOps``). Before the lifespan has built the service
-they answer 503.
+they answer 503. ``/metrics`` adds what the connection guards closed
+(``app.state.connection_guard``), which every service counts the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from servekit.api.core import core_of
 from servekit.api.errors import error_response
 from servekit.api.openapi import error_doc
 from servekit.errors import NotReady, ServeError
+from servekit.metrics import GuardMetrics
 from servekit.wire import ModelCard, ModelList
 
 __all__ = ["CoreOps", "ServiceOps", "ops_router"]
@@ -104,6 +106,9 @@ def ops_router(responses: dict[int | str, dict[str, Any]] | None = None) -> APIR
     )
     async def metrics(request: Request) -> Response:
         body, content_type = _ops(request).metrics()
+        guard: GuardMetrics | None = getattr(request.app.state, "connection_guard", None)
+        if guard is not None:
+            body += generate_latest(guard.registry)
         return Response(body, media_type=content_type)
 
     return router

@@ -45,20 +45,23 @@ def build_serving_app(
     max_tokens_limit: int | None = None,
     auth: TokenGate | None = None,
     drain: Callable[[], None] = lambda: None,
+    reload: Callable[[Any], None] = lambda fresh: None,
 ) -> FastAPI:
     """An engine-serving app (edge agent, central gateway, doubles); ``lifespan`` sets
-    ``app.state.core``. SIGHUP accepts the service tokens of the reloaded settings."""
+    ``app.state.core``. SIGHUP accepts the service tokens of the reloaded settings,
+    then hands them to the service's own ``reload``."""
     gate = auth or TokenGate()
 
-    def reload(fresh: Any) -> None:
+    def reloaded(fresh: Any) -> None:
         gate.update(fresh.server.auth)
+        reload(fresh)
 
     return create_service_app(
         title=title,
         version=version,
         lifespan=lifespan,
         ops=CoreOps,
-        hooks=ServiceHooks(drain=drain, reload=reload),
+        hooks=ServiceHooks(drain=drain, reload=reloaded),
         document=lambda app: document_completions(app, example_model, max_tokens_limit),
         max_body_bytes=max_body_bytes,
         auth=gate,

@@ -22,6 +22,7 @@ from servekit.api.errors import install_error_handlers
 from servekit.api.ops import ServiceOps, ops_router
 from servekit.asgi import ASGIApp, Receive, Scope, Send
 from servekit.errors import ServeError
+from servekit.metrics import GuardMetrics
 from servekit.serve_cli import ServiceHooks
 from servekit.service_auth import ServiceAuth, TokenGate
 
@@ -76,7 +77,8 @@ def create_service_app(
 ) -> FastAPI:
     """A service's app. ``ops`` answers the shared routes, ``document`` installs its
     OpenAPI document; ``auth`` (on ``app.state.token_gate``) guards every route but
-    ``/health``, ``/ready`` and, unless protected, ``/metrics``."""
+    ``/health``, ``/ready`` and, unless protected, ``/metrics``; ``app.state.connection_guard``
+    counts what the connection guards close (``/metrics`` serves it too)."""
     app = _ServiceApp(title=title, version=version, lifespan=lifespan)
     install_error_handlers(app, on_error=on_error)
     for router in routers:
@@ -90,6 +92,7 @@ def create_service_app(
         return door
 
     app.front = front
+    app.state.connection_guard = GuardMetrics()  # `serve` hands it to the HTTP protocol
     if auth is not None:
         app.state.token_gate = auth
     app.state.ops = ops(app)

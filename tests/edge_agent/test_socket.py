@@ -200,3 +200,112 @@ def test_a_client_that_stops_reading_frees_the_slot_within_the_stall_time(
             wait_until(lambda: load(agent)["running"] == 0, 10, "the slot to come back")
             assert engines.current.running == 0  # the engine stopped generating for it
             assert len(engines.current.requests) == 1
+
+
+def test_a_stream_past_its_deadline_ends_with_an_error_and_frees_the_slot(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A client reading every byte of a long generation held the slot until it was done."""
+    engines = ScriptedEngines()  # 10 ms a token: 1000 tokens take 10 s
+    stand_in = tmp_path_factory.mktemp("edge-deadline") / "stand-in.gguf"
+    stand_in.write_bytes(b"GGUF scripted")
+    settings = settings_from(stand_in, instance__id="edge-deadline", server__stream_deadline_s=0.5)
+    with UvicornThread(scripted_app(settings, engines)) as agent:
+        wait_ready(agent.url, timeout=30)
+        began = time.monotonic()
+        body = {**COUNTING, "max_tokens": 1000}
+        r = httpx.post(agent.url + "/v1/completions", json=body, timeout=30)
+        took = time.monotonic() - began
+        frames = [f for f in r.text.split("\n\n") if f]
+        assert r.status_code == 200
+        assert frames[-1] == "data: [DONE]"
+        error = json.loads(frames[-2].removeprefix("data: "))["error"]
+        assert error["code"] == "stream_deadline_exceeded", frames[-2]
+        assert len(frames) > 3  # tokens came before it
+        assert took < 3
+        wait_idle(agent, timeout=3)
+        assert engines.current.running == 0  # the engine stopped generating for it
+        metrics = httpx.get(agent.url + "/metrics").text
+        outcomes = [line for line in metrics.splitlines() if line.startswith("hybrid_requests_t")]
+        assert len(outcomes) == 1, outcomes  # counted once, not as an error
+        assert 'outcome="deadline"' in outcomes[0]
+        assert outcomes[0].endswith(" 1.0")
+        # The slot came back once: a short answer is served at once.
+        short = {**COUNTING, "max_tokens": 3, "stream": False}
+        assert httpx.post(agent.url + "/v1/completions", json=short, timeout=30).is_success
+
+
+def _guard_counts(url: str) -> dict[str, float]:
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    prefix = 'hybrid_connections_closed_total{reason="'
+    return {
+        line.removeprefix(prefix).split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def _closed(sock: socket.socket) -> bytes:
+    sock.settimeout(5)
+    data = b""
+    while part := sock.recv(65536):
+        data += part
+    return data
+
+
+def test_metrics_count_what_the_connection_guards_closed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    engines = ScriptedEngines(pace_s=0.0002)  # output far beyond what the sockets hold
+    stand_in = tmp_path_factory.mktemp("edge-guards") / "stand-in.gguf"
+    stand_in.write_bytes(b"GGUF scripted")
+    settings = settings_from(
+        stand_in,
+        instance__id="edge-guards",
+        engine__n_ctx=65536,
+        server__send_stall_s=0.5,
+        server__header_timeout_s=0.5,
+        server__max_header_bytes=16384,
+        server__max_connections=2,
+    )
+    app = scripted_app(settings, engines)
+    guard = app.state.connection_guard  # as `edge-agent serve` hands it to the protocol
+    protocol = guarded_protocol(settings.server.connection_limits(), guard.closed)
+    with UvicornThread(app, http=protocol) as agent:
+        wait_ready(agent.url, timeout=30)
+        assert set(_guard_counts(agent.url).values()) == {0.0}  # every reason, at 0
+        with socket.create_connection(("127.0.0.1", agent.port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: t\r\n")  # never the blank line
+            assert _closed(sock).startswith(b"HTTP/1.1 408")
+        with socket.create_connection(("127.0.0.1", agent.port)) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: t\r\nx-big: " + b"a" * 20_000)
+            assert _closed(sock).startswith(b"HTTP/1.1 431")
+        held = [socket.create_connection(("127.0.0.1", agent.port)) for _ in range(2)]
+        try:
+            for sock in held:
+                sock.sendall(b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n")
+                assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+            with socket.create_connection(("127.0.0.1", agent.port)) as extra:
+                extra.sendall(b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n")
+                assert _closed(extra).startswith(b"HTTP/1.1 503")
+        finally:
+            for sock in held:
+                sock.close()
+        time.sleep(0.2)  # the server notices the two closed
+        payload = json.dumps({**COUNTING, "max_tokens": 60_000}).encode()
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", agent.port))
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
+            assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+            wait_until(lambda: _guard_counts(agent.url)["send_stall"] == 1, 10, "a stall")
+        assert _guard_counts(agent.url) == {
+            "send_stall": 1,
+            "header_timeout": 1,
+            "header_too_large": 1,
+            "too_many_connections": 1,
+        }

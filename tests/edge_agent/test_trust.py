@@ -23,7 +23,14 @@ from cryptography import x509
 
 from edge_agent.settings import EdgeSettings
 from geo_router.app import create_app as create_router
-from hybrid_llm.local.servers import UvicornThread, free_port, service_process, wait_ready
+from hybrid_llm.local.servers import (
+    UvicornThread,
+    free_port,
+    service_process,
+    wait_ready,
+    wait_until,
+)
+from model_sync.signing import generate_keypair, key_id, parse_public_key
 from servekit.service_auth import ServiceAuthSettings
 from tests.edge_agent.conftest import MODEL, in_process, scripted_app
 from tests.geo_router.conftest import KEY, router_settings, upstream
@@ -192,3 +199,84 @@ def _wait_for(check: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+@pytest.mark.anyio
+async def test_sighup_reloads_the_keys_version_records_are_checked_against(
+    scripted_settings: Callable[..., EdgeSettings], tmp_path: Path
+) -> None:
+    """The edge's reload hook (what SIGHUP calls with the re-read file) hands the
+    reconciler the trusted keys it lists now; they were read only at start."""
+    publics = [
+        generate_keypair(tmp_path / "keys", name)[1].read_text().strip()
+        for name in ("current", "next")
+    ]
+    ids = [key_id(parse_public_key(text)) for text in publics]
+
+    def settings(trusted: list[str]) -> EdgeSettings:
+        return scripted_settings(
+            instance__id="edge-keys",
+            registry={"backend": "embedded", "embedded": {"path": str(tmp_path / "reg.db")}},
+            model_sync={"model_dir": str(tmp_path / "models"), "trusted_keys": trusted},
+        )
+
+    app = scripted_app(settings(publics[:1]))
+    async with in_process(app):
+        reconciler = app.state.agent.reconciler
+        assert set(reconciler.verifier.keys) == {ids[0]}
+        app.state.hooks.reload(settings(publics))
+        assert set(reconciler.verifier.keys) == set(ids)
+        app.state.hooks.reload(settings(publics[1:]))
+        assert set(reconciler.verifier.keys) == {ids[1]}
+
+
+@pytest.mark.slow
+def test_sighup_rereads_the_trusted_keys_file_of_a_running_edge(
+    model_path: Path, tmp_path: Path
+) -> None:
+    """The real ``edge-agent serve``: keys added to and removed from its trusted keys file
+    are in force after SIGHUP, and the log says which, by key id."""
+    publics = [
+        generate_keypair(tmp_path / "keys", name)[1].read_text().strip()
+        for name in ("current", "next")
+    ]
+    ids = [key_id(parse_public_key(text)) for text in publics]
+    trusted = tmp_path / "trusted.pub"
+    trusted.write_text(publics[0] + "\n")
+    port = free_port()
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "server": {"host": "127.0.0.1", "port": port, "log_level": "warning"},
+                "instance": {"id": "edge-keys", "region": "east"},
+                "engine": {
+                    "model_path": str(model_path),
+                    "model_name": MODEL,
+                    "n_ctx": 512,
+                    "n_threads": 2,
+                    "warmup_tokens": 1,
+                },
+                "registry": {"backend": "embedded", "embedded": {"path": str(tmp_path / "r.db")}},
+                "model_sync": {
+                    "model_dir": str(tmp_path / "models"),
+                    "trusted_keys_file": str(trusted),
+                },
+            }
+        )
+    )
+    log = tmp_path / "edge.log"
+    url = f"http://127.0.0.1:{port}"
+    with (
+        log.open("wb") as out,
+        service_process(["edge_agent", "serve", "--config", str(cfg)], url, stderr=out) as p,
+    ):
+        trusted.write_text("\n".join(publics) + "\n")
+        p.send_signal(signal.SIGHUP)
+        added = f"trusted keys reloaded: added {ids[1]}, removed none"
+        wait_until(lambda: added in log.read_text(), 10, "the reload's log line")
+        trusted.write_text(publics[1] + "\n")
+        p.send_signal(signal.SIGHUP)
+        removed = f"trusted keys reloaded: added none, removed {ids[0]}"
+        wait_until(lambda: removed in log.read_text(), 10, "the second reload's log line")
+    assert publics[0] not in log.read_text()  # ids name the keys, not the keys themselves

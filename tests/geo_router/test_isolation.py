@@ -249,8 +249,10 @@ async def test_a_reader_that_stops_reading_loses_its_stream_and_slot(auth: dict[
     with serve_fake(edge) as url:
         routing = {"max_tokens_cap": 1_000_000}
         settings = router_settings([upstream(url)], auth={"keys": keys}, routing=routing)
-        protocol = guarded_protocol(ConnectionLimits(send_stall_s=0.5))
-        with UvicornThread(create_app(settings), http=protocol) as srv:
+        app = create_app(settings)
+        guard = app.state.connection_guard  # as `geo-router serve` hands it over
+        protocol = guarded_protocol(ConnectionLimits(send_stall_s=0.5), guard.closed)
+        with UvicornThread(app, http=protocol) as srv:
             body = json.dumps({**CHAT, "stream": True, "max_tokens": 1_000_000}).encode()
             head = (
                 f"POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\n"
@@ -276,3 +278,6 @@ async def test_a_reader_that_stops_reading_loses_its_stream_and_slot(auth: dict[
                     assert r.status_code == 200, "the stalled reader still holds the slot"
                     # The upstream stream was cancelled, not read out.
                     await asyncio.to_thread(wait_until, lambda: edge.aborted == 1, 5, "abort")
+                    metrics = (await c.get("/metrics")).text  # and the router counted it
+                    stalls = 'hybrid_connections_closed_total{reason="send_stall"} 1.0'
+                    assert stalls in metrics.splitlines()

@@ -18,7 +18,7 @@ from hybrid_llm.local.servers import REPO
 from model_sync.signing import generate_keypair
 from servekit.config import load_settings
 from servekit.engine.protocol import LoadReport
-from servekit.metrics import ServingMetrics
+from servekit.metrics import GuardMetrics, ServingMetrics
 from servekit.serve_cli import refuse_open
 
 DEPLOY = REPO / "deploy"
@@ -32,7 +32,8 @@ def _exported_serving_names() -> set[str]:
     )
     metrics.finished("stop")
     metrics.outcome("ok")
-    text = generate_latest(registry).decode()
+    guard = GuardMetrics()  # every service serves it beside its own
+    text = (generate_latest(registry) + generate_latest(guard.registry)).decode()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
 
 

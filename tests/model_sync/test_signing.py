@@ -325,3 +325,30 @@ async def test_sign_refuses_an_unknown_version(tmp_path: Path, registry: Registr
     key, _ = new_key(tmp_path)
     with pytest.raises(ConflictError, match="not registered"):
         await ops.sign(SyncStore(registry), key, "tiny", ["v9"])
+
+
+async def test_a_reload_trusts_added_keys_and_retries_what_they_sign(
+    tmp_path: Path, registry: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rotation without a restart: a version signed by the operator's next key fails on a
+    node that trusts only the current one, and installs once a reload adds the next."""
+    current, current_public = new_key(tmp_path)
+    following, following_public = new_key(tmp_path, "next")
+    store = SyncStore(registry)
+    rec = await publish(store, tmp_path, following)
+    swap = RecordingSwap()
+    node = reconciler(registry, tmp_path, swap, verifier=RecordVerifier([current_public]))
+    async with running(node):
+        await store.set_desired("edge-1", "tiny", "v2")
+        await wait_actual(store, "edge-1", lambda a: a.state == "failed")
+        node.trust([current_public, following_public])  # as the edge's SIGHUP reload does
+        await wait_actual(store, "edge-1", lambda a: a.version == "v2")
+        node.trust([following_public])  # the current key retired
+        node.trust([])  # would turn verification off: refused
+    assert swap.calls == [("v2", rec.sha256)]
+    assert node.verifier is not None
+    assert set(node.verifier.keys) == {following.key_id}
+    said = [r.getMessage() for r in caplog.records if r.name == "model_sync.agent"]
+    assert any(f"added {following.key_id}, removed none" in m for m in said), said
+    assert any(f"added none, removed {current.key_id}" in m for m in said), said
+    assert any("would stop verifying version records" in m for m in said), said
