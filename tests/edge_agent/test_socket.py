@@ -3,6 +3,7 @@ wire, the openai SDK, disconnects, backpressure."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -132,6 +133,23 @@ def test_disconnect_while_queued_leaves_the_queue(agent: UvicornThread) -> None:
     wait_idle(agent)
 
 
+@contextlib.contextmanager
+def unread_stream(port: int) -> Iterator[socket.socket]:
+    """A 60,000-token completion whose client, on a small receive buffer, reads
+    the response's first bytes and then nothing more, the socket held open."""
+    payload = json.dumps({**COUNTING, "max_tokens": 60_000}).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+        yield sock
+
+
 def send_raw(port: int, path: str, body: dict[str, Any]) -> socket.socket:
     """Send a request without waiting for its response (it may sit in the queue)."""
     sock = socket.create_connection(("127.0.0.1", port))
@@ -185,16 +203,7 @@ def test_a_client_that_stops_reading_frees_the_slot_within_the_stall_time(
     protocol = guarded_protocol(settings.server.connection_limits())
     with UvicornThread(scripted_app(settings, engines), http=protocol) as agent:
         wait_ready(agent.url, timeout=30)
-        payload = json.dumps({**COUNTING, "max_tokens": 60_000}).encode()
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(("127.0.0.1", agent.port))
-            sock.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-                + payload
-            )
-            assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+        with unread_stream(agent.port):
             assert load(agent)["running"] == 1
             # ... and it reads nothing more, the socket held open.
             wait_until(lambda: load(agent)["running"] == 0, 10, "the slot to come back")
@@ -292,16 +301,7 @@ def test_metrics_count_what_the_connection_guards_closed(
             for sock in held:
                 sock.close()
         time.sleep(0.2)  # the server notices the two closed
-        payload = json.dumps({**COUNTING, "max_tokens": 60_000}).encode()
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(("127.0.0.1", agent.port))
-            sock.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                + f"\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
-                + payload
-            )
-            assert sock.recv(1024).startswith(b"HTTP/1.1 200")
+        with unread_stream(agent.port):
             wait_until(lambda: _guard_counts(agent.url)["send_stall"] == 1, 10, "a stall")
         assert _guard_counts(agent.url) == {
             "send_stall": 1,

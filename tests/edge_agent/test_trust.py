@@ -94,6 +94,17 @@ async def test_a_rotated_token_works_while_the_old_one_is_still_listed(
         gate.update(ServiceAuthSettings(tokens=["svc-current"]))  # type: ignore[list-item]
 
 
+def small_engine(model_path: Path) -> dict[str, Any]:
+    """The real GGUF model as an edge's ``engine:`` block, its smallest context."""
+    return {
+        "model_path": str(model_path),
+        "model_name": MODEL,
+        "n_ctx": 512,
+        "n_threads": 2,
+        "warmup_tokens": 1,
+    }
+
+
 def _served_serial(port: int, ca: PrivateCA) -> int:
     ctx = ca.client_context()
     with (
@@ -130,13 +141,7 @@ def test_a_tls_edge_behind_a_private_ca_through_the_router_and_sighup_rotation(
                     "tls": {"cert_file": str(live_cert), "key_file": str(live_key)},
                 },
                 "instance": {"id": "edge-tls", "region": "east"},
-                "engine": {
-                    "model_path": str(model_path),
-                    "model_name": MODEL,
-                    "n_ctx": 512,
-                    "n_threads": 2,
-                    "warmup_tokens": 1,
-                },
+                "engine": small_engine(model_path),
             }
         )
     )
@@ -250,13 +255,7 @@ def test_sighup_rereads_the_trusted_keys_file_of_a_running_edge(
             {
                 "server": {"host": "127.0.0.1", "port": port, "log_level": "warning"},
                 "instance": {"id": "edge-keys", "region": "east"},
-                "engine": {
-                    "model_path": str(model_path),
-                    "model_name": MODEL,
-                    "n_ctx": 512,
-                    "n_threads": 2,
-                    "warmup_tokens": 1,
-                },
+                "engine": small_engine(model_path),
                 "registry": {"backend": "embedded", "embedded": {"path": str(tmp_path / "r.db")}},
                 "model_sync": {
                     "model_dir": str(tmp_path / "models"),
