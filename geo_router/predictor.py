@@ -46,6 +46,16 @@ sets the request's own hedge delay and first-token deadline
 recognised within about the time *this* request should take there, not the
 instance's P95 over everyone's prompts.
 
+A request with nothing to prefill and nothing ahead of it (at most
+``_QUICK_TOKENS`` uncached, no wait, nothing running: a conversation found
+whole in the cache) is one decode step away, an overhead long prompts never
+show the regression: fitted to them, its intercept and ratio priced such a
+turn at 4-10 times what it took (ShareGPT through ``hybrid-llm up``: 32-49 ms
+seen, 163-395 ms predicted). Such requests are predicted from the recent
+ones like them at that instance (their median and 90th percentile, once
+the instance's model has learned and ``_QUICK_MIN`` were seen), and still
+teach the regression.
+
 Only primed attempts teach the regression. An attempt cut at its deadline is
 censored (its TTFT is unknown, at least the deadline): that lower bound joins
 the ratios alone (:meth:`TtftModel.censored`). Without it an instance that
@@ -72,6 +82,8 @@ _WAIT_SD_MS = 1000.0  # per second of wait, how far from the wait itself
 _PER_SEQ_SD_MS = 100.0  # what one running sequence adds beyond the formula's busy term
 _SPREAD_FLOOR_MS = 100.0  # errors scale with the TTFT plus this (see _spread)
 _MIN_FITTED_MS = 1.0
+_QUICK_TOKENS = 32  # at most this many uncached tokens: nothing worth a prefill
+_QUICK_MIN = 3  # such requests seen at an instance before they predict the next
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +97,16 @@ class Features:
     busy_seqs: int  # sequences running there (the larger of its report and the router's)
     prior_ms: float  # the formula's estimate: RTT + wait + prefill
     ms_per_token: float  # the formula's prefill cost of one uncached token
+
+    @property
+    def quick(self) -> bool:
+        """Nothing to prefill and nothing ahead: one decode step from its first token."""
+        return (
+            self.uncached_tokens <= _QUICK_TOKENS
+            and self.wait_ms <= 0.0
+            and self.reported_wait_ms <= 0.0
+            and self.busy_seqs == 0
+        )
 
     def vector(self) -> tuple[float, ...]:
         return (
@@ -121,6 +143,7 @@ class TtftModel:
         "cov",
         "last_seen",
         "observed",
+        "quick",
         "ratios",
         "theta",
     )
@@ -131,6 +154,7 @@ class TtftModel:
         self.cov: list[list[float]] = []
         self._max_trace = 0.0
         self.ratios: deque[float] = deque(maxlen=settings.window)
+        self.quick: deque[float] = deque(maxlen=settings.window)  # TTFTs of quick requests
         self.observed = 0
         self.last_seen = 0.0  # monotonic (or a simulation's clock) of the last observation
         self._p50 = self._p90 = 1.0
@@ -142,6 +166,10 @@ class TtftModel:
         fitted = max(_MIN_FITTED_MS, features.rtt_ms + _dot(theta, features.vector()))
         if self.observed < self._settings.min_samples or not self.ratios:
             return Prediction(features, features.prior_ms, None, fitted)
+        if features.quick and len(self.quick) >= _QUICK_MIN:
+            seen = sorted(self.quick)
+            median = _quantile(seen, 0.5)
+            return Prediction(features, median, max(median, _quantile(seen, 0.9)), fitted)
         median = learned = _spread(fitted, self._p50)
         p90 = max(median, _spread(fitted, self._p90))
         half_life = self._settings.stale_half_life_s
@@ -157,6 +185,8 @@ class TtftModel:
         if not self.theta:
             self._start(f)
         self._ratio((actual_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
+        if f.quick:
+            self.quick.append(actual_ms)
         self._update(f.vector(), actual_ms - f.rtt_ms)
         self.observed += 1
         self.last_seen = max(self.last_seen, now)
@@ -164,6 +194,8 @@ class TtftModel:
     def censored(self, predicted: Prediction, waited_ms: float) -> None:
         """No first token within ``waited_ms`` (the attempt was cut at its deadline)."""
         self._ratio((waited_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
+        if predicted.features.quick:  # at least that long: a lower bound, as for the ratios
+            self.quick.append(waited_ms)
 
     def _ratio(self, ratio: float) -> None:
         self.ratios.append(ratio)

@@ -242,3 +242,26 @@ def test_ranking_follows_what_each_instance_was_learned_to_take() -> None:
     ranked = scorer.order([scorer.score(center(i), "east", 800) for i in ("slow", "fast")])
     assert [c.id for c in ranked] == ["fast", "slow"]
     assert ranked[1].ttft_ms == pytest.approx(3 * ranked[0].ttft_ms, rel=0.1)
+
+
+def test_a_request_with_nothing_to_prefill_is_predicted_from_such_requests_there() -> None:
+    """Long prompts teach an overhead that a conversation found whole in the cache
+    never pays: its next turn is a decode step away (ShareGPT through `up`: 32-49 ms
+    seen, 163-395 ms predicted by the regression scaled to the long prompts)."""
+    model = TtftModel(PredictionSettings())
+    rng = random.Random(5)
+    for i in range(40):
+        f = features(rng.randrange(300, 3000))
+        model.observe(model.predict(f, 0.0), engine_ttft(f, rng), 0.0)
+        if i % 8 == 0:
+            cached = features(1)
+            model.observe(model.predict(cached, 0.0), 35.0 * rng.lognormvariate(0, 0.1), 0.0)
+    p = model.predict(features(1), 0.0)
+    assert p.learned
+    assert 25.0 <= p.median_ms <= 50.0
+    assert p.p90_ms is not None
+    assert p.median_ms <= p.p90_ms <= 80.0
+    # A prompt with something to prefill is still priced by the regression.
+    assert model.predict(features(2000), 0.0).median_ms > 2000.0
+    # Behind a queue it is not a decode step away either.
+    assert model.predict(features(1, wait_ms=900.0), 0.0).median_ms > 500.0
