@@ -22,10 +22,10 @@ prediction for a newcomer:
   time ``h`` (an exponential moving average) less how long it has held it.
   A mean hold says a slot held by a long document frees as soon as one held
   by a question: queued requests waited 2.4-3.3 s against a predicted
-  1.0-1.3 s. Each waiter ahead takes the earliest free slot and holds it for
-  ``h``; the newcomer's slot frees at the ``k+1``-th release of that
-  sequence. When the wait needs ``h`` and no request has released its slot
-  yet, it is unknown: with a budget the request is refused (a cold edge that
+  1.0-1.3 s. Each waiter ahead takes the earliest free slot and frees it
+  again ``h`` later; the newcomer gets the slot of the ``k+1``-th release in
+  that sequence. When the wait needs ``h`` and no request has released its
+  slot yet, it is unknown: with a budget the request is refused (a cold edge that
   queued a burst behind a guessed hold time made it wait many seconds, and
   the router's deadline cut it);
 - busy slowdown: the sequences running beside it once it has a slot, times
