@@ -16,6 +16,8 @@ from servekit.engine.protocol import (
     GenerationEvent,
     GenerationRequest,
     LoadReport,
+    prefill_backlog_ahead_ms,
+    slot_release_ms,
     uncached_tokens,
 )
 
@@ -54,8 +56,17 @@ class LeasedEngine:
     def load(self) -> LoadReport:
         return self.engine.load()
 
+    # What admission asks an engine that can tell, passed through: without them
+    # the edge priced every newcomer behind the whole prefill backlog and every
+    # slot at the mean hold, whatever the engine knew.
     def uncached_tokens(self, request: GenerationRequest) -> int | None:
         return uncached_tokens(self.engine, request)
+
+    def prefill_backlog_ahead_ms(self, tokens: int) -> float | None:
+        return prefill_backlog_ahead_ms(self.engine, tokens)
+
+    def slot_release_ms(self) -> tuple[float, ...] | None:
+        return slot_release_ms(self.engine)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         return self._generate(request)

@@ -13,14 +13,21 @@ letting it queue for seconds; a router then places it elsewhere. The
 prediction for a newcomer:
 
 - slot wait: with ``k`` requests waiting ahead and the ``S`` slots held, it
-  gets the slot freed by the ``k+1``-th release. Each running request is
-  expected to hold its slot for the recent mean hold time ``h`` (an
-  exponential moving average), so slot ``i`` frees after ``r_i = max(0, h -
-  held_i)``, and with the remainders sorted the newcomer's slot frees after
-  ``r[k mod S] + (k // S) * h``. Until a first request has released its
-  slot ``h`` is unknown, and so is the wait of one that would queue: with a
-  budget it is refused (a cold edge that queued a burst behind a guessed hold
-  time made it wait many seconds, and the router's deadline cut it);
+  gets the slot freed by the ``k+1``-th release. Slot ``i`` frees after
+  ``r_i``: what the engine says its sequence has left (``slot_release_ms``,
+  refreshed by :meth:`AdmissionQueue.observe`: prompt tokens left at the
+  prefill rate plus answer tokens left at the decode rate,
+  ``servekit.engine.slot_release``), or, for an engine that cannot tell and
+  for a request admitted but not yet running in it, the recent mean hold
+  time ``h`` (an exponential moving average) less how long it has held it.
+  A mean hold says a slot held by a long document frees as soon as one held
+  by a question: queued requests waited 2.4-3.3 s against a predicted
+  1.0-1.3 s. Each waiter ahead takes the earliest free slot and frees it
+  again ``h`` later; the newcomer gets the slot of the ``k+1``-th release in
+  that sequence. When the wait needs ``h`` and no request has released its
+  slot yet, it is unknown: with a budget the request is refused (a cold edge that
+  queued a burst behind a guessed hold time made it wait many seconds, and
+  the router's deadline cut it);
 - busy slowdown: the sequences running beside it once it has a slot, times
   the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
   refreshed by :meth:`AdmissionQueue.observe`);
@@ -54,6 +61,7 @@ the requests after it see its prefill in the backlog.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -112,6 +120,7 @@ class AdmissionQueue:
         self.ttft_budget_ms = ttft_budget_ms
         self.busy_ms_per_seq: float | None = None
         self.prefill_backlog_ms: float | None = None
+        self.slot_release_ms: tuple[float, ...] | None = None
         self.shed = 0  # requests refused on the budget
         self._held: dict[Ticket, float] = {}  # running tickets -> admitted at
         self._running = 0
@@ -150,11 +159,17 @@ class AdmissionQueue:
         return max(1.0, (self._service_s or 1.0) * backlog / self.slots)
 
     def observe(
-        self, busy_ms_per_seq: float | None, prefill_backlog_ms: float | None = None
+        self,
+        busy_ms_per_seq: float | None,
+        prefill_backlog_ms: float | None = None,
+        slot_release_ms: tuple[float, ...] | None = None,
     ) -> None:
-        """The engine's latest slowdown per running sequence and prefill backlog."""
+        """The engine's latest slowdown per running sequence, prefill backlog, and
+        when its running sequences free their slots (ms, ascending; ``None`` when
+        it cannot tell)."""
         self.busy_ms_per_seq = busy_ms_per_seq
         self.prefill_backlog_ms = prefill_backlog_ms
+        self.slot_release_ms = slot_release_ms
 
     def predicted_wait_ms(self, now: float | None = None) -> float | None:
         """Predicted wait of a request arriving now, before its own prefill (see
@@ -162,18 +177,34 @@ class AdmissionQueue:
         A request's predicted TTFT is this plus its ``own_prefill_ms``."""
         now = time.monotonic() if now is None else now
         ahead = self.waiting
-        hold = self._service_s
         if self._running < self.slots and ahead == 0:
             slot_wait, beside = 0.0, self._running
-        elif hold is None:
-            return None
         else:
-            left = sorted(max(0.0, hold - (now - t)) for t in self._held.values())
-            left = [0.0] * max(0, self.slots - len(left)) + left
-            slot_wait = left[ahead % len(left)] + (ahead // len(left)) * hold
-            beside = self.slots - 1
+            wait = self._slot_wait(ahead, now)
+            if wait is None:
+                return None
+            slot_wait, beside = wait, self.slots - 1
         busy = beside * (self.busy_ms_per_seq or 0.0)
         return slot_wait * 1000.0 + busy + (self.prefill_backlog_ms or 0.0)
+
+    def _slot_wait(self, ahead: int, now: float) -> float | None:
+        """Seconds until the slot a newcomer gets frees, ``ahead`` waiting before it
+        (see above); ``None`` when that needs the mean hold and none is measured."""
+        hold = self._service_s
+        engine = self.slot_release_ms
+        held = sorted(self._held.values())  # admitted at, the oldest first
+        known = [] if engine is None else [ms / 1000.0 for ms in engine[: len(held)]]
+        # The youngest tickets the engine does not count yet (admitted, not yet
+        # running in it), or all of them when it cannot tell: the mean hold.
+        rest = held[len(known) :]
+        if (rest or ahead) and hold is None:
+            return None
+        left = known + [max(0.0, (hold or 0.0) - (now - t)) for t in rest]
+        left = [0.0] * max(0, self.slots - len(left)) + left
+        heapq.heapify(left)
+        for _ in range(ahead):  # each waiter ahead takes the earliest and holds it
+            heapq.heapreplace(left, left[0] + (hold or 0.0))
+        return left[0]
 
     def _over(self, wait: float | None, own_prefill_ms: float) -> bool:
         """Past the budget (see :func:`over_ttft_budget`), or a wait unknown."""

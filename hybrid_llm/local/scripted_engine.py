@@ -67,6 +67,7 @@ class ScriptedEngine:
         self.running = 0
         self.prefill_backlog_ms: float | None = None  # what load() reports
         self.prefill_tokens_per_s: float | None = None  # and this
+        self.slot_releases: tuple[float, ...] | None = None  # what slot_release_ms() says
         self.started = False
         self.closed = False
 
@@ -92,6 +93,10 @@ class ScriptedEngine:
             prefill_backlog_ms=self.prefill_backlog_ms,
             prefill_tokens_per_s=self.prefill_tokens_per_s,
         )
+
+    def slot_release_ms(self) -> tuple[float, ...] | None:
+        """When its running sequences free their slots, as a batching engine tells."""
+        return self.slot_releases
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         return self._generate(request)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 from servekit.admission import AdmissionQueue
-from servekit.engine.protocol import Engine, LoadReport
+from servekit.engine.protocol import Engine, LoadReport, slot_release_ms
 from servekit.errors import ContextLengthExceeded, ModelNotFound, NotReady
 from servekit.metrics import ServingMetrics
 from servekit.tracing import OFF, Tracing
@@ -69,12 +69,13 @@ class ServingCore:
         return not self.draining and await self.engines.current().ready()
 
     def observe_engine(self, backlog_ms: float | None = None) -> LoadReport:
-        """The engine's load report, its slowdown and backlog handed to admission
-        (``backlog_ms``: the part of the backlog one request waits behind, when
-        the engine tells it apart)."""
-        report = self.engines.current().load()
+        """The engine's load report, its slowdown, backlog and when its slots free
+        handed to admission (``backlog_ms``: the part of the backlog one request
+        waits behind, when the engine tells it apart)."""
+        engine = self.engines.current()
+        report = engine.load()
         backlog = report.prefill_backlog_ms if backlog_ms is None else backlog_ms
-        self.admission.observe(report.busy_ms_per_seq, backlog)
+        self.admission.observe(report.busy_ms_per_seq, backlog, slot_release_ms(engine))
         return report
 
     def load(self) -> LoadReport:

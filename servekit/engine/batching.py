@@ -38,6 +38,7 @@ from servekit.engine.protocol import (
     Message,
     SamplingParams,
 )
+from servekit.engine.slot_release import release_ms
 from servekit.errors import NotReady
 
 __all__ = ["BatchingLlamaEngine", "BatchingSettings"]
@@ -172,6 +173,19 @@ class BatchingLlamaEngine:
             stats.prefill_backlog_tokens if running is None else running,
             self._pending_tokens(),
             stats.prefill_rate(),
+        )
+
+    def slot_release_ms(self) -> tuple[float, ...] | None:
+        """Milliseconds until each running sequence frees its slot, ascending, from
+        what each has left (:mod:`servekit.engine.slot_release`)."""
+        stats = self._stats
+        return release_ms(
+            stats.slot_work,  # one tuple, replaced whole by the worker
+            prefill_tokens_per_s=stats.prefill_rate(),
+            decode_step_s=stats.decode_step(),
+            chunk_tokens=self._settings.chunk_tokens,
+            typical_tokens=stats.typical_completion(),
+            shortest_first=self._settings.prefill_order == "shortest",
         )
 
     def uncached_tokens(self, request: GenerationRequest) -> int:

@@ -96,6 +96,11 @@ class _Seq:
     def prefilling(self) -> bool:
         return self.n_past < len(self.prompt)
 
+    @property
+    def open_ended(self) -> bool:
+        """Its request set no max_tokens: it may run to the end of its slot."""
+        return self.job.request.sampling.max_tokens is None
+
 
 class Scheduler:
     """Owns the worker thread, the slots and the waiting queue."""
@@ -215,6 +220,10 @@ class Scheduler:
         remaining = tuple(len(seq.prompt) - seq.n_past for seq in self._running if seq.prefilling)
         self.stats.prefill_remaining = remaining if self._shortest_first else ()
         self.stats.prefill_backlog_tokens = sum(remaining)
+        self.stats.slot_work = tuple(
+            (len(seq.prompt) - seq.n_past, seq.max_new - seq.generated, seq.open_ended)
+            for seq in self._running
+        )
 
     def _intake(self, *, block: bool) -> None:
         try:
@@ -407,6 +416,8 @@ class Scheduler:
         # Release first, so that load() never counts a sequence its client saw finish.
         self._release(seq, keep_cache=True)
         self.stats.requests_ok += 1
+        if seq.open_ended:  # an answer's own length, not one cut at a client's max_tokens
+            self.stats.record_completion(seq.generated)
         tail = seq.text.flush()
         if tail or seq.unsent:
             seq.job.emit(TextDelta(tail, seq.unsent))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from servekit.engine.busy_slowdown import BusySlowdown
 from servekit.engine.rates import percentile
+from servekit.engine.slot_release import MIN_COMPLETIONS, TYPICAL_ANSWER_TOKENS
 
 __all__ = ["BATCH_SIZE_BUCKETS", "BatchingSnapshot", "BatchingStats"]
 
@@ -71,6 +72,10 @@ class BatchingStats:
     # Per prefilling sequence when prefill goes shortest first (else empty): what
     # goes before a newcomer (BatchingLlamaEngine.prefill_backlog_ahead_ms).
     prefill_remaining: tuple[int, ...] = ()
+    # Per running sequence, in admission order: prompt tokens left to prefill,
+    # completion tokens left under its budget, and whether its request set no
+    # max_tokens (servekit.engine.slot_release).
+    slot_work: tuple[tuple[int, int, bool], ...] = ()
     steps: int = 0
     busy_seconds: float = 0.0
     decode_tokens: int = 0
@@ -95,6 +100,8 @@ class BatchingStats:
     # (sequences, seconds) of recent decode-only steps: the engine's own TPOT.
     _decode_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
     _busy: BusySlowdown = field(default_factory=BusySlowdown)
+    _completions: deque[int] = field(default_factory=lambda: deque(maxlen=64))
+    _decode_step_s: float | None = None
     # The last prefill rate the window measured, reported once the window holds no
     # prefill (an idle engine): a cold window would price a burst's backlog at zero.
     _last_prefill_rate: float | None = None
@@ -123,6 +130,9 @@ class BatchingStats:
                 self._last_prefill_rate = self._window_prefill_rate() or self._last_prefill_rate
             else:
                 self._decode_steps.append((sequences, seconds))
+                if decode:
+                    ema = self._decode_step_s
+                    self._decode_step_s = seconds if ema is None else 0.9 * ema + 0.1 * seconds
             while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
                 _, old_s, old_decode, old_prefill = self._recent.popleft()
                 self._add_to_window(old_s, old_decode, old_prefill, -1)
@@ -162,6 +172,26 @@ class BatchingStats:
             if running is not None:
                 sample = seconds if from_arrival is None else from_arrival
                 self._busy.record(running, prefilled, sample)
+
+    def record_completion(self, tokens: int) -> None:
+        """A finished answer of ``tokens`` completion tokens, of a request that set
+        no max_tokens (what a typical answer's length is measured on)."""
+        with self._lock:
+            self._completions.append(tokens)
+
+    def typical_completion(self) -> float:
+        """The mean of recent answers' lengths, in tokens (a default until measured)."""
+        with self._lock:
+            done = self._completions
+            if len(done) < MIN_COMPLETIONS:
+                return float(TYPICAL_ANSWER_TOKENS)
+            return sum(done) / len(done)
+
+    def decode_step(self) -> float | None:
+        """Recent duration of a decode-only step (a moving average): how long a
+        running sequence takes per token while no prompt is being read."""
+        with self._lock:
+            return self._decode_step_s
 
     def assume_busy_ms_per_seq(self, ms: float | None) -> None:
         """Report ``ms`` as the busy slowdown until enough admissions measure it

@@ -32,6 +32,7 @@ __all__ = [
     "TextDelta",
     "pooled_figures",
     "prefill_backlog_ahead_ms",
+    "slot_release_ms",
     "uncached_tokens",
 ]
 
@@ -321,6 +322,18 @@ def prefill_backlog_ahead_ms(engine: object, tokens: int) -> float | None:
         return None
     ms = ahead(tokens)
     return float(ms) if isinstance(ms, int | float) else None
+
+
+def slot_release_ms(engine: object) -> tuple[float, ...] | None:
+    """Milliseconds until each of ``engine``'s running sequences frees its slot,
+    ascending, if it can tell from what each has left (one that can defines
+    ``slot_release_ms()``); ``None`` otherwise (admission then expects each to
+    hold its slot for the recent mean hold time)."""
+    release = getattr(engine, "slot_release_ms", None)
+    if release is None or not callable(release):
+        return None
+    ms = release()
+    return tuple(float(m) for m in ms) if isinstance(ms, tuple) else None
 
 
 def uncached_tokens(engine: object, request: GenerationRequest) -> int | None:

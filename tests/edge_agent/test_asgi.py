@@ -209,6 +209,36 @@ async def test_the_engines_prefill_backlog_of_the_moment_counts_against_the_budg
         assert (await c.post("/v1/chat/completions", json=body())).status_code == 200
 
 
+async def test_a_slot_held_by_long_work_counts_against_the_budget(
+    scripted_settings: Callable[..., EdgeSettings],
+) -> None:
+    """The engine says its running sequence frees its slot in 3 s (a document still
+    being read): a request that would queue for it is refused, though the requests
+    so far held their slot for milliseconds; one that frees soon lets it queue."""
+    settings = scripted_settings(admission__ttft_budget_ms=1000, admission__max_waiting=4)
+    engines = ScriptedEngines()
+    async with in_process(scripted_app(settings, engines)) as c:
+        assert (await c.post("/v1/chat/completions", json=body())).status_code == 200
+        hold = body(messages=[{"role": "user", "content": "HOLD long"}])
+        held = asyncio.create_task(c.post("/v1/chat/completions", json=hold))
+        for _ in range(200):
+            if engines.current.running == 1:
+                break
+            await asyncio.sleep(0.01)
+        engines.current.slot_releases = (3000.0,)
+        shed = await asyncio.wait_for(c.post("/v1/chat/completions", json=body()), 10)
+        assert_openai_error(shed, 429)
+        assert "predicted wait 3000 ms" in shed.json()["error"]["message"]
+        engines.current.slot_releases = (100.0,)
+        queued = asyncio.create_task(c.post("/v1/chat/completions", json=body()))
+        for _ in range(200):
+            if (await c.get("/load")).json()["waiting"] == 1:
+                break
+            await asyncio.sleep(0.01)
+        engines.current.release.set()
+        assert [(await t).status_code for t in (held, queued)] == [200, 200]
+
+
 async def test_the_requests_own_prefill_from_the_routers_count_counts_against_the_budget(
     scripted_settings: Callable[..., EdgeSettings],
 ) -> None:

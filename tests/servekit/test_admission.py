@@ -204,3 +204,43 @@ async def test_a_refusing_queue_recovers_once_its_slots_free() -> None:
             await q.acquire()
     held.release()
     (await q.acquire()).release()
+
+
+async def test_the_slot_wait_prices_what_the_engines_running_sequences_have_left() -> None:
+    """A slot held by a long prompt frees when its work is done, not after the mean
+    hold: one slot holds a document with 3 s of prefill and answer left, the other
+    a question 0.2 s from its end. The mean hold (1 s, from recent short requests)
+    would have both free within 0.5 s."""
+    q = AdmissionQueue(slots=2, max_waiting=8)
+    q._service_s = 1.0
+    now = time.monotonic()
+    long, short = await q.acquire(), await q.acquire()
+    q._held[long] = q._held[short] = now - 0.5
+    q.observe(None, slot_release_ms=(200.0, 3000.0))
+    assert q.predicted_wait_ms(now) == pytest.approx(200.0)  # the question's slot
+    waiters = [asyncio.create_task(q.acquire()) for _ in range(3)]
+    await asyncio.sleep(0)
+    # Three ahead take the question's slot in turn (0.2, 1.2, 2.2 s; each holds it
+    # the mean 1 s, free again at 3.2 s): the newcomer gets the document's at 3 s.
+    # The mean hold alone predicted 0.5 s + 1 s.
+    assert q.predicted_wait_ms(now) == pytest.approx(3000.0)
+    q.observe(None, slot_release_ms=None)  # an engine that cannot tell: the mean hold
+    assert q.predicted_wait_ms(now) == pytest.approx(1500.0)
+    for w in waiters:
+        w.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    long.release()
+    short.release()
+
+
+async def test_a_ticket_the_engine_does_not_run_yet_is_priced_at_the_mean_hold() -> None:
+    q = AdmissionQueue(slots=2, max_waiting=8)
+    now = time.monotonic()
+    old, young = await q.acquire(), await q.acquire()
+    q._held[old], q._held[young] = now - 2.0, now - 0.25
+    q.observe(None, slot_release_ms=(4000.0,))  # the engine runs the old one only
+    assert q.predicted_wait_ms(now) is None  # the young one's hold is not measured yet
+    q._service_s = 1.0
+    assert q.predicted_wait_ms(now) == pytest.approx(750.0)
+    old.release()
+    young.release()

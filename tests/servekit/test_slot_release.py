@@ -1,0 +1,68 @@
+import pytest
+
+from servekit.engine.batching_stats import BatchingStats
+from servekit.engine.slot_release import MIN_COMPLETIONS, TYPICAL_ANSWER_TOKENS, release_ms
+
+RATES = {"prefill_tokens_per_s": 200.0, "decode_step_s": 0.05, "chunk_tokens": 64}
+
+
+def test_a_long_prompt_frees_its_slot_after_its_prefill_and_answer() -> None:
+    # A 400-token document still to prefill, 32 tokens to answer; a question
+    # prefilled, 4 tokens from its max_tokens. 200 prompt tokens/s, 50 ms a
+    # decode step, 64 prompt tokens a step beside the decoding sequences.
+    work = [(400, 32, False), (0, 4, False)]
+    got = release_ms(work, typical_tokens=100, shortest_first=True, **RATES)
+    # The question's 4 steps carry 4 chunks of the document; the document is
+    # read whole, then answered alone.
+    assert got == pytest.approx((4 * 64 / 200 * 1000 + 4 * 50.0, 2000.0 + 32 * 50.0))
+
+
+def test_prefill_ahead_follows_the_engines_order() -> None:
+    work = [(300, 1, False), (100, 1, False)]  # the document was admitted first
+    # Shortest first: the question's 100 tokens go first (and each of the two
+    # sequences reads 200 of the document's while the other prefills), then the
+    # document's rest; its answer's one step carries no chunk.
+    short, long = release_ms(work, typical_tokens=100, shortest_first=True, **RATES) or ()
+    assert short == pytest.approx((200 + 64) / 200 * 1000 + 50.0)
+    assert long == pytest.approx(400 / 200 * 1000 + 50.0)
+    # First come first served: the question waits for all of the document.
+    fcfs = release_ms(work, typical_tokens=100, shortest_first=False, **RATES)
+    assert fcfs == pytest.approx(((300 + 64) / 200 * 1000 + 50.0, 400 / 200 * 1000 + 50.0))
+
+
+def test_an_answer_without_max_tokens_is_priced_at_a_typical_length() -> None:
+    # No max_tokens: the rest of the slot's context, capped at a typical answer;
+    # a max_tokens the client set is taken at its word.
+    work = [(0, 1900, True), (0, 1000, False), (0, 20, True)]
+    got = release_ms(work, typical_tokens=60, shortest_first=True, **RATES)
+    assert got == pytest.approx((20 * 50.0, 60 * 50.0, 1000 * 50.0))
+
+
+def test_unmeasured_rates_leave_it_unknown() -> None:
+    def release(work: list[tuple[int, int, bool]], rate: float | None, step: float | None):
+        return release_ms(
+            work,
+            prefill_tokens_per_s=rate,
+            decode_step_s=step,
+            chunk_tokens=64,
+            typical_tokens=100,
+            shortest_first=True,
+        )
+
+    assert release([(10, 5, False)], None, 0.05) is None
+    assert release([(0, 5, False)], 100.0, None) is None
+    assert release([], None, None) == ()
+
+
+def test_the_stats_measure_a_decode_step_and_a_typical_answer() -> None:
+    stats = BatchingStats(slots=2)
+    assert stats.decode_step() is None
+    stats.record_step(2, 2, 0, 0.04, now=0.0)
+    stats.record_step(2, 1, 64, 0.5, now=0.1)  # a step that read a chunk is no decode step
+    stats.record_step(2, 2, 0, 0.06, now=0.2)
+    assert stats.decode_step() == pytest.approx(0.9 * 0.04 + 0.1 * 0.06)
+    stats.record_completion(4)
+    assert stats.typical_completion() == TYPICAL_ANSWER_TOKENS
+    for _ in range(MIN_COMPLETIONS):
+        stats.record_completion(40)
+    assert stats.typical_completion() == pytest.approx((4 + 40 * MIN_COMPLETIONS) / 9)
