@@ -226,16 +226,24 @@ async def test_a_prompt_being_prefilled_is_reported_as_backlog(
     assert engine.load().prefill_backlog_ms == 0.0
 
 
+async def _reading(
+    eng: BatchingLlamaEngine, prompt: str, max_tokens: int
+) -> asyncio.Task[tuple[str, Finish, list[float]]]:
+    """``prompt`` sent, returned once the engine is seen reading it (six chunks left)."""
+    task = asyncio.create_task(collect(eng, chat(prompt, max_tokens=max_tokens)))
+    while eng.stats().prefill_backlog_tokens < 6 * CHUNK:
+        assert not task.done(), "the document's prefill was never seen in progress"
+        await asyncio.sleep(0.002)
+    return task
+
+
 async def _short_behind_long(eng: BatchingLlamaEngine) -> tuple[float, float, float, float]:
     """A short question arrives while a long document is being prefilled: the first
     token times of both, and the backlog priced for the short one and for anyone."""
     await collect(eng, chat("Name a colour." + " Please." * 10, max_tokens=1))  # a rate
     # A text no earlier test sent: nothing of it is cached.
     long_prompt = "Outline: " + "the night train to the coast stopped at every village. " * 30
-    long_task = asyncio.create_task(collect(eng, chat(long_prompt, max_tokens=1)))
-    while eng.stats().prefill_backlog_tokens < 6 * CHUNK:
-        assert not long_task.done(), "the document's prefill was never seen in progress"
-        await asyncio.sleep(0.002)
+    long_task = await _reading(eng, long_prompt, max_tokens=1)
     ahead_ms = eng.prefill_backlog_ahead_ms(12)
     whole_ms = eng.load().prefill_backlog_ms
     assert ahead_ms is not None
@@ -264,10 +272,7 @@ async def test_the_slots_are_priced_by_what_their_sequences_have_left(
     question's answer steps each carry a chunk of the document, priced too."""
     await collect(engine, chat("Name a colour." + " Please." * 10, max_tokens=1))  # a rate
     long_prompt = "Continue this log: " + "a lighthouse keeper logged every ship that passed. " * 25
-    long_task = asyncio.create_task(collect(engine, chat(long_prompt, max_tokens=12)))
-    while engine.stats().prefill_backlog_tokens < 6 * CHUNK:
-        assert not long_task.done(), "the document's prefill was never seen in progress"
-        await asyncio.sleep(0.002)
+    long_task = await _reading(engine, long_prompt, max_tokens=12)
     short_task = asyncio.create_task(collect(engine, chat("Name a fruit.", max_tokens=2)))
     while engine.stats().running < 2:  # noqa: ASYNC110 (worker's counter)
         await asyncio.sleep(0.002)
