@@ -34,14 +34,11 @@ import httpx
 from servekit.engine.protocol import LoadReport
 from servekit.errors import UpstreamError
 from servekit.secrets import redact_url
-from servekit.transport import FAILURES, error_from_response, map_failure
+from servekit.transport import UNREACHED, error_from_response, map_failure
 
 __all__ = ["LoadNotReported", "load_report_from", "read_load_page", "read_load_report"]
 
 T = TypeVar("T")
-
-# An instance URL a registry listed may not even parse: as unreachable as a refused one.
-_UNREACHED = (*FAILURES, httpx.InvalidURL)
 
 
 class LoadNotReported(UpstreamError):
@@ -67,7 +64,7 @@ async def read_load_page(
     timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
     try:
         response = await client.get(url, timeout=timeout)
-    except _UNREACHED as exc:
+    except UNREACHED as exc:
         raise map_failure(exc, where) from exc
     status = response.status_code
     if status != 200:

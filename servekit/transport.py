@@ -37,10 +37,20 @@ from servekit.errors import (
 from servekit.http_client import ConnectError, HTTPClientError
 from servekit.peers import PeerCredentials
 
-__all__ = ["FAILURES", "Transport", "UpstreamResponse", "error_from_response", "map_failure"]
+__all__ = [
+    "FAILURES",
+    "UNREACHED",
+    "Transport",
+    "UpstreamResponse",
+    "error_from_response",
+    "map_failure",
+]
 
 # What talking to an upstream may raise besides project errors.
 FAILURES = (HTTPClientError, httpx.HTTPError, OSError, TimeoutError)
+# What a GET to an instance URL may raise: a URL a registry listed may not even parse
+# (httpx.InvalidURL is no HTTPError); as unreachable as a refused one.
+UNREACHED = (*FAILURES, httpx.InvalidURL)
 
 
 class UpstreamResponse(Protocol):
