@@ -11,8 +11,10 @@
 
 Each page is fetched, timed out and its failures mapped by
 :func:`servekit.load_reading.read_load_page`, as every reader of an
-instance's load does; here they end: a probe that cannot read its replica
-says so with a ``False`` or ``None``, never an exception.
+instance's load does, and the health check by
+:func:`servekit.health_probe.probe_health`, as every "is it up?" is; here
+they end: a probe that cannot read its replica says so with a ``False`` or
+``None``, never an exception.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from central.commands import Endpoint, LoadSource
 from servekit.engine.protocol import LoadReport
 from servekit.engine.vllm_metrics import parse_vllm_metrics as parse_vllm_gauges
 from servekit.errors import ServeError
+from servekit.health_probe import probe_health
 from servekit.load_reading import load_report_from, read_load_page
 from servekit.peers import PeerProblems
 
@@ -107,13 +110,11 @@ class ReplicaProbe:
 
     async def healthy(self, endpoint: Endpoint) -> bool:
         url = endpoint.base_url + endpoint.health_path
-        try:
-            response = await self._client.get(url, timeout=self._timeout)
-        except httpx.HTTPError as exc:
-            self._problems.failed(endpoint.base_url, exc)  # a wrong CA bundle says so
-            return False
-        self._problems.status(endpoint.base_url, response.status_code)
-        return response.status_code == 200
+        # A wrong CA bundle or token is said once (self._problems).
+        health = await probe_health(
+            self._client, url, timeout_s=self._timeout, problems=self._problems
+        )
+        return health.up
 
     async def load(self, endpoint: Endpoint) -> ReplicaLoad | None:
         """The replica's current load, or None when it cannot be read."""

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from hybrid_llm.local.proctree import descendants, kill_leftovers
+from servekit.health_probe import probe_health
 from servekit.lifeline import Lifeline
 from servekit.procfs import port_taken, stat, stop_group
 
@@ -236,18 +237,15 @@ class Supervisor:
                 )
             if url is None and not child.spec.ready_ports:
                 break
-            try:
-                if url is not None:
-                    response = await client.get(url)
-                    if response.status_code == 200:
-                        break
-                    last = f"HTTP {response.status_code}"
-                elif await _listening(child.spec.ready_ports):
+            if url is not None:
+                health = await probe_health(client, url)
+                if health.up:
                     break
-                else:
-                    last = f"ports {child.spec.ready_ports} not all listening"
-            except httpx.HTTPError as exc:
-                last = type(exc).__name__
+                last = health.reason
+            elif await _listening(child.spec.ready_ports):
+                break
+            else:
+                last = f"ports {child.spec.ready_ports} not all listening"
             if time.monotonic() > deadline:
                 where = url or f"ports {child.spec.ready_ports}"
                 raise StartupError(

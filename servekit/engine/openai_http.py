@@ -37,6 +37,7 @@ from servekit.engine.protocol import (
     TextDelta,
 )
 from servekit.errors import ServeError, UpstreamError, UpstreamRejected
+from servekit.health_probe import probe_health
 from servekit.http_client import UpstreamPool
 from servekit.load_reading import read_load_report
 from servekit.peers import PeerCredentials, async_client
@@ -148,13 +149,11 @@ class OpenAIHTTPEngine:
             self._probe_task = asyncio.create_task(self._probe_loop())
 
     async def check_health(self) -> bool:
-        try:
-            resp = await self._http().get(
-                self.base_url + self.settings.health_path, timeout=self.settings.connect_timeout_s
-            )
-            self._healthy = resp.status_code == 200
-        except httpx.HTTPError:
-            self._healthy = False
+        url = self.base_url + self.settings.health_path
+        health = await probe_health(self._http(), url, timeout_s=self.settings.connect_timeout_s)
+        if not health.up:
+            log.debug("health check of %s: %s", self.base_url, health.reason)
+        self._healthy = health.up
         return self._healthy
 
     async def _probe_loop(self) -> None:

@@ -63,6 +63,7 @@ from servekit.engine.vllm_args import VLLM_API_KEY_ENV, VllmServeArgs
 from servekit.engine.vllm_metrics import VllmGauges, parse_vllm_metrics
 from servekit.engine.vllm_prefixes import prefix_report_for
 from servekit.errors import EngineFailure, NotReady, ServeError
+from servekit.health_probe import Health, probe_health
 from servekit.load_reading import read_load_page
 from servekit.tracing import EngineTraces
 
@@ -297,12 +298,8 @@ class VllmEngine:
 
     # -- supervision -------------------------------------------------------
 
-    async def _health(self) -> bool:
-        try:
-            resp = await self._client.get(self.base_url + "/health", timeout=2.0)
-        except httpx.HTTPError:
-            return False
-        return resp.status_code == 200
+    async def _health(self) -> Health:
+        return await probe_health(self._client, self.base_url + "/health", timeout_s=2.0)
 
     async def _wait_healthy(self) -> None:
         """Until vLLM answers ``/health``; an exit or the start deadline is a failure."""
@@ -313,14 +310,15 @@ class VllmEngine:
                     f"vllm exited with code {code} while starting; last log lines:\n"
                     f"{log_tail(self.process.log_path)}"
                 )
-            if await self._health():
+            health = await self._health()
+            if health.up:
                 self._healthy = True
                 return
             if self._supervisor.startup_overdue():
                 await self._supervisor.stop()
                 raise EngineFailure(
                     f"vllm not healthy after {self.settings.process.startup_timeout_s:.0f}s "
-                    f"(log: {self.process.log_path})"
+                    f"(last /health: {health.reason}; log: {self.process.log_path})"
                 )
             await asyncio.sleep(0.25)
 
@@ -363,7 +361,7 @@ class VllmEngine:
             if not self.process.alive:
                 await self._restart()
                 continue
-            if await self._scrape() or await self._health():
+            if await self._scrape() or (await self._health()).up:
                 self._failed_checks = 0
                 self._healthy = True
                 continue

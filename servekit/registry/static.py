@@ -1,8 +1,9 @@
 """Static entries: a fixed list of instances for setups without a registry.
 
 The configured list is the whole catalog. Health comes from polling each
-instance's ``/ready`` (200 = healthy) every ``probe_interval_s``, and its
-load from ``/load`` (a JSON :class:`LoadReport`) when that endpoint exists.
+instance's ``/ready`` (200 = healthy; :func:`servekit.health_probe.probe_health`)
+every ``probe_interval_s``, and its load from ``/load`` (a JSON
+:class:`LoadReport`) when that endpoint exists.
 An answer other than 200 takes an entry out at once; no answer at all does
 after ``unreachable_after`` probes in a row (the request path's own failure
 handling covers the seconds between).
@@ -30,6 +31,7 @@ import httpx
 
 from servekit.engine.protocol import LoadReport
 from servekit.errors import ServeError
+from servekit.health_probe import probe_health
 from servekit.load_reading import LoadNotReported, read_load_report
 from servekit.peers import PeerProblems
 from servekit.registry.protocol import (
@@ -128,21 +130,26 @@ class StaticRegistry:
 
     async def _probe(self, info: InstanceInfo, url: str) -> InstanceState:
         old = self._states[info.id]
-        try:
-            client = self._client_for(info) if self._client_for is not None else self._client
-            ready = await client.get(url + "/ready")
-            healthy = ready.status_code == 200
-            load = await self._read_load(client, url) or old.load
-        except (httpx.HTTPError, ServeError) as exc:
-            self._problems.failed(url, exc)  # a refused certificate says so, once
-            log.debug("static probe of %s failed: %s", url, exc)
+        client = self._client_for(info) if self._client_for is not None else self._client
+        # A refused certificate or token is said once (self._problems).
+        ready = await probe_health(client, url + "/ready", problems=self._problems)
+        unanswered: str | None = ready.reason if ready.failure is not None else None
+        load = old.load
+        if unanswered is None:
+            try:
+                load = await self._read_load(client, url) or old.load
+            except ServeError as exc:
+                self._problems.failed(url, exc)
+                unanswered = exc.message
+        if unanswered is not None:
+            log.debug("static probe of %s failed: %s", url, unanswered)
             missed = self._unanswered[info.id] = self._unanswered.get(info.id, 0) + 1
             if missed < self.settings.unreachable_after:
                 return old
             return dataclasses.replace(old, healthy=False)
         self._unanswered.pop(info.id, None)
-        seen = time.time() if healthy else old.last_heartbeat
-        return InstanceState(info=info, load=load, healthy=healthy, last_heartbeat=seen)
+        seen = time.time() if ready.up else old.last_heartbeat
+        return InstanceState(info=info, load=load, healthy=ready.up, last_heartbeat=seen)
 
     async def _read_load(self, client: httpx.AsyncClient, url: str) -> LoadReport | None:
         """The entry's report; None without ``load_path`` or when it answered without one.

@@ -193,3 +193,27 @@ async def test_a_load_refusing_our_token_warns_once_and_keeps_the_entry(
             await registry.aclose()
     warned = [r.getMessage() for r in caplog.records if "refused the service token" in r.message]
     assert warned == [f"{a.url} refused the service token (HTTP 401)"]
+
+
+async def test_a_ready_refusing_our_token_warns_once_and_takes_the_entry_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An upstream that guards /ready (ours leave it open): without a warning the entry
+    stays out of the catalog with nothing but a debug line to say why."""
+
+    async def refused(request: Request) -> Response:
+        return JSONResponse({"error": {"message": "no key"}}, status_code=401)
+
+    app = Starlette(routes=[Route("/ready", refused)])
+    with UvicornThread(app) as a:
+        entry = StaticEntry(url=a.url, tier="center", region="us", model="m", id="a")
+        registry = StaticRegistry(StaticSettings(entries=[entry], load_path=None))
+        try:
+            with caplog.at_level(logging.WARNING):
+                for _ in range(3):
+                    await registry.probe_once()
+            assert await registry.instances() == []
+        finally:
+            await registry.aclose()
+    warned = [r.getMessage() for r in caplog.records if "refused the service token" in r.message]
+    assert warned == [f"{a.url}/ready refused the service token (HTTP 401)"]
