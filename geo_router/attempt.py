@@ -90,7 +90,7 @@ def first_token_deadline_s(routing: RoutingSettings, cand: Scored) -> float:
         learned = routing.prediction
         deadline = max(learned.deadline_min_s, learned.deadline_factor * p90 / 1000.0)
     else:
-        predicted = routing.ttft_deadline_factor * cand.predicted_ms / 1000.0
+        predicted = routing.ttft_deadline_factor * cand.formula_ms / 1000.0
         deadline = max(routing.ttft_deadline_s, predicted)
     return min(deadline, routing.request_timeout_s)
 

@@ -8,13 +8,19 @@ router observes when an attempt primes:
 * a linear regression, fitted by recursive least squares with exponential
   forgetting (``forgetting`` per observation), of the TTFT beyond the RTT on
   ``[1, uncached tokens / 1000, router wait / 1 s, reported wait / 1 s,
-  sequences running there]`` (the reported wait is the instance's own
+  sequences running there, attention]`` (the reported wait is the instance's own
   ``predicted_wait_ms``; the running sequences let it learn what each costs
-  a new arrival beyond the formula's busy term). It starts at the formula's
+  a new arrival beyond the formula's busy term; attention is uncached x
+  (cached + uncached / 2) / 1e6, since each new token reads the context before
+  it: on ShareGPT through ``hybrid-llm up`` a CPU edge's token cost ~5 ms at a
+  prompt's start and ~10 ms 2,500 tokens in, which a line through long prompts
+  turns into a negative overhead for short ones). Each observation is weighed
+  by its size (its spread 10% of TTFT + 100 ms): a long prompt's seconds of
+  noise must not outweigh a short one's milliseconds. It starts at the formula's
   coefficients (no intercept, the prior's ms per token, one ms per ms of
-  wait, nothing per sequence), so its first corrections are small steps from
-  today's estimate, and it follows an engine whose prefill rate or overhead
-  drifts;
+  wait, nothing per sequence or for attention), so its first corrections are
+  small steps from today's estimate, and it follows an engine whose prefill
+  rate or overhead drifts;
 * the recent ratios (actual + 100 ms) / (fitted + 100 ms) (``window`` of
   them, each against the fit made *before* that request: an honest
   out-of-sample error). Their median and 90th percentile scale the fit into
@@ -38,9 +44,11 @@ model's last observation (half of the difference every ``stale_half_life_s``),
 and the instance is tried again once the formula ranks it best; its P90
 keeps the learned spread around that median.
 
-Until ``min_samples`` first tokens were seen there, the prediction is the
-formula's, with no upper quantile (``p90_ms`` is ``None``): the dispatcher
-then keeps its fixed hedge delay and deadline. A learned prediction's P90
+Until ``min_samples`` first tokens were seen there, the median is the
+regression's (the formula's until the first), with no upper quantile
+(``p90_ms`` is ``None``): the dispatcher then keeps its fixed hedge delay and
+a deadline from the formula's estimate. With ``enabled`` off it is the
+formula's throughout. A learned prediction's P90
 sets the request's own hedge delay and first-token deadline
 (``geo_router.dispatch``, ``geo_router.attempt``), so a hung instance is
 recognised within about the time *this* request should take there, not the
@@ -52,9 +60,14 @@ whole in the cache) is one decode step away, an overhead long prompts never
 show the regression: fitted to them, its intercept and ratio priced such a
 turn at 4-10 times what it took (ShareGPT through ``hybrid-llm up``: 32-49 ms
 seen, 163-395 ms predicted). Such requests are predicted from the recent
-ones like them at that instance (their median and 90th percentile, once
-the instance's model has learned and ``_QUICK_MIN`` were seen), and still
-teach the regression.
+ones like them: the RTT and their few new tokens at the formula's rate, plus
+the median of what those took beyond theirs (the "base"). From the first such
+request seen at the instance; before any, from every instance's (a shared
+window the ``Tracker`` hands each model), never below no base, since a
+negative one says the region table overstates *that* instance's RTT. An
+instance's own negative base is believed once it has learned. Their P90
+drives decisions once the instance has learned and ``_QUICK_MIN`` were seen
+there. They still teach the regression.
 
 Only primed attempts teach the regression. An attempt cut at its deadline is
 censored (its TTFT is unknown, at least the deadline): that lower bound joins
@@ -75,12 +88,13 @@ from geo_router.settings import PredictionSettings
 
 __all__ = ["Features", "Prediction", "TtftModel"]
 
-_DIMS = 5
+_DIMS = 6
 _NOISE_MS = 100.0  # the spread of one observation the prior's variances are measured in
 _INTERCEPT_SD_MS = 200.0  # how far the engine's fixed overhead may be from none
 _WAIT_SD_MS = 1000.0  # per second of wait, how far from the wait itself
 _PER_SEQ_SD_MS = 100.0  # what one running sequence adds beyond the formula's busy term
 _SPREAD_FLOOR_MS = 100.0  # errors scale with the TTFT plus this (see _spread)
+_RELATIVE_NOISE = 0.1  # an observation's spread in the fit: this share of (TTFT + the floor)
 _MIN_FITTED_MS = 1.0
 _QUICK_TOKENS = 32  # at most this many uncached tokens: nothing worth a prefill
 _QUICK_MIN = 3  # such requests seen at an instance before they predict the next
@@ -97,6 +111,7 @@ class Features:
     busy_seqs: int  # sequences running there (the larger of its report and the router's)
     prior_ms: float  # the formula's estimate: RTT + wait + prefill
     ms_per_token: float  # the formula's prefill cost of one uncached token
+    cached_tokens: int = 0  # the prompt's tokens already held there, which the new ones attend to
 
     @property
     def quick(self) -> bool:
@@ -109,12 +124,16 @@ class Features:
         )
 
     def vector(self) -> tuple[float, ...]:
+        new = self.uncached_tokens
         return (
             1.0,
-            self.uncached_tokens / 1000.0,
+            new / 1000.0,
             self.wait_ms / 1000.0,
             self.reported_wait_ms / 1000.0,
             float(self.busy_seqs),
+            new
+            * (self.cached_tokens + new / 2.0)
+            / 1e6,  # attention: each new token reads the context
         )
 
 
@@ -136,6 +155,7 @@ class TtftModel:
     """One instance's regression and ratio quantiles; see the module docstring."""
 
     __slots__ = (
+        "_fleet_quick",
         "_max_trace",
         "_p50",
         "_p90",
@@ -148,13 +168,18 @@ class TtftModel:
         "theta",
     )
 
-    def __init__(self, settings: PredictionSettings) -> None:
+    def __init__(
+        self, settings: PredictionSettings, fleet_quick: deque[float] | None = None
+    ) -> None:
         self._settings = settings
+        # Every instance's quick bases (``Tracker`` shares one): an instance that has
+        # seen no quick request of its own starts from the others'.
+        self._fleet_quick = fleet_quick
         self.theta: list[float] = []  # set from the first prior seen
         self.cov: list[list[float]] = []
         self._max_trace = 0.0
         self.ratios: deque[float] = deque(maxlen=settings.window)
-        self.quick: deque[float] = deque(maxlen=settings.window)  # TTFTs of quick requests
+        self.quick: deque[float] = deque(maxlen=settings.window)  # quick requests' bases
         self.observed = 0
         self.last_seen = 0.0  # monotonic (or a simulation's clock) of the last observation
         self._p50 = self._p90 = 1.0
@@ -164,20 +189,49 @@ class TtftModel:
         # The RTT is the region table's, an assumption: the intercept may learn it is
         # shorter (a negative intercept), so only the whole is kept positive.
         fitted = max(_MIN_FITTED_MS, features.rtt_ms + _dot(theta, features.vector()))
-        if self.observed < self._settings.min_samples or not self.ratios:
+        if not self._settings.enabled:
             return Prediction(features, features.prior_ms, None, fitted)
-        if features.quick and len(self.quick) >= _QUICK_MIN:
-            seen = sorted(self.quick)
-            median = _quantile(seen, 0.5)
-            return Prediction(features, median, max(median, _quantile(seen, 0.9)), fitted)
-        median = learned = _spread(fitted, self._p50)
+        learned = self.observed >= self._settings.min_samples and bool(self.ratios)
+        if features.quick and (self.quick or self._fleet_quick):
+            return self._predict_quick(features, fitted, learned)
+        if not self.observed:
+            return Prediction(features, features.prior_ms, None, fitted)
+        if not learned:  # the regression's steps from the formula, no quantile yet
+            return Prediction(features, _spread(fitted, self._p50), None, fitted)
+        median = learned_ms = _spread(fitted, self._p50)
         p90 = max(median, _spread(fitted, self._p90))
         half_life = self._settings.stale_half_life_s
         idle = now - self.last_seen
         if idle > 0 and half_life > 0:  # fade toward the formula, keep the spread
-            median = features.prior_ms + (learned - features.prior_ms) * 0.5 ** (idle / half_life)
-            p90 = median + (p90 - learned)
+            median = features.prior_ms + (learned_ms - features.prior_ms) * 0.5 ** (
+                idle / half_life
+            )
+            p90 = median + (p90 - learned_ms)
         return Prediction(features, median, p90, fitted)
+
+    def _predict_quick(self, f: Features, fitted: float, learned: bool) -> Prediction:
+        """The RTT and the few new tokens, plus what such requests took beyond them."""
+        seen = sorted(self.quick or self._fleet_quick or ())
+        own = bool(self.quick)
+        extra = f.rtt_ms + f.uncached_tokens * f.ms_per_token
+        base = _quantile(seen, 0.5)
+        if not (own and learned):
+            # A base below none says the table overstates an RTT: believed of this
+            # instance once it has learned, not of another's, nor from a sample or two.
+            base = max(0.0, base)
+        median = max(_MIN_FITTED_MS, extra + base)
+        p90: float | None = None
+        if own and learned and len(seen) >= _QUICK_MIN:
+            p90 = max(median, extra + _quantile(seen, 0.9))
+        elif learned:  # too few of its own yet: the regression's spread
+            p90 = max(median, _spread(fitted, self._p90))
+        return Prediction(f, median, p90, fitted)
+
+    def _quick_base(self, f: Features, ttft_ms: float) -> None:
+        base = ttft_ms - f.rtt_ms - f.uncached_tokens * f.ms_per_token
+        self.quick.append(base)
+        if self._fleet_quick is not None:
+            self._fleet_quick.append(base)
 
     def observe(self, predicted: Prediction, actual_ms: float, now: float) -> None:
         """A first token ``actual_ms`` after the send of a request predicted so."""
@@ -186,7 +240,7 @@ class TtftModel:
             self._start(f)
         self._ratio((actual_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
         if f.quick:
-            self.quick.append(actual_ms)
+            self._quick_base(f, actual_ms)
         self._update(f.vector(), actual_ms - f.rtt_ms)
         self.observed += 1
         self.last_seen = max(self.last_seen, now)
@@ -195,7 +249,7 @@ class TtftModel:
         """No first token within ``waited_ms`` (the attempt was cut at its deadline)."""
         self._ratio((waited_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
         if predicted.features.quick:  # at least that long: a lower bound, as for the ratios
-            self.quick.append(waited_ms)
+            self._quick_base(predicted.features, waited_ms)
 
     def _ratio(self, ratio: float) -> None:
         self.ratios.append(ratio)
@@ -207,13 +261,18 @@ class TtftModel:
         """The formula's coefficients, each as uncertain as the module docstring says."""
         self.theta = _prior_theta(f)
         per_1k_sd = max(self.theta[1], 500.0)
-        sds = (_INTERCEPT_SD_MS, per_1k_sd, _WAIT_SD_MS, _WAIT_SD_MS, _PER_SEQ_SD_MS)
+        sds = (_INTERCEPT_SD_MS, per_1k_sd, _WAIT_SD_MS, _WAIT_SD_MS, _PER_SEQ_SD_MS, per_1k_sd)
         variances = [(sd / _NOISE_MS) ** 2 for sd in sds]
         self.cov = [[variances[i] if i == j else 0.0 for j in range(_DIMS)] for i in range(_DIMS)]
         self._max_trace = 10.0 * sum(variances)  # a direction never excited must not blow up
 
     def _update(self, x: tuple[float, ...], y: float) -> None:
         """One recursive-least-squares step with forgetting."""
+        # Weighted by the observation's own spread, a share of its size: a long
+        # prompt's seconds of noise must not outweigh a short one's milliseconds.
+        w = _NOISE_MS / (_RELATIVE_NOISE * (max(0.0, y) + _SPREAD_FLOOR_MS))
+        x = tuple(v * w for v in x)
+        y *= w
         theta, cov, lam = self.theta, self.cov, self._settings.forgetting
         px = [_dot(row, x) for row in cov]
         gain_den = lam + _dot(x, px)
@@ -221,11 +280,20 @@ class TtftModel:
         err = y - _dot(theta, x)
         for i in range(_DIMS):
             theta[i] += gain[i] * err
-        for i in range(1, _DIMS):  # time per token or per ms of wait is never negative
-            theta[i] = max(0.0, theta[i])
         for i in range(_DIMS):
             for j in range(_DIMS):
                 cov[i][j] = (cov[i][j] - gain[i] * px[j]) / lam
+        last = _DIMS - 1
+        if theta[last] < 0.0 < cov[last][last]:
+            # No attention cost below none: the fit conditioned on none, so the others
+            # move as they would have had it been none (a bare clamp would leave them
+            # bent to make up for the negative value, as the tests' linear engines showed).
+            shift = -theta[last] / cov[last][last]
+            for i in range(last):
+                theta[i] += cov[i][last] * shift
+            theta[last] = 0.0
+        for i in range(1, _DIMS):  # time per token or per ms of wait is never negative
+            theta[i] = max(0.0, theta[i])
         trace = sum(cov[i][i] for i in range(_DIMS))
         if trace > self._max_trace:
             scale = self._max_trace / trace
@@ -236,7 +304,7 @@ class TtftModel:
 
 def _prior_theta(f: Features) -> list[float]:
     """The formula as coefficients: no intercept, its prefill cost, its wait as is."""
-    return [0.0, f.ms_per_token * 1000.0, 1000.0, 0.0, 0.0]
+    return [0.0, f.ms_per_token * 1000.0, 1000.0, 0.0, 0.0, 0.0]
 
 
 def _spread(fitted_ms: float, ratio: float) -> float:

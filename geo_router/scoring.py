@@ -131,6 +131,13 @@ class Scored:
         return self.predicted_ms - self.bias_ms
 
     @property
+    def formula_ms(self) -> float:
+        """The formula's estimate (RTT + wait + prefill at the reported rate) with the
+        tier's bias: what the deadline of an instance still learning is a multiple of."""
+        formula = self.ttft_ms if self.prediction is None else self.prediction.features.prior_ms
+        return formula + self.bias_ms
+
+    @property
     def ttft_p90_ms(self) -> float | None:
         """The calibrated upper quantile, once the instance's model has learned."""
         return None if self.prediction is None else self.prediction.p90_ms

@@ -182,6 +182,11 @@ class HedgeSettings(Section):
 class PredictionSettings(Section):
     """The online TTFT predictor per instance (``geo_router.predictor``)."""
 
+    enabled: bool = Field(
+        True,
+        description="False: every prediction is the scoring formula's, nothing learned "
+        "(and the fixed hedge delay and first-token deadline throughout).",
+    )
     min_samples: int = Field(
         10,
         ge=1,

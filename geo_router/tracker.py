@@ -67,12 +67,13 @@ class Tracker:
         self._settings = breaker
         self._prediction = prediction or PredictionSettings()
         self._stats: dict[str, InstanceStats] = {}
+        self._fleet_quick: deque[float] = deque(maxlen=self._prediction.window)
 
     def stats(self, instance_id: str, now: float | None = None) -> InstanceStats:
         found = self._stats.get(instance_id)
         if found is None:
             first_seen = time.monotonic() if now is None else now
-            found = InstanceStats(first_seen, TtftModel(self._prediction))
+            found = InstanceStats(first_seen, TtftModel(self._prediction, self._fleet_quick))
             self._stats[instance_id] = found
         return found
 

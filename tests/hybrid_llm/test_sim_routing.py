@@ -101,7 +101,7 @@ def _local(
             name="hybrid",
             router={"center_bias_ms": 1000, "busy_slowdown_weight": weight}
             # learn=False: the formula alone (the TTFT predictor never learns).
-            | ({} if learn else {"prediction": {"min_samples": 10**6}}),
+            | ({} if learn else {"prediction": {"enabled": False}}),
         ),
         # What the real edges reported: a's TTFT window has a long tail (P95 - P50 400 ms).
         "warm": {
