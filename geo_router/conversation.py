@@ -4,10 +4,15 @@ One home for walking an OpenAI body's ``messages`` (or ``prompt``): the
 classifier, the planner (token estimate, context fit, trimming) and the
 prefix index all read a request through :func:`turns_of`.
 
-Token counts are estimates from characters, since the router holds no
-tokenizer: about 4 characters a token for Latin text (BPE tokenizers on
-English), about one token per CJK character, and a few tokens per message for
-the chat template's role markers.
+Token counts are estimates, since the router holds no tokenizer: a linear
+count of what a byte-level BPE tokenizer splits on (runs of letters, other
+characters one by one, newlines, CJK characters) plus a few tokens per message
+for the chat template's role markers. The weights are fitted to the served
+model's tokenizer (SmolLM2's 49k BPE) on 5,000 ShareGPT messages; on held-out
+public sources the estimate is off by a mean 4-9% per message (MT-Bench 6.5%,
+HumanEval 8.5%, IFBench 5.0%, ChatRAG 4.4%, MMLU 6.4%, Verilog 6.9%) where
+four characters a token was off by 14-23%, and every prediction of a prefill's
+time inherits that error.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ __all__ = [
 
 _CJK = re.compile(r"[\u3000-\u9fff\uac00-\ud7af\uff00-\uffef]")
 TEMPLATE_TOKENS_PER_MESSAGE = 4
+# Tokens per run of ASCII letters, per other non-space character, per newline,
+# per CJK character (see the module docstring).
+_PER_WORD, _PER_OTHER, _PER_NEWLINE, _PER_CJK = 1.068, 0.873, 1.237, 2.277
+_LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_LETTERS_AND_SPACES = _LETTERS + b" \t\n\r\x0b\x0c"
+_SEPARATORS = bytes(c for c in range(128) if c not in _LETTERS)
+_TO_SPACE = bytes.maketrans(_SEPARATORS, b" " * len(_SEPARATORS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +75,20 @@ def turns_of(body: Mapping[str, Any]) -> list[Turn]:
 
 
 def estimate_tokens(text: str) -> int:
-    """Tokens in ``text``: CJK characters count one each, other text 4 characters a token."""
-    cjk = len(_CJK.findall(text)) if not text.isascii() else 0
-    return cjk + (len(text) - cjk + 3) // 4
+    """Tokens in ``text`` (see the module docstring); at least 1 unless it is empty."""
+    if not text:
+        return 0
+    if text.isascii():
+        raw, cjk, multibyte = text.encode("ascii"), 0, 0
+    else:
+        raw = text.encode("utf-8", "surrogatepass")
+        cjk, multibyte = len(_CJK.findall(text)), len(raw) - len(text)
+    words = len(raw.translate(_TO_SPACE).split())  # runs of letters (and of non-ASCII)
+    other = len(raw.translate(None, _LETTERS_AND_SPACES)) - multibyte - cjk
+    tokens = (
+        _PER_WORD * words + _PER_OTHER * other + _PER_NEWLINE * raw.count(b"\n") + _PER_CJK * cjk
+    )
+    return max(1, round(tokens))
 
 
 def estimate_prompt_tokens(body: Mapping[str, Any], turns: Sequence[Turn] | None = None) -> int:

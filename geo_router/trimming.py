@@ -194,16 +194,31 @@ def truncate_text(text: str, max_tokens: int) -> tuple[str, int] | None:
         return text, 0
     per_token = len(text) / total  # characters a token, to turn an overshoot into a cut
     keep = len(text) * max_tokens // total
-    while True:
-        omitted = len(text) - keep
+
+    def kept(keep: int) -> tuple[str, int]:
         front = (keep + 1) // 2
-        cut = text[:front] + _marker(omitted) + text[len(text) - (keep - front) :]
+        return text[:front] + _marker(len(text) - keep) + text[len(text) - (keep - front) :], keep
+
+    too_many = len(text)  # keeping this many characters is known to exceed the budget
+    while True:
+        cut, _ = kept(keep)
         over = estimate_tokens(cut) - max_tokens
         if over <= 0:
-            return cut, omitted
+            break
         if keep == 0:
             return None
+        too_many = keep
         keep = max(0, keep - max(1, math.ceil(over * per_token)))
+    # The estimate is not smooth in the characters kept (a cut may split a word):
+    # take back what the last step cut too much, as long as it still fits.
+    while too_many - keep > 1:
+        middle = (keep + too_many) // 2
+        if estimate_tokens(kept(middle)[0]) <= max_tokens:
+            keep = middle
+        else:
+            too_many = middle
+    cut, keep = kept(keep)
+    return cut, len(text) - keep
 
 
 def _role(message: Any) -> str:

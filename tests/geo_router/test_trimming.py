@@ -247,7 +247,7 @@ def test_only_the_latest_turns_text_is_cut_and_a_continued_answer_keeps_its_end(
 
 
 # The local topology's windows, as fakes that refuse what exceeds them (4 characters
-# a token, the estimator's own rate), trimming as a last resort on both tiers.
+# a token), trimming as a last resort on both tiers.
 EDGE_WINDOW, CENTER_WINDOW = 2048, 8192
 ROUTER_AUTH = {"Authorization": f"Bearer {KEY}"}
 
