@@ -45,7 +45,8 @@ and the instance is tried again once the formula ranks it best; its P90
 keeps the learned spread around that median.
 
 Until ``min_samples`` first tokens were seen there, the median is the
-regression's (the formula's until the first), with no upper quantile
+regression's (the formula's until the first; not yet scaled by the ratios,
+which a fit still moving would correct twice), with no upper quantile
 (``p90_ms`` is ``None``): the dispatcher then keeps its fixed hedge delay and
 a deadline from the formula's estimate. With ``enabled`` off it is the
 formula's throughout. A learned prediction's P90
@@ -61,7 +62,8 @@ show the regression: fitted to them, its intercept and ratio priced such a
 turn at 4-10 times what it took (ShareGPT through ``hybrid-llm up``: 32-49 ms
 seen, 163-395 ms predicted). Such requests are predicted from the recent
 ones like them: the RTT and their few new tokens at the formula's rate, plus
-the median of what those took beyond theirs (the "base"). From the first such
+the median of what those took beyond theirs (the "base"); with none seen
+anywhere yet, the formula's (never the regression's, fitted to prefills). From the first such
 request seen at the instance; before any, from every instance's (a shared
 window the ``Tracker`` hands each model), never below no base, since a
 negative one says the region table overstates *that* instance's RTT. An
@@ -192,12 +194,14 @@ class TtftModel:
         if not self._settings.enabled:
             return Prediction(features, features.prior_ms, None, fitted)
         learned = self.observed >= self._settings.min_samples and bool(self.ratios)
-        if features.quick and (self.quick or self._fleet_quick):
+        if features.quick:  # never the regression's median: it is fitted to prefills
             return self._predict_quick(features, fitted, learned)
         if not self.observed:
             return Prediction(features, features.prior_ms, None, fitted)
-        if not learned:  # the regression's steps from the formula, no quantile yet
-            return Prediction(features, _spread(fitted, self._p50), None, fitted)
+        if not learned:
+            # The regression's steps from the formula, not yet scaled by its errors: a
+            # ratio or two against a fit that has moved since would correct it twice.
+            return Prediction(features, fitted, None, fitted)
         median = learned_ms = _spread(fitted, self._p50)
         p90 = max(median, _spread(fitted, self._p90))
         half_life = self._settings.stale_half_life_s
@@ -212,6 +216,9 @@ class TtftModel:
     def _predict_quick(self, f: Features, fitted: float, learned: bool) -> Prediction:
         """The RTT and the few new tokens, plus what such requests took beyond them."""
         seen = sorted(self.quick or self._fleet_quick or ())
+        if not seen:  # none seen anywhere: the formula's, with the regression's spread
+            p90 = max(f.prior_ms, _spread(fitted, self._p90)) if learned else None
+            return Prediction(f, f.prior_ms, p90, fitted)
         own = bool(self.quick)
         extra = f.rtt_ms + f.uncached_tokens * f.ms_per_token
         base = _quantile(seen, 0.5)
