@@ -217,8 +217,8 @@ class TtftModel:
         """The RTT and the few new tokens, plus what such requests took beyond them."""
         seen = sorted(self.quick or self._fleet_quick or ())
         if not seen:  # none seen anywhere: the formula's, with the regression's spread
-            p90 = max(f.prior_ms, _spread(fitted, self._p90)) if learned else None
-            return Prediction(f, f.prior_ms, p90, fitted)
+            spread = max(f.prior_ms, _spread(fitted, self._p90)) if learned else None
+            return Prediction(f, f.prior_ms, spread, fitted)
         own = bool(self.quick)
         extra = f.rtt_ms + f.uncached_tokens * f.ms_per_token
         base = _quantile(seen, 0.5)
