@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from hybrid_llm.fleet.sim.profiles import PRESETS, EngineProfile
+from hybrid_llm.fleet.sim.protection import EdgeProtection
 from servekit.rtt import RttTable
 
 __all__ = [
@@ -185,6 +186,10 @@ class SimConfig(BaseModel):
     rtt: RttTable = Field(default_factory=RttTable)
     regions: list[RegionSpec] = Field(min_length=1)
     edge_profile: str | EngineProfile = "l4-llama8b-awq"
+    edge_protection: EdgeProtection = Field(
+        default_factory=EdgeProtection,
+        description="what every edge does to protect its TTFT (all off by default)",
+    )
     center: CenterSpec
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)
