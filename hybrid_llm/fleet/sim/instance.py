@@ -56,7 +56,6 @@ from hybrid_llm.fleet.sim.spread import SpreadSampler
 from servekit.admission import over_ttft_budget
 from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
 from servekit.engine.protocol import LoadReport
-from servekit.engine.slot_release import release_ms
 
 if TYPE_CHECKING:
     from hybrid_llm.fleet.sim.request import Job
@@ -209,29 +208,20 @@ class Instance:
 
     def _wait_ms(self) -> float | None:
         """A newcomer's predicted wait before its own prefill; None: unknown."""
-        rate = self._prefill_rate()
         prefilling = list(self.prefill_q)
         if self.prefill_job is not None:
             prefilling.append(self.prefill_job)
-        left = [self._prefill_left(j) for j in prefilling]
-        # What the engine can tell of each slot: prompt tokens left, and an answer of
-        # unknown length (no max_tokens), so a typical answer's steps.
-        work = [(p, 1 << 30, True) for p in left] + [(0, 1 << 30, True)] * self.decode_n
-        releases = release_ms(
-            work,
-            prefill_tokens_per_s=rate,
-            decode_step_s=self._step(max(1, self.decode_n)),  # the engine's own step time
-            chunk_tokens=self._prefill_chunk or 1 << 30,
-            typical_tokens=self.stats.typical_completion(),
-            shortest_first=self._prefill_chunk is not None,
-        )
         return predicted_wait_ms(
             slots=self._slots,
             running=self.used,
             waiting=len(self.waiting),
-            release_ms=releases,
+            prefill_left=[self._prefill_left(j) for j in prefilling],
+            decoding=self.decode_n,
+            prefill_tokens_per_s=self._prefill_rate(),
+            decode_step_s=self._step(max(1, self.decode_n)),  # the engine's own step time
+            typical_tokens=self.stats.typical_completion(),
+            chunk_tokens=self._prefill_chunk,
             busy_ms_per_seq=self.stats.snapshot().busy_ms_per_seq,
-            prefill_backlog_ms=sum(left) / rate * 1000.0,
         )
 
     def _over_budget(self, job: Job) -> bool:

@@ -25,7 +25,11 @@ against that, each the counterpart of a real edge setting:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, Field
+
+from servekit.engine.slot_release import release_ms
 
 __all__ = ["EdgeProtection", "predicted_wait_ms"]
 
@@ -58,20 +62,37 @@ def predicted_wait_ms(
     slots: int,
     running: int,
     waiting: int,
-    release_ms: tuple[float, ...] | None,
+    prefill_left: Sequence[int],
+    decoding: int,
+    prefill_tokens_per_s: float,
+    decode_step_s: float,
+    typical_tokens: float,
+    chunk_tokens: int | None,
     busy_ms_per_seq: float | None,
-    prefill_backlog_ms: float,
 ) -> float | None:
     """A newcomer's wait before its own prefill, as ``AdmissionQueue.predicted_wait_ms``
-    prices it: the slot's release (the earliest of ``release_ms``, what the engine
-    says its sequences have left) when every slot is held, the busy slowdown of the
-    sequences beside it, and the prompts admitted before it. ``None`` (unknown, so
-    refused under a budget) when it would queue behind others or the engine cannot
-    tell when a slot frees."""
+    prices it: when every slot is held, the earliest release the engine predicts
+    (``servekit.engine.slot_release``: the prompt tokens each of its sequences has
+    left, ``prefill_left``, and for ``decoding`` ones and those an answer of unknown
+    length, a typical answer's steps); the busy slowdown of the sequences beside it;
+    and the prompt tokens admitted before it. ``None`` (unknown, so refused under a
+    budget) when it would queue behind others."""
+    backlog_ms = sum(prefill_left) / prefill_tokens_per_s * 1000.0
+    busy = busy_ms_per_seq or 0.0
     if running < slots and waiting == 0:
-        slot_wait, beside = 0.0, running
-    elif waiting or not release_ms:
+        return running * busy + backlog_ms
+    if waiting:
         return None
-    else:
-        slot_wait, beside = release_ms[0], slots - 1
-    return slot_wait + beside * (busy_ms_per_seq or 0.0) + prefill_backlog_ms
+    unknown = 1 << 30  # no max_tokens: the engine caps it at a typical answer
+    work = [(p, unknown, True) for p in prefill_left] + [(0, unknown, True)] * decoding
+    releases = release_ms(
+        work,
+        prefill_tokens_per_s=prefill_tokens_per_s,
+        decode_step_s=decode_step_s,
+        chunk_tokens=chunk_tokens or unknown,
+        typical_tokens=typical_tokens,
+        shortest_first=chunk_tokens is not None,
+    )
+    if not releases:
+        return None
+    return releases[0] + (slots - 1) * busy + backlog_ms
