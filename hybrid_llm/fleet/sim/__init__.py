@@ -18,6 +18,7 @@ from hybrid_llm.fleet.sim.config import (
 from hybrid_llm.fleet.sim.instance import Instance
 from hybrid_llm.fleet.sim.policy import AllToCenter, CenterPool, Fleet, Policy
 from hybrid_llm.fleet.sim.profiles import PRESETS, EngineProfile
+from hybrid_llm.fleet.sim.protection import EdgeProtection
 from hybrid_llm.fleet.sim.report import summarize_result, tidy
 from hybrid_llm.fleet.sim.simulation import SimResult, Simulation
 from hybrid_llm.fleet.sim.sizing import Sizer, Slo, fleet_price, size_edges
@@ -27,6 +28,7 @@ __all__ = [
     "AllToCenter",
     "CenterPool",
     "CenterSpec",
+    "EdgeProtection",
     "EngineProfile",
     "Fleet",
     "Instance",

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from hybrid_llm.fleet.sim.profiles import PRESETS, EngineProfile
+from hybrid_llm.fleet.sim.protection import EdgeProtection
 from servekit.rtt import RttTable
 
 __all__ = [
@@ -28,12 +29,20 @@ __all__ = [
 
 PolicyName = Literal["all-center", "hybrid", "hybrid-hedge"]
 
-# On-demand list prices per GPU-hour, AWS us-east-1 as published in 2024, quoted
-# from memory (no internet where this was written; check today's before buying):
-# - L4: g6.xlarge (1 x L4, 4 vCPU, 16 GiB) $0.8048/h.
-# - H100: p5.48xlarge (8 x H100 SXM 80 GB) $98.32/h, i.e. $12.29 per GPU. AWS cut
-#   P5 on-demand prices by up to ~45% in mid-2025; `--gpu-price H100=6.88` prices
-#   that ($55.04 / 8).
+# On-demand list prices per GPU-hour, AWS us-east-1 (Linux). First quoted from
+# memory; checked on 2026-12-03 against public third-party transcriptions of AWS's
+# price list (no AWS page with these figures was found; check today's before buying):
+# - L4: g6.xlarge (1 x L4, 4 vCPU, 16 GiB) $0.8048/h. Confirmed: github.com/tsaol/
+#   aws-gpu, data/g6_instances.js (generated from instances.vantage.sh, "last
+#   updated 2025-11-30"): g6.xlarge us-east-1 onDemand 0.8048.
+# - H100: p5.48xlarge (8 x H100 SXM 80 GB) $98.32/h, i.e. $12.29 per GPU: the price
+#   before AWS's mid-2025 P5 cut, kept so the sizing results already published stay
+#   reproducible. It is still stated ("pricing data current as of Q1 2026") by
+#   disintermediate.global/insights/gpu-cloud-pricing-models, but the newer listings
+#   say $55.04/h, i.e. $6.88 per GPU: the same tsaol/aws-gpu, data/p5_instances.js
+#   (2025-11-30), and github.com/datareceipts/data-receipts,
+#   109-gpu-pricing/hyperscalers.json ("retrieved": "2026-11-09"). Price that with
+#   `--gpu-price H100=6.88`.
 # The instance price includes its CPUs, memory and disk, as a buyer pays it.
 GPU_HOUR_USD: dict[str, float] = {"L4": 0.8048, "H100": 12.29}
 
@@ -185,6 +194,10 @@ class SimConfig(BaseModel):
     rtt: RttTable = Field(default_factory=RttTable)
     regions: list[RegionSpec] = Field(min_length=1)
     edge_profile: str | EngineProfile = "l4-llama8b-awq"
+    edge_protection: EdgeProtection = Field(
+        default_factory=EdgeProtection,
+        description="what every edge does to protect its TTFT (all off by default)",
+    )
     center: CenterSpec
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     policy: PolicySpec = Field(default_factory=PolicySpec)

@@ -33,6 +33,11 @@ What the instance reports (:meth:`Instance.report`) is what an edge's
 clock): slots in use and waiting, TTFT P50/P95 of the last 512 sequences
 (from slot to first token), the busy slowdown per running sequence (from the
 same admissions), decode and prefill rates over the last 10 s of steps.
+
+An edge may protect its TTFT (:class:`~hybrid_llm.fleet.sim.protection.EdgeProtection`,
+each off by default): a cap on the sequences it runs, with no queue behind
+them; chunked prefill, shortest prompt first between chunks; refusing a
+request whose predicted TTFT is over a budget.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.profiles import EngineProfile
+from hybrid_llm.fleet.sim.protection import EdgeProtection, predicted_wait_ms
 from hybrid_llm.fleet.sim.spread import SpreadSampler
+from servekit.admission import over_ttft_budget
 from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
 from servekit.engine.protocol import LoadReport
 
@@ -89,13 +96,22 @@ class Instance:
     _seq: int = 0
     _carry: float = 0.0  # decoded token fraction not yet recorded as a step
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    protection: EdgeProtection = field(default_factory=EdgeProtection)
+    shed: int = 0  # requests refused on the TTFT budget
 
     def __post_init__(self) -> None:
         # Hot-path copies of the profile (pydantic attribute access is slow).
         self._base = self.profile.decode_base_ms / 1000.0
         self._per = self.profile.decode_per_seq_ms / 1000.0
-        self._slots = self.profile.slots
+        guard = self.protection
+        self._slots = min(self.profile.slots, guard.max_decoders or self.profile.slots)
+        # A capped edge refuses beyond the cap instead of queueing: the router spills.
+        self._queue_limit = 0 if guard.max_decoders is not None else self.profile.queue_limit
         self._chunk = self.profile.chunk_tokens
+        self._prefill_chunk = guard.prefill_chunk_tokens  # chunked, shortest first
+        self._budget_ms = guard.ttft_budget_ms
+        self._step_tokens = 0  # prompt tokens of the chunk in flight
+        self._step_own_s = 0.0  # its share of the prompt's prefill time
         # Measured dispersion: prefill times and decode steps drawn around the medians.
         self._prefill_spread = SpreadSampler(self.profile.prefill_spread, self.rng)
         self._step_spreads: dict[int, SpreadSampler] = {}
@@ -131,12 +147,14 @@ class Instance:
             waiting=len(self.waiting),
             running=self.used,
             capacity=self._slots,
-            queue_limit=self.profile.queue_limit,
+            queue_limit=self._queue_limit,
             ttft_p50_ms=snap.ttft_p50_ms,
             ttft_p95_ms=snap.ttft_p95_ms,
             busy_ms_per_seq=snap.busy_ms_per_seq,
             decode_tokens_per_s=snap.decode_tokens_per_s,
             prefill_tokens_per_s=snap.prefill_tokens_per_s,
+            ttft_budget_ms=self._budget_ms,
+            predicted_wait_ms=None if self._budget_ms is None else self._wait_ms(),
         )
 
     def warm(
@@ -178,16 +196,53 @@ class Instance:
             self.stats.record_step(1, tokens, 0, seconds, now=then)
 
     def full(self) -> bool:
-        return self.used >= self._slots and len(self.waiting) >= self.profile.queue_limit
+        return self.used >= self._slots and len(self.waiting) >= self._queue_limit
+
+    # -- the TTFT budget: what admission predicts (servekit.admission) ---------
+    def _prefill_rate(self) -> float:
+        return self.stats.prefill_rate() or self.profile.prefill_tokens_per_s
+
+    def _prefill_left(self, job: Job) -> int:
+        """Prompt tokens ``job`` has left to prefill (all of them before its first chunk)."""
+        return job.prefill_left_tokens or self._uncached(job)
+
+    def _wait_ms(self) -> float | None:
+        """A newcomer's predicted wait before its own prefill; None: unknown."""
+        prefilling = list(self.prefill_q)
+        if self.prefill_job is not None:
+            prefilling.append(self.prefill_job)
+        return predicted_wait_ms(
+            slots=self._slots,
+            running=self.used,
+            waiting=len(self.waiting),
+            prefill_left=[self._prefill_left(j) for j in prefilling],
+            decoding=self.decode_n,
+            prefill_tokens_per_s=self._prefill_rate(),
+            decode_step_s=self._step(max(1, self.decode_n)),  # the engine's own step time
+            typical_tokens=self.stats.typical_completion(),
+            chunk_tokens=self._prefill_chunk,
+            busy_ms_per_seq=self.stats.snapshot().busy_ms_per_seq,
+        )
+
+    def _over_budget(self, job: Job) -> bool:
+        if self._budget_ms is None:
+            return False
+        wait = self._wait_ms()
+        own_ms = self._uncached(job) / self._prefill_rate() * 1000.0
+        return wait is None or over_ttft_budget(wait, own_ms, self._budget_ms)
 
     # -- requests arriving and leaving ----------------------------------------
     def submit(self, job: Job) -> bool:
-        """Accept ``job`` now, or ``False`` when the queue is full (a 429)."""
+        """Accept ``job`` now, or ``False`` (a 429) when the queue is full or, under a
+        TTFT budget, its predicted TTFT here is over it."""
         if self.full():
             return False
-        job.instance = self
         now = self.loop.now
         self._advance(now)
+        if self._over_budget(job):
+            self.shed += 1
+            return False
+        job.instance = self
         if self.used < self._slots:
             job.others = self.used
             self.used += 1
@@ -256,8 +311,8 @@ class Instance:
     def _prefill_steps(self, job: Job) -> int:
         return 1 if self._chunk is None else math.ceil(self._uncached(job) / self._chunk)
 
-    def _riders_s(self, job: Job, boundary: bool) -> float:
-        """What the decoders riding along add to ``job``'s prefill: what the profile
+    def _riders_s(self, steps: int, boundary: bool) -> float:
+        """What the decoders riding along add to a prefill of ``steps`` steps: what the profile
         measured mixed steps to add per prefill step (else each decoder's step cost).
         A measured figure includes the probe's wait for the decode step in flight
         when it arrived (half a step on average): a prefill that starts at a step
@@ -269,17 +324,19 @@ class Instance:
             return 0.0
         extra = self.profile.mixed_extra_s(n)
         if not self.profile.mixed_points:
-            return extra * self._prefill_steps(job)
+            return extra * steps
         wait = self._step(n) / 2
-        return max(0.0, extra - wait) * self._prefill_steps(job) + (0.0 if boundary else wait)
+        return max(0.0, extra - wait) * steps + (0.0 if boundary else wait)
 
     def _settle(self, now: float, boundary: bool = False) -> None:
-        if self.prefill_job is None and self.prefill_q:
+        if self.prefill_job is None and self.prefill_q and self._prefill_chunk is not None:
+            self._start_chunk(now, boundary)
+        elif self.prefill_job is None and self.prefill_q:
             job = self.prefill_q.popleft()
             job.state = "prefill"
             self.prefill_job = job
             self.prefill_start = now
-            riders = self._riders_s(job, boundary)
+            riders = self._riders_s(self._prefill_steps(job), boundary)
             # A measured prefill time at a prompt length already holds what copying the
             # shared preamble saves; a conversation's cached history is not computed.
             computed = job.req.prompt_tokens - job.req.history_tokens
@@ -297,6 +354,42 @@ class Instance:
             self._seg_step = self._step(self.decode_n) * self._step_factor(left)
             self.loop.at(now + left * self._seg_step, self._fire, self.epoch)
 
+    def _start_chunk(self, now: float, boundary: bool) -> None:
+        """Prefill one chunk of the prompt with the fewest tokens left (the earliest
+        admitted among equals). A prompt's prefill time is drawn at its first chunk
+        and spent in proportion to the tokens of each; the decoders ride along in
+        every chunk's step."""
+        job = min(self.prefill_q, key=self._prefill_left)
+        self.prefill_q.remove(job)
+        if not job.prefill_left_tokens:
+            job.prefill_left_tokens = self._uncached(job)
+            computed = job.req.prompt_tokens - job.req.history_tokens  # as in _settle
+            job.prefill_left_s = self.profile.prefill_s(computed) * self._prefill_spread.draw()
+        tokens = min(self._prefill_chunk or job.prefill_left_tokens, job.prefill_left_tokens)
+        self._step_tokens = tokens
+        self._step_own_s = job.prefill_left_s * tokens / job.prefill_left_tokens
+        job.state = "prefill"
+        self.prefill_job = job
+        self.prefill_start = now
+        self.prefill_end = now + max(0.0, self._step_own_s + self._riders_s(1, boundary))
+
+    def _chunk_done(self, job: Job, now: float) -> None:
+        """A chunk's step ended: one token for each decoder; the prompt's first
+        token when it was its last chunk, else it waits for its next turn."""
+        self.prefill_job = None
+        decoders = self.decode_n
+        if decoders:
+            self.vclock += 1
+        tokens = self._step_tokens
+        self.stats.record_step(decoders + 1, decoders, tokens, now - self.prefill_start, now=now)
+        job.prefill_left_tokens -= tokens
+        job.prefill_left_s -= self._step_own_s
+        if job.prefill_left_tokens > 0:
+            job.state = "prefill_q"
+            self.prefill_q.appendleft(job)  # first among equals: it started first
+            return
+        self._first_token(job, now)
+
     def _step_factor(self, steps: float) -> float:
         """The mean step-time ratio of the next ``steps`` decode steps, each drawn
         from the profile's spread at this batch size (1 without one)."""
@@ -312,7 +405,9 @@ class Instance:
         now = self.loop.now
         self._advance(now)
         job = self.prefill_job
-        if job is not None:
+        if job is not None and self._prefill_chunk is not None:
+            self._chunk_done(job, now)
+        elif job is not None:
             self._prefilled(job, now)
         heap = self.decode
         while heap and heap[0][0] <= self.vclock + 1e-9:
@@ -332,6 +427,9 @@ class Instance:
         self.stats.record_step(
             decoders + 1, decoders * steps, self._uncached(job), now - self.prefill_start, now=now
         )
+        self._first_token(job, now)
+
+    def _first_token(self, job: Job, now: float) -> None:
         self.stats.record_ttft(
             now - job.admitted, running=job.others, prefilled=self._uncached(job)
         )
@@ -349,5 +447,7 @@ class Instance:
         job.state = "done"
         job.done = now
         self.served += 1
+        if self._budget_ms is not None:  # what the budget's slot-release estimate reads
+            self.stats.record_completion(job.req.output_tokens)
         self._free(now)
         self.sink.done(job, now)

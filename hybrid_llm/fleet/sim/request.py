@@ -47,3 +47,5 @@ class Job:
     released: bool = False  # the router no longer counts it in flight
     first_token: float | None = None
     done: float | None = None
+    prefill_left_tokens: int = 0  # chunked prefill: prompt tokens left once started
+    prefill_left_s: float = 0.0  # and the prefill time they take

@@ -22,6 +22,7 @@ from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.instance import Instance
 from hybrid_llm.fleet.sim.policy import AllToCenter, CenterPool, Fleet, Policy, Target
 from hybrid_llm.fleet.sim.profiles import EngineProfile
+from hybrid_llm.fleet.sim.protection import EdgeProtection
 from hybrid_llm.fleet.sim.request import Job, SimRequest
 
 __all__ = ["SimResult", "Simulation", "build_policy"]
@@ -100,7 +101,8 @@ class Simulation:
     ) -> Instance:
         # Each instance draws its service times from its own seeded RNG.
         rng = random.Random(f"{self.config.seed}/{name}")
-        inst = Instance(name, tier, region, profile, self.loop, self, rng=rng)
+        guard = self.config.edge_protection if tier == "edge" else EdgeProtection()
+        inst = Instance(name, tier, region, profile, self.loop, self, rng=rng, protection=guard)
         self.instances.append(inst)
         return inst
 
