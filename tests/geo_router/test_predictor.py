@@ -328,3 +328,19 @@ def test_an_instance_that_saw_no_quick_request_starts_from_the_others() -> None:
     first = far.predict(at(60.0, 1), 0.0)
     assert first.median_ms == pytest.approx(60.0 + 40.0 + 2.5, abs=3.0)
     assert first.p90_ms is None  # decisions wait for its own
+
+
+def test_a_repeat_found_mostly_cached_pays_no_prefill_for_the_tail_the_blocks_miss() -> None:
+    """The router names whole character blocks: an exact repeat's last partial block
+    counts as uncached though the engine holds it all (through ``up``: ~200 ms at the
+    center with 1 or 20 tokens counted uncached). A short new prompt still pays."""
+    model = TtftModel(PredictionSettings(min_samples=3))
+
+    def at(new: int, held: int) -> Features:
+        return Features(150.0, new, 0.0, 0.0, 0, 150.0 + new * 7.0, 7.0, cached_tokens=held)
+
+    for new in (1, 3, 20, 2, 18):
+        f = at(new, 2000)
+        model.observe(model.predict(f, 0.0), 200.0, 0.0)
+    assert model.predict(at(20, 370), 0.0).median_ms == pytest.approx(200.0, abs=1.0)
+    assert model.predict(at(20, 0), 0.0).median_ms == pytest.approx(200.0 + 20 * 7.0, abs=1.0)
