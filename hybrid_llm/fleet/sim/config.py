@@ -21,6 +21,7 @@ __all__ = [
     "PolicySpec",
     "RegionSpec",
     "SimConfig",
+    "TracedRequest",
     "WarmState",
     "WorkloadSpec",
     "resolve_profile",
@@ -101,6 +102,20 @@ class LengthDist(BaseModel):
         return min(float(self.max), self.median * math.exp(self.sigma**2 / 2))
 
 
+class TracedRequest(BaseModel):
+    """One request of a trace, as a bench measured it: when it arrived and its lengths."""
+
+    at: float = Field(ge=0, description="seconds after warmup_s")
+    prompt_tokens: int = Field(ge=1, description="the prompt as the engine counted it")
+    output_tokens: int = Field(ge=1)
+    cached_tokens: int = Field(
+        0,
+        ge=0,
+        description="leading prompt tokens the engine found cached (a shared system prompt, "
+        "a conversation's earlier turns); the chat template's preamble among them",
+    )
+
+
 class RegionSpec(BaseModel):
     name: str
     edges: int = Field(1, ge=0, description="edge nodes in this region")
@@ -110,6 +125,18 @@ class RegionSpec(BaseModel):
         description="a trace instead of Poisson at `rate`: arrival times in seconds after "
         "warmup_s (e.g. a bench run's request starts)",
     )
+    trace: list[TracedRequest] | None = Field(
+        None,
+        description="a trace with lengths instead of Poisson at `rate`: each request arrives "
+        "at its time with its own prompt, cached and output tokens (e.g. every request of "
+        "a bench run on a conversation workload)",
+    )
+
+    @model_validator(mode="after")
+    def _one_trace(self) -> RegionSpec:
+        if self.arrivals is not None and self.trace is not None:
+            raise ValueError(f"region {self.name}: give arrivals or trace, not both")
+        return self
 
 
 class CenterSpec(BaseModel):

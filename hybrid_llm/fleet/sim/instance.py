@@ -51,7 +51,7 @@ from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
 from servekit.engine.protocol import LoadReport
 
 if TYPE_CHECKING:
-    from hybrid_llm.fleet.sim.request import Job
+    from hybrid_llm.fleet.sim.request import Job, SimRequest
 
 __all__ = ["Instance", "InstanceSink"]
 
@@ -253,6 +253,24 @@ class Instance:
         prompt = job.req.prompt_tokens
         return max(1, prompt - min(job.req.cached_tokens, prompt - 1))
 
+    def _prefill_s(self, req: SimRequest) -> float:
+        """The idle prefill of ``req``'s uncached tokens. A measured time at a prompt
+        length already holds what copying the profile's shared preamble saves; each
+        further cached token (a system prompt, earlier turns) takes off what the
+        profile says computing the prompt up to there costs. On an engine whose cost
+        per token grows with the context, the tokens after a long cached prefix cost
+        more than as many at the start of a prompt: T(P) - T(C) + T(preamble) (a
+        request that found less than the preamble cached computes that much more)."""
+        prompt = req.prompt_tokens
+        cached = min(req.cached_tokens, prompt - 1)
+        preamble = req.preamble_tokens
+        if preamble is None:
+            preamble = cached - req.history_tokens
+        if cached == preamble:
+            return self.profile.prefill_s(prompt)
+        held = self.profile.prefill_s(cached) - self.profile.prefill_s(preamble)
+        return max(0.0, self.profile.prefill_s(prompt) - held)
+
     def _prefill_steps(self, job: Job) -> int:
         return 1 if self._chunk is None else math.ceil(self._uncached(job) / self._chunk)
 
@@ -280,10 +298,7 @@ class Instance:
             self.prefill_job = job
             self.prefill_start = now
             riders = self._riders_s(job, boundary)
-            # A measured prefill time at a prompt length already holds what copying the
-            # shared preamble saves; a conversation's cached history is not computed.
-            computed = job.req.prompt_tokens - job.req.history_tokens
-            cost = max(0.0, self.profile.prefill_s(computed) + riders)
+            cost = max(0.0, self._prefill_s(job.req) + riders)
             self.prefill_end = now + cost * self._prefill_spread.draw()
         self.epoch += 1
         if self.prefill_job is not None:

@@ -22,6 +22,10 @@ class SimRequest:
     hard: bool
     cached_tokens: int = 0  # leading prompt tokens an engine copies from another slot
     history_tokens: int = 0  # of those, earlier turns the serving instance already holds
+    # Of them, the preamble the profile's own prompts shared: its measured prefill
+    # times already hold that copy, the rest of the cached tokens come off them
+    # (None: all but the history).
+    preamble_tokens: int | None = None
     estimated_tokens: int = 0  # what the router estimates from the client's text
     jobs: list[Job] = field(default_factory=list)
     winner: Job | None = None

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hybrid_llm.fleet.sim.config import SimConfig, WarmState
+from hybrid_llm.fleet.sim.config import SimConfig, TracedRequest, WarmState
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.instance import Instance
 from hybrid_llm.fleet.sim.policy import AllToCenter, CenterPool, Fleet, Policy, Target
@@ -108,7 +108,11 @@ class Simulation:
     def run(self) -> SimResult:
         self.policy.start(self.loop, self.fleet, self.config.duration_s)
         for region in self.config.regions:
-            if region.arrivals is not None:
+            if region.trace is not None:
+                for traced in region.trace:
+                    at = self.config.warmup_s + traced.at
+                    self.loop.at(at, self._replay, region.name, traced)
+            elif region.arrivals is not None:
                 for at in region.arrivals:
                     self.loop.at(self.config.warmup_s + at, self._arrive, region.name, 0.0)
             elif region.rate > 0:
@@ -153,12 +157,32 @@ class Simulation:
             req.prompt_tokens += req.history_tokens
             cached += req.history_tokens
         req.cached_tokens = min(cached, req.prompt_tokens - 1)
-        req.estimated_tokens = max(1, req.prompt_tokens - wl.template_tokens)
-        self.requests.append(req)
-        self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
+        self._send(req)
         nxt = now + self.rng.expovariate(rate) if rate > 0 else float("inf")
         if nxt < self.config.duration_s:
             self.loop.at(nxt, self._arrive, region, rate)
+
+    def _replay(self, region: str, traced: TracedRequest) -> None:
+        """A traced request: its own lengths and cache hit, as measured."""
+        wl = self.config.workload
+        prompt = traced.prompt_tokens
+        req = SimRequest(
+            id=len(self.requests),
+            region=region,
+            arrival=self.loop.now,
+            prompt_tokens=prompt,
+            output_tokens=traced.output_tokens,
+            hard=self.rng.random() < wl.hard_fraction,
+            cached_tokens=min(traced.cached_tokens, prompt - 1),
+            preamble_tokens=min(wl.cached_prefix_tokens, prompt - 1),
+        )
+        self._send(req)
+
+    def _send(self, req: SimRequest) -> None:
+        """The client's request reaches the router, which estimates its tokens and routes."""
+        req.estimated_tokens = max(1, req.prompt_tokens - self.config.workload.template_tokens)
+        self.requests.append(req)
+        self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
 
     def _route(self, req: SimRequest) -> None:
         candidates = self.policy.candidates(req, self.fleet)
