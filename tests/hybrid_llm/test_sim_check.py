@@ -13,7 +13,8 @@ import pytest
 
 from hybrid_llm.bench.client import RequestRecord
 from hybrid_llm.cli import main
-from hybrid_llm.fleet.sim import EngineProfile
+from hybrid_llm.fleet.sim import EngineProfile, RegionSpec
+from hybrid_llm.fleet.sim.config import TracedRequest
 from hybrid_llm.fleet.simcheck import compare, mean_profile, sim_config, simulate
 
 BEFORE = EngineProfile(
@@ -91,7 +92,7 @@ def test_simulations_are_seeded_and_the_report_compares_them(
     measured = _measured()
     first = simulate(_args(), measured)
     second = simulate(_args(), measured)
-    assert set(first) == {"sim (bench arrivals)", "sim (Poisson)"}
+    assert set(first) == {"sim (bench requests)", "sim (Poisson)"}
     for name, reqs in first.items():
         assert [r.ttft for r in reqs] == [r.ttft for r in second[name]]
         assert len({round(r.ttft or 0, 9) for r in reqs}) > 10  # drawn, not all alike
@@ -110,5 +111,77 @@ def test_the_subcommand_replays_a_saved_measurement(
     assert main(["simcheck", "--replay", str(saved)]) == 0
     out = capsys.readouterr().out
     assert f"replaying {saved} (measured at load 0.5)" in out
-    assert "sim (bench arrivals)" in out
+    assert "sim (bench requests)" in out
     assert "TTFT p99" in out
+
+
+def _conversation_measurement() -> dict[str, object]:
+    """A customer-service-like run: every request 480 prompt tokens, all but the
+    first with the 460-token system prompt cached; half the answers 2 tokens, half
+    30; requests 5 s apart (never two at once)."""
+    records = []
+    for i in range(20):
+        rec = RequestRecord(start=5.0 * i, bucket="customer-service", ok=True, ttft=0.3, e2e=1.0)
+        rec.prompt_tokens, rec.cached_tokens = 480, (25 if i == 0 else 460)
+        rec.output_tokens = 2 if i % 2 else 30
+        records.append(rec.to_dict())
+    profile = EngineProfile(
+        prefill_tokens_per_s=100,
+        decode_base_ms=20,
+        slots=4,
+        prefill_points=[(25, 0.05), (45, 0.15), (460, 4.0), (480, 4.25)],
+    )
+    return {
+        "profile": profile.model_dump(),
+        "path_ms": 0.0,
+        "preamble_tokens": 25,
+        "warm": {},
+        "records": records,
+    }
+
+
+def test_the_simulation_replays_each_request_with_its_own_lengths() -> None:
+    args = _args()
+    args.workload = "customer-service"
+    sims = simulate(args, _conversation_measurement())
+    assert set(sims) == {"sim (bench requests)"}  # no Poisson draw of conversation lengths
+    reqs = sims["sim (bench requests)"]
+    assert len(reqs) >= 400
+    # Each request's own cache hit: one cold prefill per replay, the rest after the
+    # cached system prompt (the mean cached, 438.25, would make them all alike).
+    ttfts = sorted(round(r.ttft or 0.0, 3) for r in reqs)
+    rtt = 0.004  # user -> router and router -> edge, 2 ms each way and back
+    assert ttfts[0] == pytest.approx(4.25 - 4.0 + 0.05 + rtt, abs=1e-3)
+    assert ttfts[-1] == pytest.approx(4.25 + rtt, abs=1e-3)
+    assert sum(t > 1.0 for t in ttfts) == len(reqs) // 20
+    # Each request's own answer length (the mean, 16, would give one E2E for all).
+    tpots = {round(r.tpot or 0.0, 4) for r in reqs}
+    assert tpots == {0.02}
+    e2e = sorted(r.e2e or 0.0 for r in reqs if (r.ttft or 0.0) < 1.0)
+    assert e2e[0] == pytest.approx(ttfts[0] + 0.02, abs=1e-3)
+    assert e2e[-1] == pytest.approx(ttfts[0] + 29 * 0.02, abs=1e-3)
+
+
+def test_a_trace_gives_lengths_or_plain_arrivals_not_both() -> None:
+    with pytest.raises(ValueError, match="arrivals or trace"):
+        RegionSpec(
+            name="a",
+            arrivals=[1.0],
+            trace=[TracedRequest(at=1.0, prompt_tokens=40, output_tokens=4)],
+        )
+
+
+def test_the_subcommand_takes_a_workload_and_replays_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = tmp_path / "svb.json"
+    args = vars(_args()) | {"workload": "customer-service", "max_tokens": 16}
+    measured = {**_conversation_measurement(), "load_start": 0.5, "args": args}
+    saved.write_text(json.dumps(measured), encoding="utf-8")
+    assert main(["simcheck", "--replay", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "sim (bench requests)" in out
+    assert "Poisson" not in out
+    assert "city TTFT p99" in out
+    with pytest.raises(SystemExit):
+        main(["simcheck", "--workload", "chat", "--dataset", str(saved)])

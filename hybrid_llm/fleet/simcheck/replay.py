@@ -1,5 +1,6 @@
 """The simulating half of the simulator check: the measured fleet, simulated
-on the bench's own arrivals and as a long Poisson run.
+on the bench's own requests (arrival times and lengths) and, for bucket
+prompts, as a long Poisson run.
 
 :func:`sim_config` turns a measurement (:func:`hybrid_llm.fleet.simcheck.measure.measure`,
 or a saved one) into a :class:`~hybrid_llm.fleet.sim.SimConfig`: the same fleet,
@@ -18,9 +19,10 @@ from geo_router.conversation import estimate_prompt_tokens
 from hybrid_llm.bench import Workload, parse_bucket
 from hybrid_llm.fleet.sim import EngineProfile, SimConfig, SimResult, Simulation
 from hybrid_llm.fleet.sim.request import SimRequest
+from hybrid_llm.fleet.simcheck.measure import conversational
 from servekit.config import load_settings
 
-__all__ = ["edge_only", "sim_config", "simulate"]
+__all__ = ["bench_trace", "edge_only", "sim_config", "simulate"]
 
 
 def edge_only(rtt_ms: float, rate: float) -> dict[str, Any]:
@@ -39,10 +41,13 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
     profile = EngineProfile.model_validate(measured["profile"])
     prompt = statistics.mean(r["prompt_tokens"] for r in records if r["prompt_tokens"])
     output = statistics.mean(r["output_tokens"] for r in records)
-    # The preamble every prompt shares: the least any request found cached (later
-    # prompts of one run share a few more tokens with the one before them).
+    # The preamble the profile's prompts shared (its prefill times hold that copy);
+    # measurements saved before it was recorded: the least any bench request found
+    # cached (later prompts of one run share a few more tokens with the one before).
     cached = [r["cached_tokens"] for r in records if r["cached_tokens"]]
-    prefix = min(cached) if cached else 0
+    prefix = measured.get("preamble_tokens")
+    if prefix is None:
+        prefix = min(cached) if cached else 0
     # What the router estimates from the client's text (its own code, on the bench's bodies).
     bucket = parse_bucket(args.bucket)
     workload = Workload(args.model, [bucket])
@@ -52,9 +57,12 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
         f"+ {profile.decode_per_seq_ms:.1f} ms/extra sequence, slots {profile.slots}, "
         f"prefill points {[(x, round(y * 1000)) for x, y in profile.prefill_points]}"
     )
+    prompts = [r["prompt_tokens"] for r in records if r["prompt_tokens"]]
     print(
         f"bench: {len(records)} ok requests at {args.rate}/s; prompt {prompt:.0f} tokens "
-        f"({prefix} of them a cached prefix; the router estimates {estimate:.0f}), "
+        f"(median {statistics.median(prompts):.0f}, max {max(prompts)}; "
+        f"{statistics.mean(cached or [0]):.0f} cached on average, {prefix} of them the "
+        f"profile's preamble; the router estimates {estimate:.0f} of a bucket prompt), "
         f"output {output:.1f} tokens"
     )
     if args.sim_config:
@@ -84,24 +92,51 @@ def _window(result: SimResult) -> list[SimRequest]:
     ]
 
 
+def bench_trace(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bench's requests as a simulator trace: each at its start, with the prompt,
+    cached and output tokens it measured (a request without usage: the run's means)."""
+    prompts = [r["prompt_tokens"] for r in records if r["prompt_tokens"]]
+    mean_prompt = round(statistics.mean(prompts)) if prompts else 1
+    out = []
+    for r in sorted(records, key=lambda r: r["start"]):
+        prompt = r["prompt_tokens"] or mean_prompt
+        out.append(
+            {
+                "at": max(0.0, r["start"]),
+                "prompt_tokens": max(1, prompt),
+                "output_tokens": max(1, r["output_tokens"]),
+                "cached_tokens": min(r["cached_tokens"], max(0, prompt - 1)),
+            }
+        )
+    return out
+
+
 def simulate(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, list[SimRequest]]:
-    """Two simulations of the measured fleet: the bench's own arrival times (its
-    Poisson schedule is seeded, the same every run) replayed with different seeds
-    until there are 400 requests, each replay starting from the engines' state
-    before the bench; and one long Poisson run at the same rate."""
+    """Simulations of the measured fleet: the bench's own requests (its Poisson
+    schedule is seeded, the same every run), each at its start time with its own
+    measured prompt, cached and output tokens, replayed with different seeds until
+    there are 400 requests, each replay starting from the engines' state before the
+    bench; and, for ``--bucket`` prompts, one long Poisson run at the same rate and
+    the mean lengths (a conversation workload's lengths and cache hits depend on the
+    turn and on each other, which a Poisson draw of lengths would not keep)."""
     config = sim_config(args, measured)
-    starts = sorted(r["start"] for r in measured["records"])
-    trace = dict(config, warmup_s=0.0, duration_s=(starts[-1] if starts else 0.0) + 1.0)
+    requests = bench_trace(measured["records"])
+    last = requests[-1]["at"] if requests else 0.0
+    trace = dict(config, warmup_s=0.0, duration_s=last + 1.0)
     trace["regions"] = [dict(r) for r in config["regions"]]
-    trace["regions"][0]["arrivals"] = starts
-    replays = max(1, math.ceil(400 / max(1, len(starts))))
+    trace["regions"][0]["trace"] = requests
+    replays = max(1, math.ceil(400 / max(1, len(requests))))
     traced: list[SimRequest] = []
     for seed in range(replays):
         traced += _window(Simulation(SimConfig.model_validate(trace | {"seed": seed})).run())
+    sims = {"sim (bench requests)": traced}
+    if conversational(args):
+        print(f"simulated: the bench's requests x {replays} seeds")
+        return sims
     config["duration_s"] = max(args.duration, 400 / max(args.rate, 1e-3))  # enough samples
     config["warmup_s"] = 5.0
-    poisson = _window(Simulation(SimConfig.model_validate(config)).run())
+    sims["sim (Poisson)"] = _window(Simulation(SimConfig.model_validate(config)).run())
     print(
-        f"simulated: the bench's arrivals x {replays} seeds, and Poisson {config['duration_s']:g}s"
+        f"simulated: the bench's requests x {replays} seeds, and Poisson {config['duration_s']:g}s"
     )
-    return {"sim (bench arrivals)": traced, "sim (Poisson)": poisson}
+    return sims

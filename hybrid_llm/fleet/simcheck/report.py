@@ -23,20 +23,33 @@ def _pct(values: list[float], q: int) -> float:
     return percentile(values, q) or float("nan")
 
 
+def _same_city_bench(record: dict[str, Any]) -> bool:
+    # No router headers (straight to the engine): the user's own edge.
+    return bool(record["tier"] == "-" or record["region"] == record["user_region"])
+
+
+def _same_city_sim(req: SimRequest) -> bool:
+    winner = req.winner.instance if req.winner is not None else None
+    return winner is not None and winner.region == req.region
+
+
 def compare(records: list[dict[str, Any]], sims: dict[str, list[SimRequest]]) -> None:
-    """Percentiles of both side by side, and where the requests were served."""
+    """Percentiles of both side by side (all requests, then the TTFT of those served
+    in the user's own city), and where the requests were served."""
     keys = (("TTFT", "ttft"), ("TPOT", "tpot"), ("E2E", "e2e"))
     bench = {n: [r[k] * 1000 for r in records if r[k] is not None] for n, k in keys}
-    header = f"{'ms':<10}{'bench':>9}"
+    bench["city TTFT"] = [r["ttft"] * 1000 for r in records if _same_city_bench(r) and r["ttft"]]
+    header = f"{'ms':<14}{'bench':>9}"
     for name in sims:
         header += f"{name:>24}{'diff':>8}"
     print(header)
-    for name, key in keys:
+    for name, key in (*keys, ("city TTFT", "ttft")):
         for q in (50, 95, 99):
             measured_q = _pct(bench[name], q)
-            line = f"{name + ' p' + str(q):<10}{measured_q:>9.1f}"
+            line = f"{name + ' p' + str(q):<14}{measured_q:>9.1f}"
             for reqs in sims.values():
-                values = [getattr(r, key) * 1000 for r in reqs if getattr(r, key) is not None]
+                kept = [r for r in reqs if _same_city_sim(r)] if name == "city TTFT" else reqs
+                values = [getattr(r, key) * 1000 for r in kept if getattr(r, key) is not None]
                 sim_q = _pct(values, q)
                 line += f"{sim_q:>24.1f}{(sim_q - measured_q) / measured_q * 100:>7.1f}%"
             print(line)
