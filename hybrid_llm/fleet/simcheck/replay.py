@@ -79,6 +79,11 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
     config["workload"]["cached_prefix_tokens"] = prefix
     config["workload"]["template_tokens"] = max(0, round(prompt - estimate))
     config["warm"] = measured.get("warm") or {}
+    if not args.edge_only:
+        # What the router's classifier sent to the center (a conversation workload's
+        # hard questions); bucket prompts it keeps on the edges.
+        center = sum(r["tier"] == "center" for r in records) / max(1, len(records))
+        config["workload"]["hard_fraction"] = center
     if measured["path_ms"] is not None:
         config.setdefault("policy", {})["router_overhead_ms"] = max(0.0, measured["path_ms"])
     return config
