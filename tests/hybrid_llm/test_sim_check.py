@@ -16,6 +16,7 @@ from hybrid_llm.cli import main
 from hybrid_llm.fleet.sim import EngineProfile, RegionSpec
 from hybrid_llm.fleet.sim.config import TracedRequest
 from hybrid_llm.fleet.simcheck import compare, mean_profile, sim_config, simulate
+from hybrid_llm.fleet.simcheck.replay import bench_trace
 
 BEFORE = EngineProfile(
     prefill_tokens_per_s=200,
@@ -185,3 +186,14 @@ def test_the_subcommand_takes_a_workload_and_replays_it(
     assert "city TTFT p99" in out
     with pytest.raises(SystemExit):
         main(["simcheck", "--workload", "chat", "--dataset", str(saved)])
+
+
+def test_the_trace_keeps_each_requests_route_judgement_and_lengths() -> None:
+    records = _conversation_measurement()["records"]
+    assert isinstance(records, list)
+    records[3] = records[3] | {"tier": "center", "region": "center"}
+    trace = bench_trace(records)
+    assert [t["hard"] for t in trace].count(True) == 1
+    assert trace[3]["hard"]
+    assert [t["cached_tokens"] for t in trace[:2]] == [25, 460]
+    assert [t["output_tokens"] for t in trace[:2]] == [30, 2]

@@ -114,6 +114,11 @@ class TracedRequest(BaseModel):
         description="leading prompt tokens the engine found cached (a shared system prompt, "
         "a conversation's earlier turns); the chat template's preamble among them",
     )
+    hard: bool | None = Field(
+        None,
+        description="the router judged it hard (a bench request served by the center); "
+        "None: drawn at the workload's hard_fraction",
+    )
 
 
 class RegionSpec(BaseModel):

@@ -172,7 +172,7 @@ class Simulation:
             arrival=self.loop.now,
             prompt_tokens=prompt,
             output_tokens=traced.output_tokens,
-            hard=self.rng.random() < wl.hard_fraction,
+            hard=self.rng.random() < wl.hard_fraction if traced.hard is None else traced.hard,
             cached_tokens=min(traced.cached_tokens, prompt - 1),
             preamble_tokens=min(wl.cached_prefix_tokens, prompt - 1),
         )

@@ -79,11 +79,11 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
     config["workload"]["cached_prefix_tokens"] = prefix
     config["workload"]["template_tokens"] = max(0, round(prompt - estimate))
     config["warm"] = measured.get("warm") or {}
-    if not args.edge_only:
-        # What the router's classifier sent to the center (a conversation workload's
-        # hard questions); bucket prompts it keeps on the edges.
-        center = sum(r["tier"] == "center" for r in records) / max(1, len(records))
-        config["workload"]["hard_fraction"] = center
+    # The Poisson run's share of hard requests: what the router's classifier sent to
+    # the center (a conversation workload's hard questions; the bench's requests
+    # each keep their own route's).
+    center = sum(r["tier"] == "center" for r in records) / max(1, len(records))
+    config["workload"]["hard_fraction"] = center
     if measured["path_ms"] is not None:
         config.setdefault("policy", {})["router_overhead_ms"] = max(0.0, measured["path_ms"])
     return config
@@ -99,7 +99,8 @@ def _window(result: SimResult) -> list[SimRequest]:
 
 def bench_trace(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The bench's requests as a simulator trace: each at its start, with the prompt,
-    cached and output tokens it measured (a request without usage: the run's means)."""
+    cached and output tokens it measured (a request without usage: the run's means),
+    hard if the router sent it to the center."""
     prompts = [r["prompt_tokens"] for r in records if r["prompt_tokens"]]
     mean_prompt = round(statistics.mean(prompts)) if prompts else 1
     out = []
@@ -111,6 +112,8 @@ def bench_trace(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "prompt_tokens": max(1, prompt),
                 "output_tokens": max(1, r["output_tokens"]),
                 "cached_tokens": min(r["cached_tokens"], max(0, prompt - 1)),
+                # The router's classifier judges a text the same every time.
+                "hard": r["tier"] == "center",
             }
         )
     return out
