@@ -114,6 +114,15 @@ class TracedRequest(BaseModel):
         description="leading prompt tokens the engine found cached (a shared system prompt, "
         "a conversation's earlier turns); the chat template's preamble among them",
     )
+    prefix: str | None = Field(
+        None,
+        description="what its cached tokens beyond the preamble are (a system prompt's or "
+        "a conversation's name): only an instance that served a request leaving it holds "
+        "them; None: every instance",
+    )
+    conversation: str | None = Field(
+        None, description="the conversation it belongs to: the instance serving it holds it"
+    )
     hard: bool | None = Field(
         None,
         description="the router judged it hard (a bench request served by the center); "

@@ -51,7 +51,7 @@ from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
 from servekit.engine.protocol import LoadReport
 
 if TYPE_CHECKING:
-    from hybrid_llm.fleet.sim.request import Job, SimRequest
+    from hybrid_llm.fleet.sim.request import Job
 
 __all__ = ["Instance", "InstanceSink"]
 
@@ -89,6 +89,7 @@ class Instance:
     _seq: int = 0
     _carry: float = 0.0  # decoded token fraction not yet recorded as a step
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    held: set[str] = field(default_factory=set)  # cached prefixes (SimRequest.prefix)
 
     def __post_init__(self) -> None:
         # Hot-path copies of the profile (pydantic attribute access is slow).
@@ -186,6 +187,10 @@ class Instance:
         if self.full():
             return False
         job.instance = self
+        job.cached = job.req.cached_at(self.holds(job.req.prefix))
+        # Its prefix is cached here once its prefill ran, and prefills run in arrival
+        # order: a later request finds it (the router's prefix index counts it from now).
+        self.held.update(k for k in (job.req.prefix, job.req.conversation) if k is not None)
         now = self.loop.now
         self._advance(now)
         if self.used < self._slots:
@@ -248,12 +253,16 @@ class Instance:
             job.admitted = now
             self.prefill_q.append(job)
 
+    def holds(self, prefix: str | None) -> bool:
+        """Whether this instance's cache holds ``prefix`` (it served a request with it)."""
+        return prefix is None or prefix in self.held
+
     def _uncached(self, job: Job) -> int:
         """Prompt tokens the engine computes (the last one always is)."""
         prompt = job.req.prompt_tokens
-        return max(1, prompt - min(job.req.cached_tokens, prompt - 1))
+        return max(1, prompt - min(job.cached, prompt - 1))
 
-    def _prefill_s(self, req: SimRequest) -> float:
+    def _prefill_s(self, job: Job) -> float:
         """The idle prefill of ``req``'s uncached tokens. A measured time at a prompt
         length already holds what copying the profile's shared preamble saves; each
         further cached token (a system prompt, earlier turns) takes off what the
@@ -261,11 +270,12 @@ class Instance:
         per token grows with the context, the tokens after a long cached prefix cost
         more than as many at the start of a prompt: T(P) - T(C) + T(preamble) (a
         request that found less than the preamble cached computes that much more)."""
+        req = job.req
         prompt = req.prompt_tokens
-        cached = min(req.cached_tokens, prompt - 1)
+        cached = min(job.cached, prompt - 1)
         preamble = req.preamble_tokens
         if preamble is None:
-            preamble = cached - req.history_tokens
+            preamble = req.cached_tokens - req.history_tokens
         if cached == preamble:
             return self.profile.prefill_s(prompt)
         held = self.profile.prefill_s(cached) - self.profile.prefill_s(preamble)
@@ -298,7 +308,7 @@ class Instance:
             self.prefill_job = job
             self.prefill_start = now
             riders = self._riders_s(job, boundary)
-            cost = max(0.0, self._prefill_s(job.req) + riders)
+            cost = max(0.0, self._prefill_s(job) + riders)
             self.prefill_end = now + cost * self._prefill_spread.draw()
         self.epoch += 1
         if self.prefill_job is not None:

@@ -26,6 +26,11 @@ class SimRequest:
     # times already hold that copy, the rest of the cached tokens come off them
     # (None: all but the history).
     preamble_tokens: int | None = None
+    # Which cached prefix the rest is (a system prompt, a conversation's history):
+    # only an instance that holds it has them cached (None: every instance does);
+    # serving the request leaves it and ``conversation`` there.
+    prefix: str | None = None
+    conversation: str | None = None
     estimated_tokens: int = 0  # what the router estimates from the client's text
     jobs: list[Job] = field(default_factory=list)
     winner: Job | None = None
@@ -35,6 +40,16 @@ class SimRequest:
     hedged: bool = False
     fallbacks: int = 0
     failed: bool = False
+
+    def cached_at(self, holds_prefix: bool) -> int:
+        """Cached tokens on an instance that holds this request's prefix, or not (the
+        preamble, which every instance copies from its own slots)."""
+        if holds_prefix or self.prefix is None:
+            return self.cached_tokens
+        preamble = self.preamble_tokens
+        if preamble is None:
+            preamble = self.cached_tokens - self.history_tokens
+        return min(self.cached_tokens, preamble)
 
 
 @dataclass(eq=False)
@@ -46,6 +61,7 @@ class Job:
     instance: Instance | None = None
     admitted: float = 0.0  # when it got a slot (the engine's TTFT starts there)
     others: int = 0  # sequences in the instance's other slots at that moment
+    cached: int = 0  # prompt tokens the instance found cached when its prefill began
     state: Literal["new", "waiting", "prefill_q", "prefill", "decode", "done"] = "new"
     cancelled: bool = False
     released: bool = False  # the router no longer counts it in flight

@@ -149,11 +149,12 @@ class RouterPolicy:
         by_id: dict[str, Target] = {t.name: t for t in edges}
         by_id[center.name] = center
         tokens = req.estimated_tokens or req.prompt_tokens
-        # The router's prefix index, warm: it knows the shared prefix every instance
-        # holds (the workload's cached prefix less the template, which no client sends).
-        cached = max(0, req.cached_tokens - (req.prompt_tokens - tokens))
 
         def score(target: Target, bias_ms: float = 0.0) -> Scored:
+            # The router's prefix index, warm: it knows which prefix each instance
+            # holds (the cached tokens less the template, which no client sends).
+            held = req.cached_at(target.holds(req.prefix))
+            cached = max(0, held - (req.prompt_tokens - tokens))
             state = self.states[target.name]
             return self.scorer.score(
                 state, req.region, tokens, bias_ms, now=now, cached_tokens=cached

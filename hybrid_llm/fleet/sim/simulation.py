@@ -175,6 +175,8 @@ class Simulation:
             hard=self.rng.random() < wl.hard_fraction if traced.hard is None else traced.hard,
             cached_tokens=min(traced.cached_tokens, prompt - 1),
             preamble_tokens=min(wl.cached_prefix_tokens, prompt - 1),
+            prefix=traced.prefix,
+            conversation=traced.conversation,
         )
         self._send(req)
 

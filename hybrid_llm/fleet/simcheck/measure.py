@@ -47,10 +47,11 @@ def conversational(args: argparse.Namespace) -> bool:
 
 def bench_source(args: argparse.Namespace) -> Source:
     """What the bench sends: ``--dataset``, ``--workload`` or the ``--bucket`` prompts."""
+    max_tokens = getattr(args, "max_tokens", None) or 16
     if getattr(args, "dataset", None):
-        return dataset_workload(Path(args.dataset), args.model, max_tokens=args.max_tokens)
+        return dataset_workload(Path(args.dataset), args.model, max_tokens=max_tokens)
     if getattr(args, "workload", None):
-        return builtin_workload(args.workload, args.model, max_tokens=args.max_tokens)
+        return builtin_workload(args.workload, args.model, max_tokens=max_tokens)
     return Workload(args.model, [parse_bucket(args.bucket)])
 
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from geo_router.conversation import estimate_prompt_tokens
 from hybrid_llm.bench import Workload, parse_bucket
+from hybrid_llm.bench.workload import Source
 from hybrid_llm.fleet.sim import EngineProfile, SimConfig, SimResult, Simulation
 from hybrid_llm.fleet.sim.request import SimRequest
-from hybrid_llm.fleet.simcheck.measure import conversational
+from hybrid_llm.fleet.simcheck.measure import bench_source, conversational
 from servekit.config import load_settings
 
 __all__ = ["bench_trace", "edge_only", "sim_config", "simulate"]
@@ -35,6 +36,23 @@ def edge_only(rtt_ms: float, rate: float) -> dict[str, Any]:
     }
 
 
+def _router_estimate(args: argparse.Namespace, n: int = 50) -> float:
+    """The router's mean token estimate of the bench's first turns (its own code on
+    bodies drawn as the bench draws them); a dataset no longer there: a bucket's."""
+    try:
+        source: Source = bench_source(args)
+    except (OSError, ValueError) as exc:
+        print(f"router estimate: {exc}; estimating a --bucket prompt instead")
+        source = Workload(args.model, [parse_bucket(args.bucket)])
+    estimates = []
+    for _ in range(n):
+        conv = source.conversation()
+        messages = [*conv.prefix, {"role": "user", "content": conv.turns[0]}]
+        body = source.request_body(messages, conv.max_tokens)
+        estimates.append(estimate_prompt_tokens(body))
+    return statistics.mean(estimates)
+
+
 def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, Any]:
     """The same fleet, profile, rate and lengths as the measurement."""
     records = measured["records"]
@@ -48,10 +66,12 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
     prefix = measured.get("preamble_tokens")
     if prefix is None:
         prefix = min(cached) if cached else 0
-    # What the router estimates from the client's text (its own code, on the bench's bodies).
-    bucket = parse_bucket(args.bucket)
-    workload = Workload(args.model, [bucket])
-    estimate = statistics.mean(estimate_prompt_tokens(workload.body(bucket)) for _ in range(20))
+    # What the router estimates from the client's text (its own code, on the bench's
+    # bodies): the tokens it does not see (the chat template's) are the difference.
+    estimate, first = _router_estimate(args), prompt
+    firsts = [r["prompt_tokens"] for r in records if r["prompt_tokens"] and r["turn"] == 0]
+    if firsts:
+        first = statistics.mean(firsts)
     print(
         f"profile (mean of before/after): decode step {profile.decode_base_ms:.1f} ms "
         f"+ {profile.decode_per_seq_ms:.1f} ms/extra sequence, slots {profile.slots}, "
@@ -62,7 +82,8 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
         f"bench: {len(records)} ok requests at {args.rate}/s; prompt {prompt:.0f} tokens "
         f"(median {statistics.median(prompts):.0f}, max {max(prompts)}; "
         f"{statistics.mean(cached or [0]):.0f} cached on average, {prefix} of them the "
-        f"profile's preamble; the router estimates {estimate:.0f} of a bucket prompt), "
+        f"profile's preamble; the router estimates {estimate:.0f} of a first turn's "
+        f"{first:.0f}), "
         f"output {output:.1f} tokens"
     )
     if args.sim_config:
@@ -77,7 +98,7 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
     config["workload"]["prompt_tokens"] = {"kind": "fixed", "value": max(1, round(prompt))}
     config["workload"]["output_tokens"] = {"kind": "fixed", "value": max(1, round(output))}
     config["workload"]["cached_prefix_tokens"] = prefix
-    config["workload"]["template_tokens"] = max(0, round(prompt - estimate))
+    config["workload"]["template_tokens"] = max(0, round(first - estimate))
     config["warm"] = measured.get("warm") or {}
     # The Poisson run's share of hard requests: what the router's classifier sent to
     # the center (a conversation workload's hard questions; the bench's requests
@@ -97,23 +118,59 @@ def _window(result: SimResult) -> list[SimRequest]:
     ]
 
 
-def bench_trace(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _conversations(records: list[dict[str, Any]]) -> list[str]:
+    """Which conversation each record (sorted by start) belongs to: a first turn
+    opens one; a later turn continues the one whose previous turn ended last
+    before it started (a client sends the next turn as the answer arrives)."""
+    names: list[str] = []
+    open_: list[tuple[float, int, str]] = []  # (last turn's end, its turn, name)
+    for r in records:
+        if r["turn"] == 0:
+            name = f"conversation-{len(names)}"
+        else:
+            ends = [
+                (end, i)
+                for i, (end, turn, _) in enumerate(open_)
+                if turn == r["turn"] - 1 and end <= r["start"] + 0.05
+            ]
+            name = open_.pop(max(ends)[1])[2] if ends else f"conversation-{len(names)}"
+        names.append(name)
+        open_.append((r["start"] + (r["e2e"] or 0.0), r["turn"], name))
+    return names
+
+
+def bench_trace(records: list[dict[str, Any]], preamble: int = 0) -> list[dict[str, Any]]:
     """The bench's requests as a simulator trace: each at its start, with the prompt,
     cached and output tokens it measured (a request without usage: the run's means),
-    hard if the router sent it to the center."""
+    hard if the router sent it to the center. Its cached tokens are a prefix only an
+    instance that served it holds: a first turn's are its workload's system prompt
+    (by label), a later turn's its conversation's history. A first turn that found
+    no more than the ``preamble`` cached where the bench sent it (a cold instance)
+    carries what its label's first turns found cached elsewhere: where the simulated
+    router sends it decides whether it hits."""
     prompts = [r["prompt_tokens"] for r in records if r["prompt_tokens"]]
     mean_prompt = round(statistics.mean(prompts)) if prompts else 1
+    ordered = sorted(records, key=lambda r: r["start"])
+    shared: dict[str, list[int]] = {}
+    for r in ordered:
+        if r["turn"] == 0 and r["cached_tokens"] > preamble:
+            shared.setdefault(r["bucket"], []).append(r["cached_tokens"])
     out = []
-    for r in sorted(records, key=lambda r: r["start"]):
+    for r, conversation in zip(ordered, _conversations(ordered), strict=True):
         prompt = r["prompt_tokens"] or mean_prompt
+        cached = r["cached_tokens"]
+        if r["turn"] == 0 and cached <= preamble and r["bucket"] in shared:
+            cached = round(statistics.median(shared[r["bucket"]]))
         out.append(
             {
                 "at": max(0.0, r["start"]),
                 "prompt_tokens": max(1, prompt),
                 "output_tokens": max(1, r["output_tokens"]),
-                "cached_tokens": min(r["cached_tokens"], max(0, prompt - 1)),
+                "cached_tokens": min(cached, max(0, prompt - 1)),
                 # The router's classifier judges a text the same every time.
                 "hard": r["tier"] == "center",
+                "prefix": r["bucket"] if r["turn"] == 0 else conversation,
+                "conversation": conversation,
             }
         )
     return out
@@ -128,7 +185,8 @@ def simulate(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, li
     the mean lengths (a conversation workload's lengths and cache hits depend on the
     turn and on each other, which a Poisson draw of lengths would not keep)."""
     config = sim_config(args, measured)
-    requests = bench_trace(measured["records"])
+    preamble = config["workload"]["cached_prefix_tokens"]
+    requests = bench_trace(measured["records"], preamble)
     last = requests[-1]["at"] if requests else 0.0
     trace = dict(config, warmup_s=0.0, duration_s=last + 1.0)
     trace["regions"] = [dict(r) for r in config["regions"]]
