@@ -94,9 +94,11 @@ def test_simulations_are_seeded_and_the_report_compares_them(
     first = simulate(_args(), measured)
     second = simulate(_args(), measured)
     assert set(first) == {"sim (bench requests)", "sim (Poisson)"}
-    for name, reqs in first.items():
-        assert [r.ttft for r in reqs] == [r.ttft for r in second[name]]
+    for name, runs in first.items():
+        reqs = [r for run in runs for r in run]
+        assert [r.ttft for r in reqs] == [r.ttft for run in second[name] for r in run]
         assert len({round(r.ttft or 0, 9) for r in reqs}) > 10  # drawn, not all alike
+    assert len(first["sim (bench requests)"]) == 14  # replays of the bench's 30 requests
     compare(measured["records"], first)  # type: ignore[arg-type]
     out = capsys.readouterr().out
     assert "TTFT p99" in out
@@ -146,7 +148,7 @@ def test_the_simulation_replays_each_request_with_its_own_lengths() -> None:
     args.workload = "customer-service"
     sims = simulate(args, _conversation_measurement())
     assert set(sims) == {"sim (bench requests)"}  # no Poisson draw of conversation lengths
-    reqs = sims["sim (bench requests)"]
+    reqs = [r for run in sims["sim (bench requests)"] for r in run]
     assert len(reqs) >= 400
     # Each request's own cache hit: one cold prefill per replay, the rest after the
     # cached system prompt (the mean cached, 438.25, would make them all alike).

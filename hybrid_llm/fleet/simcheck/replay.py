@@ -176,7 +176,9 @@ def bench_trace(records: list[dict[str, Any]], preamble: int = 0) -> list[dict[s
     return out
 
 
-def simulate(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, list[SimRequest]]:
+def simulate(
+    args: argparse.Namespace, measured: dict[str, Any]
+) -> dict[str, list[list[SimRequest]]]:
     """Simulations of the measured fleet: the bench's own requests (its Poisson
     schedule is seeded, the same every run), each at its start time with its own
     measured prompt, cached and output tokens, replayed with different seeds until
@@ -192,16 +194,17 @@ def simulate(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, li
     trace["regions"] = [dict(r) for r in config["regions"]]
     trace["regions"][0]["trace"] = requests
     replays = max(1, math.ceil(400 / max(1, len(requests))))
-    traced: list[SimRequest] = []
-    for seed in range(replays):
-        traced += _window(Simulation(SimConfig.model_validate(trace | {"seed": seed})).run())
+    traced = [
+        _window(Simulation(SimConfig.model_validate(trace | {"seed": seed})).run())
+        for seed in range(replays)
+    ]
     sims = {"sim (bench requests)": traced}
     if conversational(args):
         print(f"simulated: the bench's requests x {replays} seeds")
         return sims
     config["duration_s"] = max(args.duration, 400 / max(args.rate, 1e-3))  # enough samples
     config["warmup_s"] = 5.0
-    sims["sim (Poisson)"] = _window(Simulation(SimConfig.model_validate(config)).run())
+    sims["sim (Poisson)"] = [_window(Simulation(SimConfig.model_validate(config)).run())]
     print(
         f"simulated: the bench's requests x {replays} seeds, and Poisson {config['duration_s']:g}s"
     )
