@@ -199,3 +199,22 @@ def test_the_trace_keeps_each_requests_route_judgement_and_lengths() -> None:
     assert trace[3]["hard"]
     assert [t["cached_tokens"] for t in trace[:2]] == [25, 460]
     assert [t["output_tokens"] for t in trace[:2]] == [30, 2]
+
+
+def test_later_turns_continue_the_conversation_whose_answer_just_arrived() -> None:
+    def rec(start: float, turn: int, e2e: float) -> dict[str, object]:
+        r = RequestRecord(start=start, bucket="chat", ok=True, ttft=0.1, e2e=e2e, turn=turn)
+        r.prompt_tokens, r.cached_tokens, r.output_tokens = 40 + 30 * turn, 25, 16
+        return r.to_dict()
+
+    # Two conversations interleaved: A opens at 0, B at 0.5; A's answers take
+    # 1 s, B's 0.2 s, so B's second turn comes before A's.
+    records = [rec(0.0, 0, 1.0), rec(0.5, 0, 0.2), rec(0.7, 1, 0.2), rec(1.0, 1, 1.0)]
+    records.append(rec(2.0, 2, 0.5))  # A's third turn
+    trace = bench_trace(records, preamble=25)
+    names = [t["conversation"] for t in trace]
+    assert names[0] != names[1]
+    assert names[2:] == [names[1], names[0], names[0]]
+    # A first turn's cached prefix is its workload's system prompt, a later one's
+    # its conversation's history (held only where that conversation was served).
+    assert [t["prefix"] for t in trace] == ["chat", "chat", names[1], names[0], names[0]]
