@@ -53,6 +53,35 @@ def _router_estimate(args: argparse.Namespace, n: int = 50) -> float:
     return statistics.mean(estimates)
 
 
+def _drift(records: list[dict[str, Any]], profile: EngineProfile) -> None:
+    """Say so when the engines ran slower during the bench than in both profiles:
+    on a shared machine another tenant's load doubles every step for a while, which
+    no simulated fleet predicts. Lone sequences (TPOT of requests that overlapped
+    none on their edge is its decode step) show it."""
+    spans = sorted((r["start"], r["start"] + (r["e2e"] or 0.0), r["region"]) for r in records)
+    alone = [
+        r["tpot"] * 1000
+        for r, (start, end, region) in zip(
+            sorted(records, key=lambda r: r["start"]), spans, strict=True
+        )
+        if r["tpot"] is not None
+        and not any(s < end and e > start and g == region for s, e, g in spans if s != start)
+    ]
+    if len(alone) < 3:
+        return
+    tpot = statistics.median(alone)
+    slower = tpot / profile.decode_base_ms - 1
+    print(
+        f"drift: the bench's lone requests decoded at {tpot:.1f} ms per token (median of "
+        f"{len(alone)}), the profiles' decode step is {profile.decode_base_ms:.1f} ms"
+        + (
+            f": {slower:+.0%}, the machine was slower during the bench than while profiling"
+            if slower > 0.2
+            else ""
+        )
+    )
+
+
 def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, Any]:
     """The same fleet, profile, rate and lengths as the measurement."""
     records = measured["records"]
@@ -86,6 +115,7 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
         f"{first:.0f}), "
         f"output {output:.1f} tokens"
     )
+    _drift(records, profile)
     if args.sim_config:
         config = load_settings(SimConfig, args.sim_config).model_dump()
         config["regions"][0]["rate"] = args.rate
