@@ -218,3 +218,15 @@ def test_later_turns_continue_the_conversation_whose_answer_just_arrived() -> No
     # A first turn's cached prefix is its workload's system prompt, a later one's
     # its conversation's history (held only where that conversation was served).
     assert [t["prefix"] for t in trace] == ["chat", "chat", names[1], names[0], names[0]]
+
+
+def test_only_a_shared_system_prompt_fills_a_cold_first_turn() -> None:
+    shared = _conversation_measurement()["records"]
+    assert isinstance(shared, list)
+    # The cold first request carries the system prompt's 460 tokens: the simulated
+    # instance it lands on decides whether they are cached.
+    assert bench_trace(shared, preamble=25)[0]["cached_tokens"] == 460
+    # A dataset's prompts share nothing but the preamble; one repeat found its own.
+    dataset = [r | {"bucket": "dataset", "cached_tokens": 25} for r in shared]
+    dataset[5] = dataset[5] | {"cached_tokens": 300}
+    assert [t["cached_tokens"] for t in bench_trace(dataset, preamble=25)[:6]] == [25] * 5 + [300]

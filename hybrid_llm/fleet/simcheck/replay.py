@@ -176,15 +176,23 @@ def bench_trace(records: list[dict[str, Any]], preamble: int = 0) -> list[dict[s
     instance that served it holds: a first turn's are its workload's system prompt
     (by label), a later turn's its conversation's history. A first turn that found
     no more than the ``preamble`` cached where the bench sent it (a cold instance)
-    carries what its label's first turns found cached elsewhere: where the simulated
-    router sends it decides whether it hits."""
+    carries what most of its label's first turns found cached elsewhere, if most
+    found more (a shared system prompt): where the simulated router sends it decides
+    whether it hits."""
     prompts = [r["prompt_tokens"] for r in records if r["prompt_tokens"]]
     mean_prompt = round(statistics.mean(prompts)) if prompts else 1
     ordered = sorted(records, key=lambda r: r["start"])
-    shared: dict[str, list[int]] = {}
+    # What a label's first turns found cached beyond the preamble, when most did
+    # (they share a system prompt; a dataset's first turns repeat only by chance).
+    firsts: dict[str, list[int]] = {}
     for r in ordered:
-        if r["turn"] == 0 and r["cached_tokens"] > preamble:
-            shared.setdefault(r["bucket"], []).append(r["cached_tokens"])
+        if r["turn"] == 0:
+            firsts.setdefault(r["bucket"], []).append(r["cached_tokens"])
+    shared = {
+        label: hits
+        for label, cached in firsts.items()
+        if len(hits := [c for c in cached if c > preamble]) > len(cached) / 2
+    }
     out = []
     for r, conversation in zip(ordered, _conversations(ordered), strict=True):
         prompt = r["prompt_tokens"] or mean_prompt
