@@ -37,7 +37,14 @@ from hybrid_llm.fleet.sim.spread import merge_spreads
 from hybrid_llm.local.topology import service_headers, service_token
 from servekit.config import load_settings
 
-__all__ = ["bench_source", "conversational", "load_average", "mean_profile", "measure"]
+__all__ = [
+    "bench_source",
+    "conversational",
+    "load_average",
+    "mean_profile",
+    "measure",
+    "pool_points",
+]
 
 
 def conversational(args: argparse.Namespace) -> bool:
@@ -146,6 +153,22 @@ def _mean_points(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> list
     for x, y in [*a, *b]:
         by_x.setdefault(x, []).append(y)
     return sorted((x, statistics.mean(ys)) for x, ys in by_x.items())
+
+
+def pool_points(points: list[tuple[int, float]], within: int = 3) -> list[tuple[int, float]]:
+    """Measured (tokens, seconds) points a few tokens apart pooled into one (their
+    means). One prompt length in words comes out a token longer or shorter from one
+    request to the next, and the simulator prices cached tokens by differences of
+    the curve: 99:492 ms beside 100:451 ms is noise, not a -41 ms token."""
+    groups: list[list[tuple[int, float]]] = []
+    for x, y in sorted(points):
+        if groups and x - groups[-1][0][0] <= within:
+            groups[-1].append((x, y))
+        else:
+            groups.append([(x, y)])
+    return [
+        (round(statistics.mean(x for x, _ in g)), statistics.mean(y for _, y in g)) for g in groups
+    ]
 
 
 def mean_profile(a: EngineProfile, b: EngineProfile) -> EngineProfile:

@@ -20,7 +20,7 @@ from hybrid_llm.bench import Workload, parse_bucket
 from hybrid_llm.bench.workload import Source
 from hybrid_llm.fleet.sim import EngineProfile, SimConfig, SimResult, Simulation
 from hybrid_llm.fleet.sim.request import SimRequest
-from hybrid_llm.fleet.simcheck.measure import bench_source, conversational
+from hybrid_llm.fleet.simcheck.measure import bench_source, conversational, pool_points
 from servekit.config import load_settings
 
 __all__ = ["bench_trace", "edge_only", "sim_config", "simulate"]
@@ -86,6 +86,7 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
     """The same fleet, profile, rate and lengths as the measurement."""
     records = measured["records"]
     profile = EngineProfile.model_validate(measured["profile"])
+    profile.prefill_points = pool_points(profile.prefill_points)
     prompt = statistics.mean(r["prompt_tokens"] for r in records if r["prompt_tokens"])
     output = statistics.mean(r["output_tokens"] for r in records)
     # The preamble the profile's prompts shared (its prefill times hold that copy);
