@@ -230,3 +230,25 @@ def test_only_a_shared_system_prompt_fills_a_cold_first_turn() -> None:
     dataset = [r | {"bucket": "dataset", "cached_tokens": 25} for r in shared]
     dataset[5] = dataset[5] | {"cached_tokens": 300}
     assert [t["cached_tokens"] for t in bench_trace(dataset, preamble=25)[:6]] == [25] * 5 + [300]
+
+
+def test_a_later_turn_is_sent_when_the_simulated_answer_before_it_arrives() -> None:
+    # The bench's second turn started at 1.2 s, 0.1 s after its first answer; the
+    # simulated first answer takes longer (a 4 s prefill): the turn waits for it,
+    # as the client did, instead of overlapping its own previous turn.
+    measured = _conversation_measurement()
+    records = measured["records"]
+    assert isinstance(records, list)
+    first = records[0] | {"bucket": "chat", "start": 0.0, "e2e": 1.1, "turn": 0}
+    second = records[1] | {"bucket": "chat", "start": 1.2, "e2e": 0.5, "turn": 1}
+    trace = bench_trace([first, second], preamble=25)
+    assert trace[1]["follows"] == 0
+    assert trace[1]["gap_s"] == pytest.approx(0.1)
+    args = _args()
+    args.workload = "chat"
+    sims = simulate(args, measured | {"records": [first, second]})
+    for run in sims["sim (bench requests)"]:
+        a, b = sorted(run, key=lambda r: r.arrival)
+        assert a.e2e is not None
+        assert a.e2e > 4.0
+        assert b.arrival == pytest.approx(a.arrival + a.e2e + 0.1)

@@ -123,6 +123,14 @@ class TracedRequest(BaseModel):
     conversation: str | None = Field(
         None, description="the conversation it belongs to: the instance serving it holds it"
     )
+    follows: int | None = Field(
+        None,
+        ge=0,
+        description="index in the trace of the turn it answers: it is sent `gap_s` after "
+        "that turn's answer reached the client (a chat client's next turn), not at `at`; "
+        "if that turn failed, never",
+    )
+    gap_s: float = Field(0.0, ge=0, description="the client's pause after the previous answer")
     hard: bool | None = Field(
         None,
         description="the router judged it hard (a bench request served by the center); "
@@ -150,6 +158,9 @@ class RegionSpec(BaseModel):
     def _one_trace(self) -> RegionSpec:
         if self.arrivals is not None and self.trace is not None:
             raise ValueError(f"region {self.name}: give arrivals or trace, not both")
+        for i, traced in enumerate(self.trace or []):
+            if traced.follows is not None and traced.follows >= i:
+                raise ValueError(f"region {self.name}: trace[{i}] follows a later request")
         return self
 
 

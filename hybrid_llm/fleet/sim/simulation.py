@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hybrid_llm.fleet.sim.config import SimConfig, TracedRequest, WarmState
+from hybrid_llm.fleet.sim.config import SimConfig, WarmState
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.instance import Instance
 from hybrid_llm.fleet.sim.policy import AllToCenter, CenterPool, Fleet, Policy, Target
@@ -85,6 +85,11 @@ class Simulation:
         ]
         self.fleet = Fleet(edges, CenterPool(config.center.region, replicas), config.rtt)
         self.requests: list[SimRequest] = []
+        # Traced requests: the traces, where each request came from, and the next
+        # turn of a conversation, sent when the answer before it arrives.
+        self._traces = {r.name: r.trace or [] for r in config.regions}
+        self._traced: dict[SimRequest, tuple[str, int]] = {}
+        self._next_turn: dict[tuple[str, int], int] = {}
         self._client_s = config.rtt.same_region_ms / 1000.0
         self._overhead_s = config.policy.router_overhead_ms / 1000.0
         for inst in self.instances:
@@ -109,9 +114,12 @@ class Simulation:
         self.policy.start(self.loop, self.fleet, self.config.duration_s)
         for region in self.config.regions:
             if region.trace is not None:
-                for traced in region.trace:
-                    at = self.config.warmup_s + traced.at
-                    self.loop.at(at, self._replay, region.name, traced)
+                for index, traced in enumerate(region.trace):
+                    if traced.follows is None:
+                        at = self.config.warmup_s + traced.at
+                        self.loop.at(at, self._replay, region.name, index)
+                    else:
+                        self._next_turn[(region.name, traced.follows)] = index
             elif region.arrivals is not None:
                 for at in region.arrivals:
                     self.loop.at(self.config.warmup_s + at, self._arrive, region.name, 0.0)
@@ -162,8 +170,9 @@ class Simulation:
         if nxt < self.config.duration_s:
             self.loop.at(nxt, self._arrive, region, rate)
 
-    def _replay(self, region: str, traced: TracedRequest) -> None:
+    def _replay(self, region: str, index: int) -> None:
         """A traced request: its own lengths and cache hit, as measured."""
+        traced = self._traces[region][index]
         wl = self.config.workload
         prompt = traced.prompt_tokens
         req = SimRequest(
@@ -178,6 +187,7 @@ class Simulation:
             prefix=traced.prefix,
             conversation=traced.conversation,
         )
+        self._traced[req] = (region, index)
         self._send(req)
 
     def _send(self, req: SimRequest) -> None:
@@ -273,3 +283,10 @@ class Simulation:
             req.tpot = (now - job.first_token) / (req.output_tokens - 1)
         req.e2e = now + job.rtt / 2 + self._client_s / 2 - req.arrival
         self.loop.after(job.rtt / 2, self._release, job)  # the last byte at the router
+        traced = self._traced.pop(req, None)
+        nxt = self._next_turn.pop(traced, None) if traced is not None else None
+        if traced is not None and nxt is not None:
+            # The client sends its next turn once this answer has reached it.
+            region = traced[0]
+            gap = self._traces[region][nxt].gap_s
+            self.loop.at(req.arrival + req.e2e + gap, self._replay, region, nxt)

@@ -149,25 +149,36 @@ def _window(result: SimResult) -> list[SimRequest]:
     ]
 
 
-def _conversations(records: list[dict[str, Any]]) -> list[str]:
-    """Which conversation each record (sorted by start) belongs to: a first turn
-    opens one; a later turn continues the one whose previous turn ended last
-    before it started (a client sends the next turn as the answer arrives)."""
-    names: list[str] = []
-    open_: list[tuple[float, int, str]] = []  # (last turn's end, its turn, name)
-    for r in records:
-        if r["turn"] == 0:
-            name = f"conversation-{len(names)}"
-        else:
+def _conversations(records: list[dict[str, Any]]) -> list[tuple[str, int | None]]:
+    """Which conversation each record (sorted by start) belongs to and the index of
+    its previous turn: a first turn opens one; a later turn continues the one whose
+    previous turn ended last before it started (a client sends the next turn as the
+    answer arrives)."""
+    out: list[tuple[str, int | None]] = []
+    open_: list[tuple[float, int, str, int]] = []  # (last turn's end, its turn, name, index)
+    for index, r in enumerate(records):
+        previous: int | None = None
+        name = f"conversation-{index}"
+        if r["turn"] > 0:
             ends = [
                 (end, i)
-                for i, (end, turn, _) in enumerate(open_)
+                for i, (end, turn, _, _) in enumerate(open_)
                 if turn == r["turn"] - 1 and end <= r["start"] + 0.05
             ]
-            name = open_.pop(max(ends)[1])[2] if ends else f"conversation-{len(names)}"
-        names.append(name)
-        open_.append((r["start"] + (r["e2e"] or 0.0), r["turn"], name))
-    return names
+            if ends:
+                _, _, name, previous = open_.pop(max(ends)[1])
+        out.append((name, previous))
+        open_.append((_end(r), r["turn"], name, index))
+    return out
+
+
+def _end(record: dict[str, Any]) -> float:
+    return float(record["start"] + (record["e2e"] or 0.0))
+
+
+def _gap(record: dict[str, Any], previous: dict[str, Any] | None) -> float:
+    """The client's pause between the previous turn's answer and this turn."""
+    return 0.0 if previous is None else max(0.0, record["start"] - _end(previous))
 
 
 def bench_trace(records: list[dict[str, Any]], preamble: int = 0) -> list[dict[str, Any]]:
@@ -195,7 +206,7 @@ def bench_trace(records: list[dict[str, Any]], preamble: int = 0) -> list[dict[s
         if len(hits := [c for c in cached if c > preamble]) > len(cached) / 2
     }
     out = []
-    for r, conversation in zip(ordered, _conversations(ordered), strict=True):
+    for r, (conversation, previous) in zip(ordered, _conversations(ordered), strict=True):
         prompt = r["prompt_tokens"] or mean_prompt
         cached = r["cached_tokens"]
         if r["turn"] == 0 and cached <= preamble and r["bucket"] in shared:
@@ -210,6 +221,9 @@ def bench_trace(records: list[dict[str, Any]], preamble: int = 0) -> list[dict[s
                 "hard": r["tier"] == "center",
                 "prefix": r["bucket"] if r["turn"] == 0 else conversation,
                 "conversation": conversation,
+                # A later turn goes when the simulated answer before it arrives.
+                "follows": previous,
+                "gap_s": _gap(r, None if previous is None else ordered[previous]),
             }
         )
     return out
@@ -233,8 +247,14 @@ def simulate(
     trace["regions"] = [dict(r) for r in config["regions"]]
     trace["regions"][0]["trace"] = requests
     replays = max(1, math.ceil(400 / max(1, len(requests))))
+    # Every answered request counts (a later turn may arrive after the trace's last
+    # start when the simulated answers before it took longer than the bench's).
     traced = [
-        _window(Simulation(SimConfig.model_validate(trace | {"seed": seed})).run())
+        [
+            r
+            for r in Simulation(SimConfig.model_validate(trace | {"seed": seed})).run().requests
+            if r.e2e is not None
+        ]
         for seed in range(replays)
     ]
     sims = {"sim (bench requests)": traced}
