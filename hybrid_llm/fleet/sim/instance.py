@@ -190,7 +190,9 @@ class Instance:
         job.cached = job.req.cached_at(self.holds(job.req.prefix))
         # Its prefix is cached here once its prefill ran, and prefills run in arrival
         # order: a later request finds it (the router's prefix index counts it from now).
-        self.held.update(k for k in (job.req.prefix, job.req.conversation) if k is not None)
+        keys = (job.req.prefix, job.req.conversation)
+        job.brought = tuple(k for k in keys if k is not None and k not in self.held)
+        self.held.update(job.brought)
         now = self.loop.now
         self._advance(now)
         if self.used < self._slots:
@@ -212,6 +214,8 @@ class Instance:
         job.cancelled = True
         now = self.loop.now
         self._advance(now)
+        if job.state in ("waiting", "prefill_q", "prefill"):
+            self.held.difference_update(job.brought)  # its prefill never finished here
         if job.state == "waiting":
             self.waiting.remove(job)
         elif job.state == "prefill_q":

@@ -62,6 +62,7 @@ class Job:
     admitted: float = 0.0  # when it got a slot (the engine's TTFT starts there)
     others: int = 0  # sequences in the instance's other slots at that moment
     cached: int = 0  # prompt tokens the instance found cached when its prefill began
+    brought: tuple[str, ...] = ()  # prefixes the instance holds since it accepted this job
     state: Literal["new", "waiting", "prefill_q", "prefill", "decode", "done"] = "new"
     cancelled: bool = False
     released: bool = False  # the router no longer counts it in flight
