@@ -193,7 +193,8 @@ def test_the_subcommand_takes_a_workload_and_replays_it(
 def test_the_trace_keeps_each_requests_route_judgement_and_lengths() -> None:
     records = _conversation_measurement()["records"]
     assert isinstance(records, list)
-    records[3] = records[3] | {"tier": "center", "region": "center"}
+    records[3] = records[3] | {"tier": "center", "region": "center", "reason": "hard"}
+    records[4] = records[4] | {"tier": "center", "region": "center", "reason": "spill-center"}
     trace = bench_trace(records)
     assert [t["hard"] for t in trace].count(True) == 1
     assert trace[3]["hard"]

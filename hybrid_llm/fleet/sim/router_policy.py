@@ -98,6 +98,10 @@ class RouterPolicy:
         self.rtt = rtt
         self.rng = rng
         self.clock = clock
+        # Rent paid per prefix for serving it away from a same-city edge: once it
+        # covers the cold start there, the router moves the prefix home
+        # (``geo_router.planner``, the ski-rental rule).
+        self._rent: dict[str, float] = {}
         self.choices = choices
         self.hedge = hedge
         self.poll_interval_s = poll_interval_s
@@ -163,7 +167,19 @@ class RouterPolicy:
         preferred: Tier = "center" if req.hard else "edge"
         pool = edges + ([center] if available(center.name, now) else [])
         scored = [score(t, tier_bias_ms(self.routing, preferred, t.tier)) for t in pool]
-        ordered = rank_classified(scored, preferred, req.region, self.routing, self.scorer.order)
+        key = req.prefix
+
+        def rent_paid(_anchor: int) -> float:
+            return self._rent.get(key, 0.0) if key is not None else 0.0
+
+        ordered = rank_classified(
+            scored, preferred, req.region, self.routing, self.scorer.order, rent_paid
+        )
+        if key is not None and ordered:
+            if ordered[0].warming:
+                self._rent.pop(key, None)
+            elif ordered[0].rent_ms > 0:
+                self._rent[key] = self._rent.get(key, 0.0) + ordered[0].rent_ms
         ordered = ordered[: self.routing.max_attempts]
         self._scored = {s.id: s for s in ordered}
         self._predicted[req] = {s.id: s.prediction for s in ordered if s.prediction is not None}

@@ -131,11 +131,11 @@ def sim_config(args: argparse.Namespace, measured: dict[str, Any]) -> dict[str, 
     config["workload"]["cached_prefix_tokens"] = prefix
     config["workload"]["template_tokens"] = max(0, round(first - estimate))
     config["warm"] = measured.get("warm") or {}
-    # The Poisson run's share of hard requests: what the router's classifier sent to
-    # the center (a conversation workload's hard questions; the bench's requests
-    # each keep their own route's).
-    center = sum(r["tier"] == "center" for r in records) / max(1, len(records))
-    config["workload"]["hard_fraction"] = center
+    # The Poisson run's share of hard requests: those the router's classifier judged
+    # hard (a conversation workload's hard questions; the bench's requests each keep
+    # their own judgement).
+    hard = sum(r["reason"] == "hard" for r in records) / max(1, len(records))
+    config["workload"]["hard_fraction"] = hard
     if measured["path_ms"] is not None:
         config.setdefault("policy", {})["router_overhead_ms"] = max(0.0, measured["path_ms"])
     return config
@@ -184,7 +184,7 @@ def _gap(record: dict[str, Any], previous: dict[str, Any] | None) -> float:
 def bench_trace(records: list[dict[str, Any]], preamble: int = 0) -> list[dict[str, Any]]:
     """The bench's requests as a simulator trace: each at its start, with the prompt,
     cached and output tokens it measured (a request without usage: the run's means),
-    hard if the router sent it to the center. Its cached tokens are a prefix only an
+    hard if the router's classifier judged it so. Its cached tokens are a prefix only an
     instance that served it holds: a first turn's are its workload's system prompt
     (by label), a later turn's its conversation's history. A first turn that found
     no more than the ``preamble`` cached where the bench sent it (a cold instance)
@@ -217,8 +217,9 @@ def bench_trace(records: list[dict[str, Any]], preamble: int = 0) -> list[dict[s
                 "prompt_tokens": max(1, prompt),
                 "output_tokens": max(1, r["output_tokens"]),
                 "cached_tokens": min(cached, max(0, prompt - 1)),
-                # The router's classifier judges a text the same every time.
-                "hard": r["tier"] == "center",
+                # The router's classifier judges a text the same every time (a spill
+                # to the center is the simulated router's to decide).
+                "hard": r["reason"] == "hard",
                 "prefix": r["bucket"] if r["turn"] == 0 else conversation,
                 "conversation": conversation,
                 # A later turn goes when the simulated answer before it arrives.
