@@ -16,6 +16,7 @@ from hybrid_llm.cli import main
 from hybrid_llm.fleet.sim import EngineProfile, RegionSpec
 from hybrid_llm.fleet.sim.config import TracedRequest
 from hybrid_llm.fleet.simcheck import compare, mean_profile, sim_config, simulate
+from hybrid_llm.fleet.simcheck.measure import bench_source
 from hybrid_llm.fleet.simcheck.replay import bench_trace
 
 BEFORE = EngineProfile(
@@ -253,3 +254,17 @@ def test_a_later_turn_is_sent_when_the_simulated_answer_before_it_arrives() -> N
         assert a.e2e is not None
         assert a.e2e > 4.0
         assert b.arrival == pytest.approx(a.arrival + a.e2e + 0.1)
+
+
+def test_the_bench_sends_a_dataset_a_workload_or_the_bucket(tmp_path: Path) -> None:
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    args = _args()
+    assert bench_source(args).conversation().label == "8:16"
+    args.workload, args.max_tokens = "customer-service", 12
+    assert bench_source(args).conversation().label == "customer-service"
+    args.dataset = data
+    source = bench_source(args)
+    conv = source.conversation()
+    assert conv.label == "dataset"
+    assert source.request_body([{"role": "user", "content": "hi"}], None)["max_tokens"] == 12
