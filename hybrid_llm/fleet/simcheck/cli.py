@@ -36,7 +36,7 @@ _EXAMPLES = """examples:
   hybrid-llm simcheck --engine-url http://127.0.0.1:8101 \\
       --bench-url http://127.0.0.1:8080 --sim-config configs/local-sim.yaml \\
       --rate 0.3 --duration 90 --bucket 8:16 --workload customer-service --max-tokens 16 \\
-      --profile-lengths 1,64,256,512 \\
+      --profile-lengths 1,8,256,448,512 \\
       --edge-load edge/region-a/0=http://127.0.0.1:8101 \\
       --edge-load edge/region-b/0=http://127.0.0.1:8102 --save var/svb-cs.json
   # the same measurement simulated again (after a change to the simulator):
