@@ -141,6 +141,7 @@ async def measure_profile(
         xs: list[float] = []
         ys: list[float] = []
         tokens_of: dict[int, int] = {}  # prompt words -> tokens the server counted
+        cached: list[int] = []  # what each prompt found cached: the template's preamble
         for length in prompt_lengths:
             for _ in range(repeats):
                 if gap_s > 0:
@@ -150,6 +151,7 @@ async def measure_profile(
                     xs.append(rec.prompt_tokens or length)
                     ys.append(rec.ttft)
                     tokens_of[length] = rec.prompt_tokens or length
+                    cached.append(rec.cached_tokens)
         if len(set(xs)) < 2:
             raise RuntimeError(
                 f"prefill measurement failed at {url}: too few successful requests "
@@ -208,6 +210,9 @@ async def measure_profile(
         "ttft_points": list(zip(xs, ys, strict=True)),
         "step_s_by_batch": steps,
         "mixed_extra_s": mixed,
+        # The prefill times hold this many tokens copied, not computed (the least
+        # any profile prompt found cached: they share only the chat template's head).
+        "preamble_tokens": min(cached, default=0),
     }
 
 

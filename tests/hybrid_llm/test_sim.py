@@ -187,3 +187,23 @@ def test_measured_prefill_points_are_interpolated() -> None:
     assert profile.prefill_s(250) == pytest.approx(2.0)  # the last slope continues
     assert profile.prefill_s(25) == pytest.approx(0.05)  # and the first one below
     assert PROFILE.prefill_s(100) == pytest.approx(0.1)  # no points: the rate
+
+
+def test_cached_tokens_come_off_at_the_price_of_their_position() -> None:
+    # Cost per token grows with the context, as llama.cpp's on a CPU: the profile's
+    # prompts found 25 tokens (the template's preamble) cached.
+    points = [(25, 0.05), (45, 0.15), (460, 4.0), (480, 4.25)]
+    loop, inst, rec = _instance(PROFILE.model_copy(update={"prefill_points": points}))
+    system = SimRequest(0, "a", 0.0, 480, 1, False, cached_tokens=460, preamble_tokens=25)
+    fresh = SimRequest(1, "a", 0.0, 480, 1, False, cached_tokens=25, preamble_tokens=25)
+    cold = SimRequest(2, "a", 0.0, 480, 1, False, cached_tokens=0, preamble_tokens=25)
+    for at, req in ((0.0, system), (10.0, fresh), (20.0, cold)):
+        loop.at(at, inst.submit, Job(req, rtt=0.0))
+    loop.run()
+    # The 20 tokens after a cached 460-token system prompt cost what the profile's
+    # 460 -> 480 stretch does, plus the overhead its shortest prompts carry:
+    # T(480) - T(460) + T(25), not T(45) (20 tokens at the start of a prompt).
+    assert rec.first[0] == pytest.approx(4.25 - 4.0 + 0.05)
+    assert rec.first[1] == pytest.approx(10 + 4.25)  # the profile's own case: T(480)
+    # Nothing cached: the preamble's 25 tokens are computed too.
+    assert rec.first[2] == pytest.approx(20 + 4.25 + 0.05)

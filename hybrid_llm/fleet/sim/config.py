@@ -22,6 +22,7 @@ __all__ = [
     "PolicySpec",
     "RegionSpec",
     "SimConfig",
+    "TracedRequest",
     "WarmState",
     "WorkloadSpec",
     "resolve_profile",
@@ -110,6 +111,42 @@ class LengthDist(BaseModel):
         return min(float(self.max), self.median * math.exp(self.sigma**2 / 2))
 
 
+class TracedRequest(BaseModel):
+    """One request of a trace, as a bench measured it: when it arrived and its lengths."""
+
+    at: float = Field(ge=0, description="seconds after warmup_s")
+    prompt_tokens: int = Field(ge=1, description="the prompt as the engine counted it")
+    output_tokens: int = Field(ge=1)
+    cached_tokens: int = Field(
+        0,
+        ge=0,
+        description="leading prompt tokens the engine found cached (a shared system prompt, "
+        "a conversation's earlier turns); the chat template's preamble among them",
+    )
+    prefix: str | None = Field(
+        None,
+        description="what its cached tokens beyond the preamble are (a system prompt's or "
+        "a conversation's name): only an instance that served a request leaving it holds "
+        "them; None: every instance",
+    )
+    conversation: str | None = Field(
+        None, description="the conversation it belongs to: the instance serving it holds it"
+    )
+    follows: int | None = Field(
+        None,
+        ge=0,
+        description="index in the trace of the turn it answers: it is sent `gap_s` after "
+        "that turn's answer reached the client (a chat client's next turn), not at `at`; "
+        "if that turn failed, never",
+    )
+    gap_s: float = Field(0.0, ge=0, description="the client's pause after the previous answer")
+    hard: bool | None = Field(
+        None,
+        description="the router judged it hard (a bench request served by the center); "
+        "None: drawn at the workload's hard_fraction",
+    )
+
+
 class RegionSpec(BaseModel):
     name: str
     edges: int = Field(1, ge=0, description="edge nodes in this region")
@@ -119,6 +156,21 @@ class RegionSpec(BaseModel):
         description="a trace instead of Poisson at `rate`: arrival times in seconds after "
         "warmup_s (e.g. a bench run's request starts)",
     )
+    trace: list[TracedRequest] | None = Field(
+        None,
+        description="a trace with lengths instead of Poisson at `rate`: each request arrives "
+        "at its time with its own prompt, cached and output tokens (e.g. every request of "
+        "a bench run on a conversation workload)",
+    )
+
+    @model_validator(mode="after")
+    def _one_trace(self) -> RegionSpec:
+        if self.arrivals is not None and self.trace is not None:
+            raise ValueError(f"region {self.name}: give arrivals or trace, not both")
+        for i, traced in enumerate(self.trace or []):
+            if traced.follows is not None and traced.follows >= i:
+                raise ValueError(f"region {self.name}: trace[{i}] follows a later request")
+        return self
 
 
 class CenterSpec(BaseModel):

@@ -98,6 +98,7 @@ class Instance:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     protection: EdgeProtection = field(default_factory=EdgeProtection)
     shed: int = 0  # requests refused on the TTFT budget
+    held: set[str] = field(default_factory=set)  # cached prefixes (SimRequest.prefix)
 
     def __post_init__(self) -> None:
         # Hot-path copies of the profile (pydantic attribute access is slow).
@@ -237,12 +238,18 @@ class Instance:
         TTFT budget, its predicted TTFT here is over it."""
         if self.full():
             return False
+        job.cached = job.req.cached_at(self.holds(job.req.prefix))
         now = self.loop.now
         self._advance(now)
         if self._over_budget(job):
             self.shed += 1
             return False
         job.instance = self
+        # Its prefix is cached here once its prefill ran, and prefills run in arrival
+        # order: a later request finds it (the router's prefix index counts it from now).
+        keys = (job.req.prefix, job.req.conversation)
+        job.brought = tuple(k for k in keys if k is not None and k not in self.held)
+        self.held.update(job.brought)
         if self.used < self._slots:
             job.others = self.used
             self.used += 1
@@ -262,6 +269,8 @@ class Instance:
         job.cancelled = True
         now = self.loop.now
         self._advance(now)
+        if job.state in ("waiting", "prefill_q", "prefill"):
+            self.held.difference_update(job.brought)  # its prefill never finished here
         if job.state == "waiting":
             self.waiting.remove(job)
         elif job.state == "prefill_q":
@@ -303,10 +312,33 @@ class Instance:
             job.admitted = now
             self.prefill_q.append(job)
 
+    def holds(self, prefix: str | None) -> bool:
+        """Whether this instance's cache holds ``prefix`` (it served a request with it)."""
+        return prefix is None or prefix in self.held
+
     def _uncached(self, job: Job) -> int:
         """Prompt tokens the engine computes (the last one always is)."""
         prompt = job.req.prompt_tokens
-        return max(1, prompt - min(job.req.cached_tokens, prompt - 1))
+        return max(1, prompt - min(job.cached, prompt - 1))
+
+    def _prefill_s(self, job: Job) -> float:
+        """The idle prefill of ``req``'s uncached tokens. A measured time at a prompt
+        length already holds what copying the profile's shared preamble saves; each
+        further cached token (a system prompt, earlier turns) takes off what the
+        profile says computing the prompt up to there costs. On an engine whose cost
+        per token grows with the context, the tokens after a long cached prefix cost
+        more than as many at the start of a prompt: T(P) - T(C) + T(preamble) (a
+        request that found less than the preamble cached computes that much more)."""
+        req = job.req
+        prompt = req.prompt_tokens
+        cached = min(job.cached, prompt - 1)
+        preamble = req.preamble_tokens
+        if preamble is None:
+            preamble = req.cached_tokens - req.history_tokens
+        if cached == preamble:
+            return self.profile.prefill_s(prompt)
+        held = self.profile.prefill_s(cached) - self.profile.prefill_s(preamble)
+        return max(0.0, self.profile.prefill_s(prompt) - held)
 
     def _prefill_steps(self, job: Job) -> int:
         return 1 if self._chunk is None else math.ceil(self._uncached(job) / self._chunk)
@@ -337,10 +369,7 @@ class Instance:
             self.prefill_job = job
             self.prefill_start = now
             riders = self._riders_s(self._prefill_steps(job), boundary)
-            # A measured prefill time at a prompt length already holds what copying the
-            # shared preamble saves; a conversation's cached history is not computed.
-            computed = job.req.prompt_tokens - job.req.history_tokens
-            cost = max(0.0, self.profile.prefill_s(computed) + riders)
+            cost = max(0.0, self._prefill_s(job) + riders)
             self.prefill_end = now + cost * self._prefill_spread.draw()
         self.epoch += 1
         if self.prefill_job is not None:
@@ -363,8 +392,7 @@ class Instance:
         self.prefill_q.remove(job)
         if not job.prefill_left_tokens:
             job.prefill_left_tokens = self._uncached(job)
-            computed = job.req.prompt_tokens - job.req.history_tokens  # as in _settle
-            job.prefill_left_s = self.profile.prefill_s(computed) * self._prefill_spread.draw()
+            job.prefill_left_s = self._prefill_s(job) * self._prefill_spread.draw()  # as in _settle
         tokens = min(self._prefill_chunk or job.prefill_left_tokens, job.prefill_left_tokens)
         self._step_tokens = tokens
         self._step_own_s = job.prefill_left_s * tokens / job.prefill_left_tokens

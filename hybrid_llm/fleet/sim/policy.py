@@ -39,6 +39,10 @@ class Target(Protocol):
 
     def submit(self, job: Job) -> bool: ...
 
+    def holds(self, prefix: str | None) -> bool:
+        """Whether a cached prefix lives there (the router's prefix index knows)."""
+        ...
+
 
 class CenterPool:
     """The central gateway: one target in front of replicas, least-loaded first."""
@@ -65,6 +69,9 @@ class CenterPool:
     def submit(self, job: Job) -> bool:
         replica = min(self.replicas, key=lambda r: r.used + len(r.waiting))
         return replica.submit(job)
+
+    def holds(self, prefix: str | None) -> bool:
+        return any(r.holds(prefix) for r in self.replicas)
 
 
 @dataclass

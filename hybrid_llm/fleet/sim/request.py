@@ -22,6 +22,15 @@ class SimRequest:
     hard: bool
     cached_tokens: int = 0  # leading prompt tokens an engine copies from another slot
     history_tokens: int = 0  # of those, earlier turns the serving instance already holds
+    # Of them, the preamble the profile's own prompts shared: its measured prefill
+    # times already hold that copy, the rest of the cached tokens come off them
+    # (None: all but the history).
+    preamble_tokens: int | None = None
+    # Which cached prefix the rest is (a system prompt, a conversation's history):
+    # only an instance that holds it has them cached (None: every instance does);
+    # serving the request leaves it and ``conversation`` there.
+    prefix: str | None = None
+    conversation: str | None = None
     estimated_tokens: int = 0  # what the router estimates from the client's text
     jobs: list[Job] = field(default_factory=list)
     winner: Job | None = None
@@ -31,6 +40,16 @@ class SimRequest:
     hedged: bool = False
     fallbacks: int = 0
     failed: bool = False
+
+    def cached_at(self, holds_prefix: bool) -> int:
+        """Cached tokens on an instance that holds this request's prefix, or not (the
+        preamble, which every instance copies from its own slots)."""
+        if holds_prefix or self.prefix is None:
+            return self.cached_tokens
+        preamble = self.preamble_tokens
+        if preamble is None:
+            preamble = self.cached_tokens - self.history_tokens
+        return min(self.cached_tokens, preamble)
 
 
 @dataclass(eq=False)
@@ -42,6 +61,8 @@ class Job:
     instance: Instance | None = None
     admitted: float = 0.0  # when it got a slot (the engine's TTFT starts there)
     others: int = 0  # sequences in the instance's other slots at that moment
+    cached: int = 0  # prompt tokens the instance found cached when its prefill began
+    brought: tuple[str, ...] = ()  # prefixes the instance holds since it accepted this job
     state: Literal["new", "waiting", "prefill_q", "prefill", "decode", "done"] = "new"
     cancelled: bool = False
     released: bool = False  # the router no longer counts it in flight

@@ -98,6 +98,10 @@ class RouterPolicy:
         self.rtt = rtt
         self.rng = rng
         self.clock = clock
+        # Rent paid per prefix for serving it away from a same-city edge: once it
+        # covers the cold start there, the router moves the prefix home
+        # (``geo_router.planner``, the ski-rental rule).
+        self._rent: dict[str, float] = {}
         self.choices = choices
         self.hedge = hedge
         self.poll_interval_s = poll_interval_s
@@ -149,11 +153,12 @@ class RouterPolicy:
         by_id: dict[str, Target] = {t.name: t for t in edges}
         by_id[center.name] = center
         tokens = req.estimated_tokens or req.prompt_tokens
-        # The router's prefix index, warm: it knows the shared prefix every instance
-        # holds (the workload's cached prefix less the template, which no client sends).
-        cached = max(0, req.cached_tokens - (req.prompt_tokens - tokens))
 
         def score(target: Target, bias_ms: float = 0.0) -> Scored:
+            # The router's prefix index, warm: it knows which prefix each instance
+            # holds (the cached tokens less the template, which no client sends).
+            held = req.cached_at(target.holds(req.prefix))
+            cached = max(0, held - (req.prompt_tokens - tokens))
             state = self.states[target.name]
             return self.scorer.score(
                 state, req.region, tokens, bias_ms, now=now, cached_tokens=cached
@@ -162,7 +167,19 @@ class RouterPolicy:
         preferred: Tier = "center" if req.hard else "edge"
         pool = edges + ([center] if available(center.name, now) else [])
         scored = [score(t, tier_bias_ms(self.routing, preferred, t.tier)) for t in pool]
-        ordered = rank_classified(scored, preferred, req.region, self.routing, self.scorer.order)
+        key = req.prefix
+
+        def rent_paid(_anchor: int) -> float:
+            return self._rent.get(key, 0.0) if key is not None else 0.0
+
+        ordered = rank_classified(
+            scored, preferred, req.region, self.routing, self.scorer.order, rent_paid
+        )
+        if key is not None and ordered:
+            if ordered[0].warming:
+                self._rent.pop(key, None)
+            elif ordered[0].rent_ms > 0:
+                self._rent[key] = self._rent.get(key, 0.0) + ordered[0].rent_ms
         ordered = ordered[: self.routing.max_attempts]
         self._scored = {s.id: s for s in ordered}
         self._predicted[req] = {s.id: s.prediction for s in ordered if s.prediction is not None}

@@ -86,6 +86,11 @@ class Simulation:
         ]
         self.fleet = Fleet(edges, CenterPool(config.center.region, replicas), config.rtt)
         self.requests: list[SimRequest] = []
+        # Traced requests: the traces, where each request came from, and the next
+        # turn of a conversation, sent when the answer before it arrives.
+        self._traces = {r.name: r.trace or [] for r in config.regions}
+        self._traced: dict[SimRequest, tuple[str, int]] = {}
+        self._next_turn: dict[tuple[str, int], int] = {}
         self._client_s = config.rtt.same_region_ms / 1000.0
         self._overhead_s = config.policy.router_overhead_ms / 1000.0
         for inst in self.instances:
@@ -110,7 +115,14 @@ class Simulation:
     def run(self) -> SimResult:
         self.policy.start(self.loop, self.fleet, self.config.duration_s)
         for region in self.config.regions:
-            if region.arrivals is not None:
+            if region.trace is not None:
+                for index, traced in enumerate(region.trace):
+                    if traced.follows is None:
+                        at = self.config.warmup_s + traced.at
+                        self.loop.at(at, self._replay, region.name, index)
+                    else:
+                        self._next_turn[(region.name, traced.follows)] = index
+            elif region.arrivals is not None:
                 for at in region.arrivals:
                     self.loop.at(self.config.warmup_s + at, self._arrive, region.name, 0.0)
             elif region.rate > 0:
@@ -155,12 +167,36 @@ class Simulation:
             req.prompt_tokens += req.history_tokens
             cached += req.history_tokens
         req.cached_tokens = min(cached, req.prompt_tokens - 1)
-        req.estimated_tokens = max(1, req.prompt_tokens - wl.template_tokens)
-        self.requests.append(req)
-        self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
+        self._send(req)
         nxt = now + self.rng.expovariate(rate) if rate > 0 else float("inf")
         if nxt < self.config.duration_s:
             self.loop.at(nxt, self._arrive, region, rate)
+
+    def _replay(self, region: str, index: int) -> None:
+        """A traced request: its own lengths and cache hit, as measured."""
+        traced = self._traces[region][index]
+        wl = self.config.workload
+        prompt = traced.prompt_tokens
+        req = SimRequest(
+            id=len(self.requests),
+            region=region,
+            arrival=self.loop.now,
+            prompt_tokens=prompt,
+            output_tokens=traced.output_tokens,
+            hard=self.rng.random() < wl.hard_fraction if traced.hard is None else traced.hard,
+            cached_tokens=min(traced.cached_tokens, prompt - 1),
+            preamble_tokens=min(wl.cached_prefix_tokens, prompt - 1),
+            prefix=traced.prefix,
+            conversation=traced.conversation,
+        )
+        self._traced[req] = (region, index)
+        self._send(req)
+
+    def _send(self, req: SimRequest) -> None:
+        """The client's request reaches the router, which estimates its tokens and routes."""
+        req.estimated_tokens = max(1, req.prompt_tokens - self.config.workload.template_tokens)
+        self.requests.append(req)
+        self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
 
     def _route(self, req: SimRequest) -> None:
         candidates = self.policy.candidates(req, self.fleet)
@@ -249,3 +285,10 @@ class Simulation:
             req.tpot = (now - job.first_token) / (req.output_tokens - 1)
         req.e2e = now + job.rtt / 2 + self._client_s / 2 - req.arrival
         self.loop.after(job.rtt / 2, self._release, job)  # the last byte at the router
+        traced = self._traced.pop(req, None)
+        nxt = self._next_turn.pop(traced, None) if traced is not None else None
+        if traced is not None and nxt is not None:
+            # The client sends its next turn once this answer has reached it.
+            region = traced[0]
+            gap = self._traces[region][nxt].gap_s
+            self.loop.at(req.arrival + req.e2e + gap, self._replay, region, nxt)

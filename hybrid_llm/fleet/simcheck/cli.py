@@ -14,6 +14,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from hybrid_llm.bench.conversations import BUILTIN
 from hybrid_llm.fleet.simcheck.measure import load_average, measure
 from hybrid_llm.fleet.simcheck.replay import simulate
 from hybrid_llm.fleet.simcheck.report import compare
@@ -31,9 +32,26 @@ _EXAMPLES = """examples:
       --rate 0.5 --duration 90 --bucket 8:16 \\
       --edge-load edge/region-a/0=http://127.0.0.1:8101 \\
       --edge-load edge/region-b/0=http://127.0.0.1:8102 --save var/svb-0.5.json
+  # a conversation workload (or --dataset FILE), each request replayed with its lengths:
+  hybrid-llm simcheck --engine-url http://127.0.0.1:8101 \\
+      --bench-url http://127.0.0.1:8080 --sim-config configs/local-sim.yaml \\
+      --rate 0.3 --duration 90 --bucket 8:16 --workload customer-service --max-tokens 16 \\
+      --profile-lengths 1,8,256,448,512 \\
+      --edge-load edge/region-a/0=http://127.0.0.1:8101 \\
+      --edge-load edge/region-b/0=http://127.0.0.1:8102 --save var/svb-cs.json
   # the same measurement simulated again (after a change to the simulator):
   hybrid-llm simcheck --replay var/svb-0.5.json
 """
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected words like 1,64,256, got {text!r}") from None
+    if len(set(values)) < 2 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected two or more positive lengths, got {text!r}")
+    return values
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,7 +72,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rtt-ms", type=float, default=2.0, help="--edge-only: user<->edge RTT")
     p.add_argument("--rate", type=float, default=1.0)
     p.add_argument("--duration", type=float, default=60.0)
-    p.add_argument("--bucket", default="48:24")
+    p.add_argument(
+        "--bucket",
+        default="48:24",
+        help="PROMPT:OUTPUT words of the bench's filler prompts; also the path calibration's "
+        "and the mixed-step probe's prompt with --workload/--dataset",
+    )
+    what = p.add_mutually_exclusive_group()
+    what.add_argument(
+        "--workload",
+        choices=sorted(BUILTIN),
+        help="bench a built-in conversation workload instead of --bucket prompts "
+        "(customer-service, chat: multi-turn, ...)",
+    )
+    what.add_argument(
+        "--dataset",
+        type=Path,
+        help="bench conversations from a file instead (OpenAI, ShareGPT or aiperf JSON(L))",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=16,
+        help="--workload/--dataset: answer length where the conversation sets none",
+    )
+    p.add_argument(
+        "--profile-lengths",
+        type=_lengths,
+        help="prompt words the profile measures, e.g. 1,64,256,512 (default: bracketing "
+        "--bucket; give lengths up to the workload's longest prompts)",
+    )
     p.add_argument("--model", default="auto", help="model sent to --bench-url")
     p.add_argument("--engine-model", default="edge", help="model sent to --engine-url")
     p.add_argument(
@@ -123,7 +170,18 @@ async def _run(args: argparse.Namespace) -> None:
     if args.replay:
         measured = json.loads(args.replay.read_text(encoding="utf-8"))
         saved = measured["args"]
-        keys = ("sim_config", "edge_only", "rtt_ms", "rate", "duration", "bucket", "chunk_tokens")
+        keys = (
+            "sim_config",
+            "edge_only",
+            "rtt_ms",
+            "rate",
+            "duration",
+            "bucket",
+            "chunk_tokens",
+            "workload",
+            "dataset",
+            "max_tokens",
+        )
         for key in keys:
             value = saved.get(key)
             if key in saved:

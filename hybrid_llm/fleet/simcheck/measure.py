@@ -19,15 +19,55 @@ from typing import Any
 
 import httpx
 
-from hybrid_llm.bench import LoadStep, RunPlan, Variant, Workload, parse_bucket, run_plan
+from hybrid_llm.bench import (
+    LoadStep,
+    RunPlan,
+    Variant,
+    Workload,
+    builtin_workload,
+    dataset_workload,
+    parse_bucket,
+    run_plan,
+)
 from hybrid_llm.bench.client import send_streaming
 from hybrid_llm.bench.profile import measure_profile
+from hybrid_llm.bench.workload import Source
 from hybrid_llm.fleet.sim import EngineProfile, SimConfig
 from hybrid_llm.fleet.sim.spread import merge_spreads
 from hybrid_llm.local.topology import service_headers, service_token
 from servekit.config import load_settings
 
-__all__ = ["load_average", "mean_profile", "measure"]
+__all__ = [
+    "bench_source",
+    "conversational",
+    "load_average",
+    "mean_profile",
+    "measure",
+    "pool_points",
+]
+
+
+def conversational(args: argparse.Namespace) -> bool:
+    """Whether the bench sends a conversation workload or dataset (not ``--bucket``)."""
+    return bool(getattr(args, "workload", None) or getattr(args, "dataset", None))
+
+
+def bench_source(args: argparse.Namespace) -> Source:
+    """What the bench sends: ``--dataset``, ``--workload`` or the ``--bucket`` prompts."""
+    max_tokens = getattr(args, "max_tokens", None) or 16
+    if getattr(args, "dataset", None):
+        return dataset_workload(Path(args.dataset), args.model, max_tokens=max_tokens)
+    if getattr(args, "workload", None):
+        return builtin_workload(args.workload, args.model, max_tokens=max_tokens)
+    return Workload(args.model, [parse_bucket(args.bucket)])
+
+
+def _profile_lengths(args: argparse.Namespace, words: int) -> list[int]:
+    """Prompt words the profile measures: ``--profile-lengths``, else bracketing the
+    bucket's prompt (a conversation workload's prompts reach further: give them)."""
+    if getattr(args, "profile_lengths", None):
+        return sorted(set(args.profile_lengths))
+    return sorted({1, words, 2 * words, 64})
 
 
 def load_average() -> str:
@@ -84,7 +124,8 @@ async def _path_overhead_ms(
 
 async def _profile(
     url: str, lengths: list[int], repeats: int, gap_s: float, probe_words: int
-) -> EngineProfile:
+) -> tuple[EngineProfile, int]:
+    """The engine's profile, and the prompt tokens its prompts found cached."""
     t0 = time.perf_counter()
     measured = await measure_profile(
         url,
@@ -102,9 +143,9 @@ async def _profile(
         f"profile ({time.perf_counter() - t0:.0f}s): TTFT by prompt tokens (ms) {points}; "
         f"decode step {profile.decode_base_ms:.1f} ms, slots {profile.slots}; "
         f"prefill step + ms by decoders riding along {mixed or '-'}; "
-        f"prefill / median {spread or '-'}"
+        f"prefill / median {spread or '-'}; {measured['preamble_tokens']} tokens cached"
     )
-    return profile
+    return profile, int(measured["preamble_tokens"])
 
 
 def _mean_points(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -112,6 +153,22 @@ def _mean_points(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> list
     for x, y in [*a, *b]:
         by_x.setdefault(x, []).append(y)
     return sorted((x, statistics.mean(ys)) for x, ys in by_x.items())
+
+
+def pool_points(points: list[tuple[int, float]], within: int = 3) -> list[tuple[int, float]]:
+    """Measured (tokens, seconds) points a few tokens apart pooled into one (their
+    means). One prompt length in words comes out a token longer or shorter from one
+    request to the next, and the simulator prices cached tokens by differences of
+    the curve: 99:492 ms beside 100:451 ms is noise, not a -41 ms token."""
+    groups: list[list[tuple[int, float]]] = []
+    for x, y in sorted(points):
+        if groups and x - groups[-1][0][0] <= within:
+            groups[-1].append((x, y))
+        else:
+            groups.append([(x, y)])
+    return [
+        (round(statistics.mean(x for x, _ in g)), statistics.mean(y for _, y in g)) for g in groups
+    ]
 
 
 def mean_profile(a: EngineProfile, b: EngineProfile) -> EngineProfile:
@@ -156,11 +213,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     if not args.engine_url or not args.bench_url:
         raise SystemExit("--engine-url and --bench-url are needed to measure")
     words = int(args.bucket.split(":")[0])
-    lengths = sorted({1, words, 2 * words, 64})  # bracket the bench's prompts
+    lengths = _profile_lengths(args, words)
     gap = args.profile_gap if args.profile_gap is not None else 1.0 / args.rate
     load_start = load_average()
     print(f"load average at start: {load_start}; profile and path requests {gap:g} s apart (mean)")
-    before = await _profile(args.engine_url, lengths, args.repeats, gap, words)
+    before, preamble = await _profile(args.engine_url, lengths, args.repeats, gap, words)
     users = load_settings(SimConfig, args.sim_config).regions[0].name if args.sim_config else None
     path_ms = None
     if args.calibrate_path:
@@ -169,7 +226,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     warm = await _warm_states(args.edge_load)
     plan = RunPlan(
         url=args.bench_url,
-        workload=Workload(args.model, [parse_bucket(args.bucket)]),
+        workload=bench_source(args),
         steps=[LoadStep("rate", args.rate)],
         variants=[Variant("bench")],
         duration=args.duration,
@@ -179,7 +236,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     records = [r for r in (await run_plan(plan))[0].records if r.ok]
     # A shared machine drifts: profile again and take the mean of both.
-    after = await _profile(args.engine_url, lengths, args.repeats, gap, words)
+    after, preamble_after = await _profile(args.engine_url, lengths, args.repeats, gap, words)
     profile = mean_profile(before, after)
     tpot = [r.tpot for r in records if r.tpot is not None]
     if args.decode_from_bench and tpot:
@@ -195,6 +252,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "profile": profile.model_dump(),
         "profiles": [before.model_dump(), after.model_dump()],
         "path_ms": path_ms,
+        "preamble_tokens": min(preamble, preamble_after),
         "warm": warm,
         "records": [r.to_dict() for r in records],
     }
