@@ -302,7 +302,7 @@ class Scheduler:
             keep = self._model.forget(slot.seq_id, min(shared, len(prompt) - 1))
             slot.cached = prompt[:keep]
             slot.salt = salt
-            self._estimator.hold(slot.seq_id, job.text, job.blocks, salt)
+            self._estimator.hold(slot.seq_id, job.text, job.blocks, salt, read=keep / len(prompt))
             self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep
             self.stats.admitted += 1
@@ -381,6 +381,9 @@ class Scheduler:
             slot.cached.append(it.token)
             assert slot.seq is not None
             slot.seq.n_past = it.pos + 1
+        for seq in self._running:
+            if id(seq) in takes:  # a newcomer sharing its prompt copies what is read
+                self._estimator.prefilled(seq.slot.seq_id, seq.n_past / len(seq.prompt))
         self._note_backlog()
         for seq in decoding + finishing_prefill:
             self._sample(seq)
