@@ -67,6 +67,16 @@ told to come back when the instance is predicted to be idle (every slot
 held and waited for freed, :meth:`AdmissionQueue.drained_ms`); a prompt
 that fits the budget is told to come back when the wait ahead of it has
 shrunk enough.
+
+A request that queued for a slot is priced again when it gets one
+(:meth:`AdmissionQueue.recheck`): the cache it was priced against may be gone
+by then (another request took the slot that held its system prompt). Under
+overload two prompts priced at 1-2 tokens to prefill (their system prompt
+held) found 360-495 after queueing 1.1-1.7 s, took 3-7 s to their first
+token, and stalled every sequence beside them for as long (the slowest
+admitted requests of that run, queued behind them, waited 6-8 s). If its own
+prefill has grown and the time it waited, the backlog ahead of it and that
+prefill now exceed the budget, it is refused after all.
 """
 
 from __future__ import annotations
@@ -259,20 +269,44 @@ class AdmissionQueue:
                 "busy and no request has finished yet to tell how long they take); retry later",
                 retry_after=self.retry_after(),
             )
-        ttft = wait + own_prefill_ms
-        if own_prefill_ms > budget:
-            # Only an idle instance takes it: come back when this one should be.
-            drained = self.drained_ms()
-            retry = self.retry_after() if drained is None else drained / 1000.0
-            why = "it is taken only when the server is idle"
-        else:
-            # Its own prefill does not shrink by waiting: the wait must.
-            retry = (ttft - budget) / 1000.0
-            why = "retry later"
+        why = (
+            "it is taken only when the server is idle" if own_prefill_ms > budget else "retry later"
+        )
         raise QueueFull(
             f"server cannot start this request within its TTFT budget (predicted wait "
             f"{wait:.0f} ms + own prefill {own_prefill_ms:.0f} ms > {budget:.0f} ms); {why}",
-            retry_after=max(1.0, retry),
+            retry_after=self._retry_s(wait, own_prefill_ms, budget),
+        )
+
+    def _retry_s(self, wait_ms: float, own_prefill_ms: float, budget_ms: float) -> float:
+        """When to come back, refused with ``wait_ms`` ahead (see above)."""
+        if own_prefill_ms > budget_ms:
+            # Only an idle instance takes it: come back when this one should be.
+            drained = self.drained_ms()
+            return self.retry_after() if drained is None else max(1.0, drained / 1000.0)
+        # Its own prefill does not shrink by waiting: the wait must.
+        return max(1.0, (wait_ms + own_prefill_ms - budget_ms) / 1000.0)
+
+    def recheck(self, ticket: Ticket, priced_ms: float, own_prefill_ms: float) -> None:
+        """Judge a request again once it has its slot (see above): it was admitted
+        with ``priced_ms`` of own prefill and now has ``own_prefill_ms``. Raises
+        :class:`QueueFull`, with its slot handed on, when that has grown and its
+        time waited, the prefill backlog ahead and its own prefill exceed the budget."""
+        budget = self.ttft_budget_ms
+        if budget is None or own_prefill_ms <= priced_ms:
+            return
+        waited_ms = ticket.queue_time * 1000.0
+        backlog = self.prefill_backlog_ms or 0.0
+        if waited_ms + backlog + own_prefill_ms <= budget:
+            return
+        self.shed += 1
+        ticket.admitted_at = 0.0  # held for no work: not a hold time
+        ticket.release()
+        raise QueueFull(
+            f"server cannot start this request within its TTFT budget (waited "
+            f"{waited_ms:.0f} ms for a slot, and the cache it was priced against is gone: "
+            f"backlog {backlog:.0f} ms + own prefill {own_prefill_ms:.0f} ms); retry later",
+            retry_after=self._retry_s(backlog, own_prefill_ms, budget),
         )
 
     def _admit(self, ticket: Ticket, now: float) -> Ticket:

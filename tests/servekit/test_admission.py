@@ -281,3 +281,28 @@ async def test_a_ticket_the_engine_does_not_run_yet_is_priced_at_the_mean_hold()
     assert q.predicted_wait_ms(now) == pytest.approx(750.0)
     old.release()
     young.release()
+
+
+async def test_a_request_that_queued_is_priced_again_when_it_gets_its_slot() -> None:
+    """Priced at 10 ms of own prefill (its system prompt held), it queued; by the
+    time its slot freed the prompt was gone from the cache: 3 s now. Refused, its
+    slot handed to the next waiter; a price that did not grow, or still fits, stays."""
+    q = AdmissionQueue(slots=1, max_waiting=8, ttft_budget_ms=1500.0)
+    q._service_s = 0.5
+    holder = await q.acquire()
+    queued = asyncio.create_task(q.acquire(own_prefill_ms=10.0))
+    behind = asyncio.create_task(q.acquire())
+    await asyncio.sleep(0.01)
+    holder.release()
+    ticket = await queued
+    assert ticket.queue_time > 0
+    q.recheck(ticket, 10.0, 10.0)  # the same price: kept
+    q.recheck(ticket, 10.0, 900.0)  # grown, but it still fits
+    hold = q._service_s
+    with pytest.raises(QueueFull, match="the cache it was priced against is gone") as info:
+        q.recheck(ticket, 10.0, 3000.0)
+    assert info.value.retry_after is not None
+    assert info.value.retry_after >= 1.0
+    assert q._service_s == hold  # held for no work: not a hold time
+    (await asyncio.wait_for(behind, 1)).release()
+    assert (q.running, q.waiting) == (0, 0)
