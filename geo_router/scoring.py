@@ -30,7 +30,9 @@ nor for an idle engine.
 
 An instance that sheds on a TTFT budget (``ttft_budget_ms`` in its load
 report) is *over budget* when the router's wait estimate there (queue + busy)
-exceeds that budget, or when it refused a request within the last
+and the request's own prefill exceed that budget as the instance counts them
+(``servekit.admission.over_ttft_budget``: a prompt too long for the budget
+fits only an idle instance), or when it refused a request within the last
 ``shed_backoff_s``: it would refuse, so :func:`within_budget_first` ranks it
 behind the candidates that can start in time (still tried last).
 
@@ -245,7 +247,8 @@ class Scorer:
         busy_ms = min(busy, capacity) * per_seq * self._routing.busy_slowdown_weight
         budget = load.ttft_budget_ms
         over = stats.refused_until > now or (
-            budget is not None and over_ttft_budget(queue_ms + busy_ms, prefill_ms, budget)
+            budget is not None
+            and over_ttft_budget(queue_ms + busy_ms, prefill_ms, budget, idle=busy == 0)
         )
         rtt = self._rtt.rtt(user_region, info.region)
         ramp = self._routing.slow_start_s

@@ -32,11 +32,15 @@ prediction for a newcomer:
   the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
   refreshed by :meth:`AdmissionQueue.observe`);
 - prefill backlog: the prompt tokens the engine has admitted but not yet
-  prefilled, at its measured prefill rate (``prefill_backlog_ms``): prefill
-  is first-come first-served, so a newcomer's prefill starts after theirs.
-  Without it a burst of cold prompts (every slot prefilling a long system
-  prompt at once) is admitted at a predicted wait of zero and each later
-  arrival waits seconds behind them.
+  prefilled that go before the newcomer's, at its measured prefill rate
+  (``prefill_backlog_ms``). Without it a burst of cold prompts (every slot
+  prefilling a long system prompt at once) is admitted at a predicted wait
+  of zero and each later arrival waits seconds behind them. A newcomer that
+  must queue for a slot waits for the larger of its slot wait and this
+  backlog, not their sum: the engine's slot releases already include the
+  prefill their sequences have left, and by the time a slot frees the
+  prompts ahead are partly read (the sum over-predicted and refused
+  requests that would have made it).
 
 - its own prefill (``own_prefill_ms``, given by the caller): the prompt
   tokens the engine does not hold cached, at its measured prefill rate. A
@@ -51,11 +55,28 @@ prediction for a newcomer:
 
 So the budget is the TTFT the instance promises, queueing and prefill both.
 A prompt whose prefill alone would spend most of it cannot meet it on any
-instance like this one, and refusing it everywhere helps nobody (a client
-sent a 28 s document to a center that was never idle, and got 429s): its
-own prefill counts up to ``OWN_PREFILL_SHARE`` of the budget, so it is taken
-while the wait ahead of it is under the rest (a quarter of the budget), and
-the requests after it see its prefill in the backlog.
+instance like this one, yet it must be served some time (a client sent a
+28 s document to a center that was never idle, and got 429s). So on an
+*idle* instance (nothing running, nothing waiting) its own prefill counts
+up to ``OWN_PREFILL_SHARE`` of the budget and it is taken; the requests
+after it see its prefill in the backlog. On a busy instance its own prefill
+counts whole: under 32 streams of overload, 489-913-token cold prompts
+admitted beside others (their prefill charged at 3/4 of the budget) were
+the admitted P99, 5-10 s against a 1.5 s budget. Refused, such a prompt is
+told to come back when the instance is predicted to be idle (every slot
+held and waited for freed, :meth:`AdmissionQueue.drained_ms`); a prompt
+that fits the budget is told to come back when the wait ahead of it has
+shrunk enough.
+
+A request that queued for a slot is priced again when it gets one
+(:meth:`AdmissionQueue.recheck`): the cache it was priced against may be gone
+by then (another request took the slot that held its system prompt). Under
+overload two prompts priced at 1-2 tokens to prefill (their system prompt
+held) found 360-495 after queueing 1.1-1.7 s, took 3-7 s to their first
+token, and stalled every sequence beside them for as long (the slowest
+admitted requests of that run, queued behind them, waited 6-8 s). If its own
+prefill has grown and the time it waited, the backlog ahead of it and that
+prefill now exceed the budget, it is refused after all.
 """
 
 from __future__ import annotations
@@ -75,11 +96,15 @@ __all__ = ["OWN_PREFILL_SHARE", "AdmissionQueue", "Ticket", "over_ttft_budget"]
 OWN_PREFILL_SHARE = 0.75  # of the budget, at most, charged for a request's own prefill
 
 
-def over_ttft_budget(wait_ms: float, own_prefill_ms: float, budget_ms: float) -> bool:
+def over_ttft_budget(
+    wait_ms: float, own_prefill_ms: float, budget_ms: float, *, idle: bool
+) -> bool:
     """Would a request miss a TTFT budget: its wait and its own prefill, the prefill
-    counted up to ``OWN_PREFILL_SHARE`` of the budget (see above)? A router judging
-    whether an instance would refuse asks the same."""
-    charged = min(max(0.0, own_prefill_ms), OWN_PREFILL_SHARE * budget_ms)
+    counted whole, or on an ``idle`` instance up to ``OWN_PREFILL_SHARE`` of the
+    budget (see above)? A router judging whether an instance would refuse asks
+    the same."""
+    own = max(0.0, own_prefill_ms)
+    charged = min(own, OWN_PREFILL_SHARE * budget_ms) if idle else own
     return wait_ms + charged > budget_ms
 
 
@@ -171,25 +196,41 @@ class AdmissionQueue:
         self.prefill_backlog_ms = prefill_backlog_ms
         self.slot_release_ms = slot_release_ms
 
+    @property
+    def idle(self) -> bool:
+        """Nothing running and nothing waiting: a prompt too long for the budget is
+        taken now (see above)."""
+        return self._running == 0 and self.waiting == 0
+
     def predicted_wait_ms(self, now: float | None = None) -> float | None:
         """Predicted wait of a request arriving now, before its own prefill (see
         above); ``None`` when it would queue and no hold time is measured yet.
         A request's predicted TTFT is this plus its ``own_prefill_ms``."""
         now = time.monotonic() if now is None else now
         ahead = self.waiting
+        backlog = self.prefill_backlog_ms or 0.0
         if self._running < self.slots and ahead == 0:
-            slot_wait, beside = 0.0, self._running
+            before, beside = backlog, self._running
         else:
-            wait = self._slot_wait(ahead, now)
-            if wait is None:
+            frees = self._frees(ahead, now)
+            if frees is None:
                 return None
-            slot_wait, beside = wait, self.slots - 1
-        busy = beside * (self.busy_ms_per_seq or 0.0)
-        return slot_wait * 1000.0 + busy + (self.prefill_backlog_ms or 0.0)
+            before, beside = max(frees[0] * 1000.0, backlog), self.slots - 1
+        return before + beside * (self.busy_ms_per_seq or 0.0)
 
-    def _slot_wait(self, ahead: int, now: float) -> float | None:
-        """Seconds until the slot a newcomer gets frees, ``ahead`` waiting before it
-        (see above); ``None`` when that needs the mean hold and none is measured."""
+    def drained_ms(self, now: float | None = None) -> float | None:
+        """Predicted milliseconds until every slot held and every request waiting
+        has finished, so that the queue is idle again; ``None`` when that needs
+        the mean hold and none is measured yet."""
+        now = time.monotonic() if now is None else now
+        frees = self._frees(self.waiting, now)
+        return None if frees is None else max(frees) * 1000.0
+
+    def _frees(self, ahead: int, now: float) -> list[float] | None:
+        """Seconds until each slot frees once ``ahead`` waiters have each taken the
+        earliest free one (a heap: the first is the slot a newcomer behind them
+        gets, see above); ``None`` when that needs the mean hold and none is
+        measured."""
         hold = self._service_s
         engine = self.slot_release_ms
         held = sorted(self._held.values())  # admitted at, the oldest first
@@ -204,7 +245,7 @@ class AdmissionQueue:
         heapq.heapify(left)
         for _ in range(ahead):  # each waiter ahead takes the earliest and holds it
             heapq.heapreplace(left, left[0] + (hold or 0.0))
-        return left[0]
+        return left
 
     def _over(self, wait: float | None, own_prefill_ms: float) -> bool:
         """Past the budget (see :func:`over_ttft_budget`), or a wait unknown."""
@@ -212,10 +253,11 @@ class AdmissionQueue:
             return False
         if wait is None:
             return True
-        return over_ttft_budget(wait, own_prefill_ms, self.ttft_budget_ms)
+        return over_ttft_budget(wait, own_prefill_ms, self.ttft_budget_ms, idle=self.idle)
 
     def _check_budget(self, own_prefill_ms: float) -> None:
-        if self.ttft_budget_ms is None:
+        budget = self.ttft_budget_ms
+        if budget is None:
             return
         wait = self.predicted_wait_ms()
         if not self._over(wait, own_prefill_ms):
@@ -227,13 +269,44 @@ class AdmissionQueue:
                 "busy and no request has finished yet to tell how long they take); retry later",
                 retry_after=self.retry_after(),
             )
-        ttft = wait + own_prefill_ms
+        why = (
+            "it is taken only when the server is idle" if own_prefill_ms > budget else "retry later"
+        )
         raise QueueFull(
             f"server cannot start this request within its TTFT budget (predicted wait "
-            f"{wait:.0f} ms + own prefill {own_prefill_ms:.0f} ms > "
-            f"{self.ttft_budget_ms:.0f} ms); retry later",
-            # Its own prefill does not shrink by waiting: the wait must.
-            retry_after=max(1.0, (ttft - self.ttft_budget_ms) / 1000.0),
+            f"{wait:.0f} ms + own prefill {own_prefill_ms:.0f} ms > {budget:.0f} ms); {why}",
+            retry_after=self._retry_s(wait, own_prefill_ms, budget),
+        )
+
+    def _retry_s(self, wait_ms: float, own_prefill_ms: float, budget_ms: float) -> float:
+        """When to come back, refused with ``wait_ms`` ahead (see above)."""
+        if own_prefill_ms > budget_ms:
+            # Only an idle instance takes it: come back when this one should be.
+            drained = self.drained_ms()
+            return self.retry_after() if drained is None else max(1.0, drained / 1000.0)
+        # Its own prefill does not shrink by waiting: the wait must.
+        return max(1.0, (wait_ms + own_prefill_ms - budget_ms) / 1000.0)
+
+    def recheck(self, ticket: Ticket, priced_ms: float, own_prefill_ms: float) -> None:
+        """Judge a request again once it has its slot (see above): it was admitted
+        with ``priced_ms`` of own prefill and now has ``own_prefill_ms``. Raises
+        :class:`QueueFull`, with its slot handed on, when that has grown and its
+        time waited, the prefill backlog ahead and its own prefill exceed the budget."""
+        budget = self.ttft_budget_ms
+        if budget is None or own_prefill_ms <= priced_ms:
+            return
+        waited_ms = ticket.queue_time * 1000.0
+        backlog = self.prefill_backlog_ms or 0.0
+        if waited_ms + backlog + own_prefill_ms <= budget:
+            return
+        self.shed += 1
+        ticket.admitted_at = 0.0  # held for no work: not a hold time
+        ticket.release()
+        raise QueueFull(
+            f"server cannot start this request within its TTFT budget (waited "
+            f"{waited_ms:.0f} ms for a slot, and the cache it was priced against is gone: "
+            f"backlog {backlog:.0f} ms + own prefill {own_prefill_ms:.0f} ms); retry later",
+            retry_after=self._retry_s(backlog, own_prefill_ms, budget),
         )
 
     def _admit(self, ticket: Ticket, now: float) -> Ticket:

@@ -162,6 +162,13 @@ async def serve_generation(
     except asyncio.CancelledError:
         core.metrics.outcome("cancelled")
         raise
+    if ticket.queue_time > 0.0 and core.admission.ttft_budget_ms is not None:
+        # Its price may have changed while it queued (servekit.admission: recheck).
+        try:
+            core.admission.recheck(ticket, own, _observe_for(core, gen))
+        except ServeError as exc:
+            _record_failure(core, exc)
+            raise
     core.metrics.queue_time.observe(ticket.queue_time)
     admitted = time.perf_counter()
     if trace is not None:

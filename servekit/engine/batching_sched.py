@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 
 from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_sampler import SamplerChain
-from servekit.engine.batching_slots import Slot, choose_slot, donor, reusable
+from servekit.engine.batching_slots import (
+    REUSE_MIN_TOKENS,
+    Slot,
+    choose_slot,
+    donor,
+    reusable,
+    spoken_for,
+)
 from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.prompt_estimate import PromptEstimator
 from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
@@ -290,7 +297,7 @@ class Scheduler:
             prompt = prepared.tokens
             salt = job.request.cache_salt  # a cache serves its own scope only
             now = time.monotonic()
-            slot = choose_slot(free, [s.slot.seq_id for s in self._running], prompt, salt)
+            slot = choose_slot(self._placeable(free, prompt, salt), self._busy(), prompt, salt)
             shared = reusable(slot, prompt, salt)
             source = donor(self._slots, slot, prompt, salt)
             if source is not None:
@@ -302,7 +309,7 @@ class Scheduler:
             keep = self._model.forget(slot.seq_id, min(shared, len(prompt) - 1))
             slot.cached = prompt[:keep]
             slot.salt = salt
-            self._estimator.hold(slot.seq_id, job.text, job.blocks, salt)
+            self._estimator.hold(slot.seq_id, job.text, job.blocks, salt, read=keep / len(prompt))
             self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep
             self.stats.admitted += 1
@@ -327,6 +334,27 @@ class Scheduler:
             self.stats.running = len(self._running)
             self._note_backlog()  # counted exactly before its estimate stops counting
             self._settle(job)
+
+    def _busy(self) -> list[int]:
+        return [s.slot.seq_id for s in self._running]
+
+    def _placeable(
+        self, free: list[Slot[_Seq]], prompt: list[int], salt: str | None
+    ) -> list[Slot[_Seq]]:
+        """The free slots ``prompt`` may take: not one spoken for by a prompt still
+        waiting (see ``batching_slots``) unless it reuses that slot's cache itself,
+        or no other is free."""
+        if not self._waiting:
+            return free
+        reserved = spoken_for(
+            self._slots, [(e[3].tokens, e[2].request.cache_salt) for e in self._waiting]
+        )
+        mine = [
+            s
+            for s in free
+            if s.seq_id not in reserved or reusable(s, prompt, salt) >= REUSE_MIN_TOKENS
+        ]
+        return mine or free
 
     def _step(self) -> None:
         # Prefill budget to the fewest tokens left first (or first-come first-served,
@@ -381,6 +409,9 @@ class Scheduler:
             slot.cached.append(it.token)
             assert slot.seq is not None
             slot.seq.n_past = it.pos + 1
+        for seq in self._running:
+            if id(seq) in takes:  # a newcomer sharing its prompt copies what is read
+                self._estimator.prefilled(seq.slot.seq_id, seq.n_past / len(seq.prompt))
         self._note_backlog()
         for seq in decoding + finishing_prefill:
             self._sample(seq)

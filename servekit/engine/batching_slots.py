@@ -15,6 +15,14 @@ holds, though: :func:`donor` names a slot whose cache to copy in first
 (``llama_memory_seq_cp`` copies a whole KV stream, a few ms on this CPU, where
 prefilling a chat template's preamble on one core costs hundreds).
 
+A free slot that holds the longest cached prefix of a prompt still waiting
+for a slot is *spoken for* (:func:`spoken_for`): another prompt placed in the
+same pass does not take it unless no other slot is free. Admission priced the
+waiting prompt as cached; under overload a question placed just before it
+took the one slot holding its 477-token system prompt (the run-keeping choice
+above), and it prefilled 491 tokens instead of 14, 4.6 s, stalling the
+sequences beside it.
+
 A slot's cache is reused only by a prompt of the same cache scope (the
 request's ``cache_salt``: :func:`reusable`), like vLLM's salted prefix
 cache: otherwise a tenant could time a guessed text, or read
@@ -36,6 +44,7 @@ __all__ = [
     "donor",
     "reusable",
     "runs",
+    "spoken_for",
 ]
 
 # A cached prefix at least this long beats keeping the batch in one run:
@@ -121,3 +130,16 @@ def donor(
         if shared >= own + COPY_MIN_TOKENS and (best is None or shared > best[1]):
             best = (slot, shared)
     return best
+
+
+def spoken_for(
+    slots: Sequence[Slot[SeqT]], waiting: Sequence[tuple[Sequence[int], str | None]]
+) -> set[int]:
+    """Ids of the slots that hold the longest cached prefix (at least
+    :data:`REUSE_MIN_TOKENS`) of one of the ``waiting`` prompts (tokens, scope)."""
+    held: set[int] = set()
+    for prompt, salt in waiting:
+        best = max(slots, key=lambda slot: reusable(slot, prompt, salt), default=None)
+        if best is not None and reusable(best, prompt, salt) >= REUSE_MIN_TOKENS:
+            held.add(best.seq_id)
+    return held

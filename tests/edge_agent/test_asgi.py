@@ -263,6 +263,36 @@ async def test_the_requests_own_prefill_from_the_routers_count_counts_against_th
             assert sent.status_code == 200
 
 
+async def test_a_prompt_too_long_for_the_budget_waits_for_an_idle_edge(
+    scripted_settings: Callable[..., EdgeSettings],
+) -> None:
+    """A cold prompt whose prefill alone (1.5 s) spends the budget (1 s): refused
+    beside a running request, though nothing waits ahead of it, with a Retry-After
+    of when the engine says its slot frees; taken once the edge is idle."""
+    settings = scripted_settings(admission__ttft_budget_ms=1000)
+    engines = ScriptedEngines(capacity=2)
+    async with in_process(scripted_app(settings, engines)) as c:
+        assert (await c.post("/v1/chat/completions", json=body())).status_code == 200
+        hold = body(messages=[{"role": "user", "content": "HOLD"}])
+        held = asyncio.create_task(c.post("/v1/chat/completions", json=hold))
+        for _ in range(200):
+            if engines.current.running == 1:
+                break
+            await asyncio.sleep(0.01)
+        engines.current.prefill_tokens_per_s = 1000.0
+        engines.current.slot_releases = (4000.0,)
+        cold = {"x-prefill-tokens": "1500"}
+        shed = await c.post("/v1/chat/completions", json=body(), headers=cold)
+        assert_openai_error(shed, 429)
+        assert "own prefill 1500 ms" in shed.json()["error"]["message"]
+        assert shed.headers["retry-after"] == "4"
+        engines.current.release.set()
+        assert (await held).status_code == 200
+        engines.current.slot_releases = ()
+        taken = await c.post("/v1/chat/completions", json=body(), headers=cold)
+        assert taken.status_code == 200
+
+
 async def test_a_ttft_budget_sheds_at_once_and_shows_in_load_and_metrics(
     scripted_settings: Callable[..., EdgeSettings],
 ) -> None:

@@ -263,6 +263,27 @@ async def test_a_short_prompt_is_prefilled_before_a_long_one_admitted_first(
     assert ahead_ms < 0.2 * whole_ms, (ahead_ms, whole_ms)
 
 
+async def test_a_prompt_being_read_is_priced_as_held_only_as_far_as_it_is_read(
+    engine: BatchingLlamaEngine,
+) -> None:
+    """A newcomer sharing the document a slot is still reading would copy only the
+    part read: it is priced near cold, and near warm once the document is read."""
+    await collect(engine, chat("Name a colour." + " Please." * 10, max_tokens=1))  # a rate
+    doc = "Recap: " + "the harbour master counted every crate that came ashore. " * 25
+    follow = GenerationRequest(
+        "t",
+        SamplingParams(max_tokens=1, temperature=0.0),
+        messages=(Message("user", doc), Message("assistant", "ok"), Message("user", "Why?")),
+    )
+    cold = engine.uncached_tokens(follow)
+    task = await _reading(engine, doc, max_tokens=1)
+    reading = engine.uncached_tokens(follow)
+    await task
+    warm = engine.uncached_tokens(follow)
+    assert reading > cold / 2, (cold, reading, warm)
+    assert warm < cold / 5, (cold, reading, warm)
+
+
 async def test_the_slots_are_priced_by_what_their_sequences_have_left(
     engine: BatchingLlamaEngine,
 ) -> None:

@@ -10,6 +10,7 @@ from servekit.engine.batching_slots import (
     donor,
     reusable,
     runs,
+    spoken_for,
 )
 
 
@@ -98,3 +99,18 @@ def test_a_slot_serves_only_its_own_cache_scope() -> None:
     assert donor(all_slots, all_slots[1], prompt, "evil") == (all_slots[2], 100)
     assert donor(all_slots, all_slots[1], prompt, "other") is None
     assert choose_slot(all_slots, set(), prompt, "acme").seq_id == 0
+
+
+def test_a_slot_holding_a_waiting_prompts_prefix_is_spoken_for() -> None:
+    """Slot 2 alone holds the system prompt a waiting request was priced against;
+    slot 3 holds a shorter stretch of it, slot 1 a prefix too short to count."""
+    system = list(range(100, 100 + REUSE_MIN_TOKENS * 4))
+    all_slots = slots(4)
+    all_slots[1].cached = system[: REUSE_MIN_TOKENS - 1]
+    all_slots[2].cached = [*system, 7, 8]
+    all_slots[3].cached = system[: REUSE_MIN_TOKENS * 2]
+    waiting = [([*system, 9], None)]
+    assert spoken_for(all_slots, waiting) == {2}
+    assert spoken_for(all_slots, [([*system, 9], "tenant-b")]) == set()  # another scope
+    assert spoken_for(all_slots, [([1, 2, 3], None)]) == set()
+    assert spoken_for(all_slots, []) == set()

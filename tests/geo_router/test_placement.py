@@ -182,6 +182,20 @@ def test_over_budget_counts_the_requests_own_prefill_as_the_instance_does() -> N
         assert cand.over_budget is over, (busy, cand.busy_ms, cand.prefill_ms)
 
 
+def test_a_prompt_too_long_for_the_budget_is_over_it_on_any_busy_instance() -> None:
+    """Its prefill alone (~600 ms) spends the budget (500 ms): only an idle instance
+    takes it (its share capped), however little wait a busy one predicts."""
+    long_prompt = "Summarize this: " + "the ferry left the harbour before dawn. " * 60
+    budget = {"ttft_budget_ms": 500.0, "prefill_tokens_per_s": 1000.0}
+    for busy, over in ((0, False), (1, True)):
+        states = [inst("edge-a", running=busy, capacity=4, busy_ms_per_seq=20.0, **budget)]
+        p, _, _ = planner(states)
+        (cand,) = p.plan(support(long_prompt), EAST, "u").candidates
+        assert cand.prefill_ms > 500.0
+        assert cand.busy_ms < 100.0
+        assert cand.over_budget is over, (busy, cand.busy_ms, cand.prefill_ms)
+
+
 def test_a_shared_prompt_cached_in_another_city_moves_home_once_its_rent_pays_the_move() -> None:
     """Ski rental: each conversation served away pays what a warm same-city edge would
     have saved it; once that adds up to the cold start there, the prompt moves home."""

@@ -175,24 +175,61 @@ async def test_the_engines_prefill_backlog_counts_against_the_budget() -> None:
     ticket.release()
 
 
-async def test_the_requests_own_prefill_counts_against_the_budget_up_to_a_share() -> None:
-    """Wait plus own prefill is held against the budget; a prompt whose prefill alone
-    would spend it is charged ``OWN_PREFILL_SHARE`` of it: taken while the wait is short."""
+async def test_the_requests_own_prefill_counts_against_the_budget() -> None:
+    """Wait plus own prefill is held against the budget."""
     q = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=1000.0)
-    running = await q.acquire(own_prefill_ms=5000.0)  # nothing ahead: 750 ms charged
+    running = await q.acquire(own_prefill_ms=100.0)
     q.observe(None, prefill_backlog_ms=400.0)  # the wait now: 400 ms of prompts ahead
     short = q.try_acquire(own_prefill_ms=500.0)  # 900 ms
     assert short is not None
     short.release()
     assert q.try_acquire(own_prefill_ms=700.0) is None  # 1100 ms
-    with pytest.raises(QueueFull, match="predicted wait 400 ms \\+ own prefill 700 ms"):
+    with pytest.raises(QueueFull, match="predicted wait 400 ms \\+ own prefill 700 ms") as info:
         await q.acquire(own_prefill_ms=700.0)
-    with pytest.raises(QueueFull):  # 400 + 750 charged
-        await q.acquire(own_prefill_ms=5000.0)
-    q.observe(None, prefill_backlog_ms=200.0)
-    (await q.acquire(own_prefill_ms=5000.0)).release()  # 200 + 750: taken, busy or not
+    assert info.value.retry_after == 1.0  # 100 ms over: the wait must shrink that much
     running.release()
+
+
+async def test_a_prompt_too_long_for_the_budget_is_taken_only_by_an_idle_queue() -> None:
+    """Its prefill alone spends the budget: an idle queue takes it, charged
+    ``OWN_PREFILL_SHARE`` of the budget (it must be served some time); a busy one
+    refuses it, even with little wait ahead (once it was charged the same share
+    there, and such prompts were the admitted P99 under overload), and says to
+    come back when the queue should be idle."""
     assert OWN_PREFILL_SHARE < 1.0
+    q = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=1000.0)
+    running = await q.acquire(own_prefill_ms=5000.0)  # idle: 750 ms charged, taken
+    # It is being read; the engine says its slot frees in 6 s.
+    q.observe(None, prefill_backlog_ms=200.0, slot_release_ms=(6000.0,))
+    with pytest.raises(QueueFull, match="taken only when the server is idle") as info:
+        await q.acquire(own_prefill_ms=5000.0)  # 200 + 750 would have passed
+    assert info.value.retry_after == pytest.approx(6.0)
+    assert q.try_acquire(own_prefill_ms=1200.0) is None
+    short = q.try_acquire(own_prefill_ms=500.0)  # a question still fits beside it
+    assert short is not None
+    short.release()
+    running.release()
+    q.observe(None, prefill_backlog_ms=0.0, slot_release_ms=())
+    (await q.acquire(own_prefill_ms=5000.0)).release()  # idle again: taken
+
+
+async def test_a_queued_newcomer_waits_for_the_later_of_its_slot_and_the_backlog() -> None:
+    """Both slots held, 900 ms of prompts still to read, the first slot frees in
+    1.2 s (its sequence's own prefill included): by then the backlog ahead is
+    read. The sum (2.1 s) over-predicted and refused what would have made it."""
+    q = AdmissionQueue(slots=2, max_waiting=8, ttft_budget_ms=2000.0)
+    q._service_s = 1.0
+    a, b = await q.acquire(), await q.acquire()
+    q.observe(None, prefill_backlog_ms=900.0, slot_release_ms=(1200.0, 3000.0))
+    assert q.predicted_wait_ms() == pytest.approx(1200.0)
+    waiter = asyncio.create_task(q.acquire(own_prefill_ms=600.0))  # 1.8 s: it may queue
+    await asyncio.sleep(0)
+    assert q.waiting == 1
+    q.observe(None, prefill_backlog_ms=2500.0, slot_release_ms=(1200.0, 3000.0))
+    assert q.predicted_wait_ms() == pytest.approx(2500.0)  # the backlog outlasts the slot
+    a.release()
+    (await waiter).release()
+    b.release()
 
 
 async def test_a_refusing_queue_recovers_once_its_slots_free() -> None:
@@ -244,3 +281,28 @@ async def test_a_ticket_the_engine_does_not_run_yet_is_priced_at_the_mean_hold()
     assert q.predicted_wait_ms(now) == pytest.approx(750.0)
     old.release()
     young.release()
+
+
+async def test_a_request_that_queued_is_priced_again_when_it_gets_its_slot() -> None:
+    """Priced at 10 ms of own prefill (its system prompt held), it queued; by the
+    time its slot freed the prompt was gone from the cache: 3 s now. Refused, its
+    slot handed to the next waiter; a price that did not grow, or still fits, stays."""
+    q = AdmissionQueue(slots=1, max_waiting=8, ttft_budget_ms=1500.0)
+    q._service_s = 0.5
+    holder = await q.acquire()
+    queued = asyncio.create_task(q.acquire(own_prefill_ms=10.0))
+    behind = asyncio.create_task(q.acquire())
+    await asyncio.sleep(0.01)
+    holder.release()
+    ticket = await queued
+    assert ticket.queue_time > 0
+    q.recheck(ticket, 10.0, 10.0)  # the same price: kept
+    q.recheck(ticket, 10.0, 900.0)  # grown, but it still fits
+    hold = q._service_s
+    with pytest.raises(QueueFull, match="the cache it was priced against is gone") as info:
+        q.recheck(ticket, 10.0, 3000.0)
+    assert info.value.retry_after is not None
+    assert info.value.retry_after >= 1.0
+    assert q._service_s == hold  # held for no work: not a hold time
+    (await asyncio.wait_for(behind, 1)).release()
+    assert (q.running, q.waiting) == (0, 0)

@@ -71,6 +71,26 @@ def test_the_prefix_a_slot_holds_is_not_priced() -> None:
     assert est.uncached_tokens(second) == cold
 
 
+def test_a_slot_still_reading_its_prompt_holds_only_what_it_has_read() -> None:
+    """A newcomer sharing the system prompt of one admitted a moment ago copies only
+    the part read so far: the rest is priced (counting it all once priced 491-token
+    prompts at ~100 ms of prefill, and they took 5 s)."""
+    est = PromptEstimator(slots=2)
+    est.tokenized("x" * 400, 100)
+    first = request_text(chat(("system", SYSTEM), ("user", "What are your store hours?")))
+    second = request_text(chat(("system", SYSTEM), ("user", "Do you ship to Spain?")))
+    cold = est.uncached_tokens(second)
+    est.hold(1, first, read=0.0)  # admitted, nothing read yet
+    assert est.uncached_tokens(second) == cold
+    est.prefilled(1, 0.5)
+    assert cold / 3 < est.uncached_tokens(second) < 2 * cold / 3
+    est.prefilled(1, 1.0)
+    assert est.uncached_tokens(second) < cold / 10
+    est.hold(0, second, read=1.0)
+    est.hold(1, "")
+    assert est.uncached_tokens(first) < cold / 10
+
+
 def test_the_ratio_follows_a_change_of_language() -> None:
     est = PromptEstimator(slots=1)
     for _ in range(5):
