@@ -230,7 +230,8 @@ class Instance:
             return False
         wait = self._wait_ms()
         own_ms = self._uncached(job) / self._prefill_rate() * 1000.0
-        return wait is None or over_ttft_budget(wait, own_ms, self._budget_ms)
+        idle = self.used == 0 and not self.waiting  # as the real edge's admission judges it
+        return wait is None or over_ttft_budget(wait, own_ms, self._budget_ms, idle=idle)
 
     # -- requests arriving and leaving ----------------------------------------
     def submit(self, job: Job) -> bool:
