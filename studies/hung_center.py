@@ -61,6 +61,12 @@ def _ttft(client: httpx.Client, url: str, key: str, body: dict[str, Any]) -> dic
         }
 
 
+def _asked(question: str) -> dict[str, Any]:
+    """A short question the router must classify itself (``model=auto``)."""
+    messages = [{"role": "user", "content": question}]
+    return {"model": "auto", "stream": True, "max_tokens": 8, "messages": messages}
+
+
 def _center_pgid(state_file: Path) -> int:
     state = json.loads(state_file.read_text())
     center = next(c for c in state["children"] if c["name"] == "center")
@@ -93,24 +99,12 @@ def main() -> None:
         os.killpg(pgid, signal.SIGSTOP)
         try:
             for question in HARD:
-                body = {
-                    "model": "auto",
-                    "stream": True,
-                    "max_tokens": 8,
-                    "messages": [{"role": "user", "content": question}],
-                }
-                out["hung"].append(_ttft(client, args.url, args.api_key, body))
+                out["hung"].append(_ttft(client, args.url, args.api_key, _asked(question)))
         finally:
             os.killpg(pgid, signal.SIGCONT)
         time.sleep(2.0)
         for question in HARD:
-            body = {
-                "model": "auto",
-                "stream": True,
-                "max_tokens": 8,
-                "messages": [{"role": "user", "content": question}],
-            }
-            out["after"].append(_ttft(client, args.url, args.api_key, body))
+            out["after"].append(_ttft(client, args.url, args.api_key, _asked(question)))
     warm_ttfts = sorted(w["ttft_ms"] for w in out["warm"] if w["ttft_ms"] is not None)
     print(
         f"warm-up: {len(out['warm'])} long conversations at the center, TTFT "

@@ -20,38 +20,22 @@ from hybrid_llm.fleet.sim import (
 from hybrid_llm.fleet.sim.config import LengthDist
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.request import Job, SimRequest
+from tests.support.sim import Recorder, sim_job
 
 PROFILE = EngineProfile(
     prefill_tokens_per_s=1000, decode_base_ms=10, decode_per_seq_ms=5, slots=2, queue_limit=1
 )
 
 
-class Recorder:
-    def __init__(self, loop: EventLoop) -> None:
-        self.loop = loop
-        self.first: dict[int, float] = {}
-        self.finished: dict[int, float] = {}
-
-    def first_token(self, job: Job, now: float) -> None:
-        self.first[job.req.id] = now
-
-    def done(self, job: Job, now: float) -> None:
-        self.finished[job.req.id] = now
-
-
-def _job(i: int, prompt: int = 100, output: int = 11) -> Job:
-    return Job(SimRequest(i, "a", 0.0, prompt, output, False), rtt=0.0)
-
-
 def _instance(profile: EngineProfile = PROFILE) -> tuple[EventLoop, Instance, Recorder]:
     loop = EventLoop()
-    rec = Recorder(loop)
+    rec = Recorder()
     return loop, Instance("i", "edge", "a", profile, loop, rec), rec
 
 
 def test_prefill_is_serial_and_decoders_ride_along() -> None:
     loop, inst, rec = _instance()
-    jobs = [_job(0), _job(1)]
+    jobs = [sim_job(0), sim_job(1)]
     for job in jobs:
         assert inst.submit(job)
     loop.run()
@@ -69,7 +53,7 @@ def test_prefill_is_serial_and_decoders_ride_along() -> None:
 
 def test_full_slots_queue_then_429() -> None:
     loop, inst, rec = _instance()
-    jobs = [_job(i, output=1) for i in range(4)]
+    jobs = [sim_job(i, output=1) for i in range(4)]
     assert [inst.submit(j) for j in jobs] == [True, True, True, False]
     report = inst.report()  # what its /load says: slots in use, and one waiting for a slot
     assert (report.running, report.waiting, report.capacity) == (2, 1, 2)
@@ -81,7 +65,7 @@ def test_full_slots_queue_then_429() -> None:
 
 def test_cancel_frees_the_slot_for_the_next() -> None:
     loop, inst, rec = _instance(PROFILE.model_copy(update={"slots": 1}))
-    a, b = _job(0), _job(1, output=1)
+    a, b = sim_job(0), sim_job(1, output=1)
     inst.submit(a)
     inst.submit(b)
     loop.at(0.05, inst.cancel, a)

@@ -19,27 +19,11 @@ from hybrid_llm.fleet.sim import (
 )
 from hybrid_llm.fleet.sim.config import LengthDist
 from hybrid_llm.fleet.sim.events import EventLoop
-from hybrid_llm.fleet.sim.request import Job, SimRequest
+from tests.support.sim import Recorder, sim_job
 
 PROFILE = EngineProfile(
     prefill_tokens_per_s=1000, decode_base_ms=10, decode_per_seq_ms=0, slots=4, queue_limit=8
 )
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.first: dict[int, float] = {}
-        self.finished: dict[int, float] = {}
-
-    def first_token(self, job: Job, now: float) -> None:
-        self.first[job.req.id] = now
-
-    def done(self, job: Job, now: float) -> None:
-        self.finished[job.req.id] = now
-
-
-def _job(i: int, prompt: int = 100, output: int = 11) -> Job:
-    return Job(SimRequest(i, "a", 0.0, prompt, output, False), rtt=0.0)
 
 
 def _instance(guard: EdgeProtection) -> tuple[EventLoop, Instance, Recorder]:
@@ -49,9 +33,9 @@ def _instance(guard: EdgeProtection) -> tuple[EventLoop, Instance, Recorder]:
 
 def test_capped_edge_refuses_beyond_the_cap_instead_of_queueing() -> None:
     _, plain, _ = _instance(EdgeProtection())
-    assert all(plain.submit(_job(i)) for i in range(6))  # four run, two queue
+    assert all(plain.submit(sim_job(i)) for i in range(6))  # four run, two queue
     _, capped, _ = _instance(EdgeProtection(max_decoders=2))
-    assert [capped.submit(_job(i)) for i in range(3)] == [True, True, False]
+    assert [capped.submit(sim_job(i)) for i in range(3)] == [True, True, False]
     report = capped.report()  # the router sees the cap as the edge's capacity, no queue
     assert (report.running, report.waiting, report.capacity, report.queue_limit) == (2, 0, 2, 0)
 
@@ -113,15 +97,15 @@ def test_chunked_prefill_lets_a_short_prompt_pass_a_long_one() -> None:
     # A 4000-token document (4 s of prefill) admitted first, a 50-token question
     # 0.25 s later: first come first served, the question waits for the document.
     loop, inst, rec = _instance(EdgeProtection())
-    inst.submit(_job(0, prompt=4000))
-    loop.at(0.25, inst.submit, _job(1, prompt=50))
+    inst.submit(sim_job(0, prompt=4000))
+    loop.at(0.25, inst.submit, sim_job(1, prompt=50))
     loop.run()
     assert rec.first[1] == pytest.approx(4.05)
     # In 100-token chunks, shortest first: the question waits for the chunk in
     # flight at most (0.1 s), then prefills; the document finishes 50 ms later.
     loop, inst, rec = _instance(EdgeProtection(prefill_chunk_tokens=100))
-    inst.submit(_job(0, prompt=4000))
-    loop.at(0.25, inst.submit, _job(1, prompt=50))
+    inst.submit(sim_job(0, prompt=4000))
+    loop.at(0.25, inst.submit, sim_job(1, prompt=50))
     loop.run()
     assert rec.first[1] == pytest.approx(0.3 + 0.05)
     assert rec.first[1] - 0.25 <= 0.1 + 0.05 + 1e-9
@@ -133,8 +117,8 @@ def test_chunked_prefill_lets_decoders_advance_a_token_per_chunk(
     chunk: int | None, finished: float
 ) -> None:
     loop, inst, rec = _instance(EdgeProtection(prefill_chunk_tokens=chunk))
-    inst.submit(_job(0, prompt=10, output=3))  # first token at 10 ms, two more to decode
-    loop.at(0.015, inst.submit, _job(1, prompt=1000))  # 1 s of prefill (ten chunks)
+    inst.submit(sim_job(0, prompt=10, output=3))  # first token at 10 ms, two more to decode
+    loop.at(0.015, inst.submit, sim_job(1, prompt=1000))  # 1 s of prefill (ten chunks)
     loop.run()
     # Half a step decoded before the long prompt arrives. In one step it carries
     # one token of the decoder and the decoder's last half step waits for its end;
@@ -146,12 +130,12 @@ def test_chunked_prefill_lets_decoders_advance_a_token_per_chunk(
 def test_budget_refuses_a_request_that_would_wait_for_a_slot() -> None:
     long = 10_000  # answers far longer than the budget
     _, plain, _ = _instance(EdgeProtection())
-    assert all(plain.submit(_job(i, prompt=10, output=long)) for i in range(5))  # one queues
+    assert all(plain.submit(sim_job(i, prompt=10, output=long)) for i in range(5))  # one queues
     loop, inst, _ = _instance(EdgeProtection(ttft_budget_ms=200))
     for i in range(4):
-        assert inst.submit(_job(i, prompt=10, output=long))
+        assert inst.submit(sim_job(i, prompt=10, output=long))
     loop.run(until=1.0)  # all four decoding
-    assert not inst.submit(_job(4, prompt=10))  # every slot held for seconds more
+    assert not inst.submit(sim_job(4, prompt=10))  # every slot held for seconds more
     assert inst.shed == 1
     report = inst.report()
     assert report.ttft_budget_ms == 200
@@ -162,10 +146,10 @@ def test_budget_refuses_a_request_that_would_wait_for_a_slot() -> None:
 
 def test_budget_refuses_a_prompt_behind_a_long_prefill_backlog() -> None:
     loop, inst, _ = _instance(EdgeProtection(ttft_budget_ms=200))
-    assert inst.submit(_job(0, prompt=3000))  # its own 3 s prefill: taken (see admission)
-    assert not inst.submit(_job(1, prompt=20))  # behind it: 3 s of backlog
+    assert inst.submit(sim_job(0, prompt=3000))  # its own 3 s prefill: taken (see admission)
+    assert not inst.submit(sim_job(1, prompt=20))  # behind it: 3 s of backlog
     loop.run()
-    assert inst.submit(_job(2, prompt=20))  # idle again
+    assert inst.submit(sim_job(2, prompt=20))  # idle again
 
 
 def test_budgeted_edges_spill_instead_of_queueing_for_a_slot() -> None:

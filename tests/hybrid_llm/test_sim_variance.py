@@ -21,24 +21,13 @@ from hybrid_llm.fleet.sim.config import LengthDist
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.request import Job, SimRequest
 from hybrid_llm.fleet.sim.spread import SpreadSampler, merge_spreads, ratios_to_median, spread_of
+from tests.support.sim import Recorder
 
 PROFILE = EngineProfile(
     prefill_tokens_per_s=1000, decode_base_ms=10, decode_per_seq_ms=5, slots=2, queue_limit=1
 )
 # A right-skewed spread: most near the median, a tail to 3x.
 SKEWED = [(0.0, 0.8), (0.25, 0.95), (0.5, 1.0), (0.75, 1.1), (0.9, 1.5), (1.0, 3.0)]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.first: dict[int, float] = {}
-        self.finished: dict[int, float] = {}
-
-    def first_token(self, job: Job, now: float) -> None:
-        self.first[job.req.id] = now
-
-    def done(self, job: Job, now: float) -> None:
-        self.finished[job.req.id] = now
 
 
 def _two_jobs(profile: EngineProfile) -> Recorder:
