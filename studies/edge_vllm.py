@@ -47,7 +47,7 @@ import httpx
 import yaml
 
 from hybrid_llm.bench.client import RequestRecord, send_streaming
-from servekit.engine.process import free_port
+from hybrid_llm.local.servers import free_port, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,16 +100,7 @@ def edge_agent(engine: dict[str, Any], tmp: Path, name: str) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert proc.poll() is None, f"{name} exited with {proc.returncode}"
-            assert time.monotonic() < deadline, f"{name} not ready"
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_ready(url, 600, alive=lambda: proc.poll() is None)
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -6,6 +6,7 @@ Tests and the studies under ``studies/`` start their servers through these.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -21,6 +22,7 @@ import httpx
 import uvicorn
 
 from servekit.engine.process import free_port
+from servekit.health_probe import Health, probe_health
 
 __all__ = [
     "REPO",
@@ -28,6 +30,7 @@ __all__ = [
     "all_replicas_healthy",
     "free_port",
     "gateway_replicas",
+    "probe_all",
     "service_process",
     "wait_ready",
     "wait_until",
@@ -69,20 +72,44 @@ class UvicornThread:
         self.thread.join(timeout=30)
 
 
-def wait_ready(url: str, timeout: float = 180.0, path: str = "/ready", verify: Any = True) -> None:
-    """Until ``url + path`` answers 200; ``verify`` is httpx's (a CA file or SSLContext)."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            r = httpx.get(url + path, timeout=2.0, verify=verify)
-            if r.status_code == 200:
+def wait_ready(
+    url: str,
+    timeout: float = 180.0,
+    path: str = "/ready",
+    verify: Any = True,
+    alive: Callable[[], bool] | None = None,
+) -> None:
+    """Until ``url + path`` answers 200; ``verify`` is httpx's (a CA file or SSLContext);
+    ``alive`` false (the process exited) ends the wait at once.
+
+    Each check is :func:`servekit.health_probe.probe_health`, as the supervisor's."""
+    asyncio.run(_wait_ready(url + path, time.monotonic() + timeout, verify, alive))
+
+
+async def _wait_ready(
+    url: str, deadline: float, verify: Any, alive: Callable[[], bool] | None
+) -> None:
+    last = "no answer yet"
+    async with httpx.AsyncClient(timeout=2.0, verify=verify) as client:
+        while time.monotonic() < deadline:
+            if alive is not None and not alive():
+                raise RuntimeError(f"{url}: the service exited while starting")
+            health = await probe_health(client, url)
+            if health.up:
                 return
-            last = r.status_code
-        except httpx.HTTPError as exc:
-            last = exc
-        time.sleep(0.1)
-    raise TimeoutError(f"{url}{path} not ready after {timeout}s (last: {last!r})")
+            last = health.reason
+            await asyncio.sleep(0.1)
+    raise TimeoutError(f"{url} not ready in time (last: {last})")
+
+
+def probe_all(urls: Sequence[str], timeout: float = 2.0) -> list[Health]:
+    """One :func:`~servekit.health_probe.probe_health` of each URL, all at once."""
+
+    async def probe() -> list[Health]:
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            return list(await asyncio.gather(*(probe_health(client, u) for u in urls)))
+
+    return asyncio.run(probe())
 
 
 def wait_until(

@@ -377,7 +377,7 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import httpx
+    from hybrid_llm.local.servers import probe_all
 
     topo = _load(args.config)
     data = read_state(_pid_path(topo))
@@ -388,13 +388,13 @@ def _status(args: argparse.Namespace) -> int:
     table = Table(title=f"hybrid-llm (supervisor pid {data['pid']}, {data['config']})")
     for col in ("service", "kind", "region", "url", "emulated RTT ms", "pid", "restarts", "ready"):
         table.add_column(col)
-    for c in data.get("children", []):
+    children = data.get("children", [])
+    probed = iter(probe_all([c["ready_url"] for c in children if c.get("ready_url")]))
+    for c in children:
         ready = "-"
         if c.get("ready_url"):
-            try:
-                ready = str(httpx.get(c["ready_url"], timeout=2.0).status_code == 200).lower()
-            except httpx.HTTPError:
-                ready = "false"
+            health = next(probed)
+            ready = "true" if health.up else f"false ({health.reason})"
         table.add_row(
             c["name"],
             c.get("kind", "-"),

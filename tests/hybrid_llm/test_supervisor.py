@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hybrid_llm.local.servers import REPO, free_port
+from hybrid_llm.local.servers import REPO, free_port, probe_all, wait_ready
 from hybrid_llm.local.supervisor import ProcessSpec, StartupError, Supervisor
 
 
@@ -187,3 +188,22 @@ async def test_a_child_that_cannot_bind_is_not_restarted_in_a_loop(tmp_path: Pat
     assert blocked[0].startswith(f"a cannot bind port {spec.ports[0]} (held by pid {os.getpid()}")
     assert blocked[0].endswith("; not restarting it")
     assert not any("restarting in" in e for e in events[events.index(blocked[0]) :])
+
+
+def test_wait_ready_waits_for_200_and_names_why_it_gave_up() -> None:
+    """The tools' synchronous wait asks through the shared probe: a 503 is not ready,
+    a port nobody holds says "refused", and a process that exited ends the wait."""
+    spec, url = _tiny("slow", "--ready-after", "0.6")
+    proc = subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, cwd=spec.cwd)
+    try:
+        assert probe_all([url + "/ready"])[0].status in (None, 503)
+        wait_ready(url, timeout=20)
+        assert probe_all([url + "/ready"])[0].up
+    finally:
+        proc.terminate()
+        proc.wait()
+    nobody = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TimeoutError, match="refused"):
+        wait_ready(nobody, timeout=0.3)
+    with pytest.raises(RuntimeError, match="exited"):
+        wait_ready(nobody, timeout=20, alive=lambda: False)
