@@ -169,7 +169,8 @@ def place(
     waiting: Sequence[tuple[Sequence[int], str | None]] = (),
 ) -> Placement[SeqT]:
     """Where ``prompt`` of scope ``salt`` goes among the free ``slots`` (those running
-    no sequence), with the ``waiting`` prompts (tokens, scope) still queued behind it.
+    no sequence; one at least must be), with the ``waiting`` prompts (tokens, scope)
+    still queued behind it.
 
     :func:`choose_slot` among the free slots, leaving out those :func:`spoken_for`
     by a waiting prompt unless ``prompt`` reuses that slot's cache itself or no
