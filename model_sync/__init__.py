@@ -4,7 +4,9 @@
   verify, hot swap through the agent's callable, report ``nodes/<id>/actual``.
 - :class:`Controller`: advance the active rollout wave by wave, gate, roll back.
 - :class:`SyncStore`: typed access to the KV documents (:mod:`model_sync.keys`).
-- :mod:`model_sync.ops`: operator actions; :mod:`model_sync.cli`: ``model-sync``.
+- :mod:`model_sync.ops`: operator actions; :mod:`model_sync.cli`: ``model-sync``
+  (its flags), whose commands live by concern in :mod:`model_sync.cli_versions`,
+  :mod:`model_sync.cli_rollouts` and :mod:`model_sync.cli_nodes`.
 """
 
 from model_sync.agent import Reconciler, ReconcilerSettings, SwapFn

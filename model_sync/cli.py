@@ -12,35 +12,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import getpass
-import json
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-import httpx
 from rich.console import Console
-from rich.live import Live
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-from model_sync import ops, render
-from model_sync.controller import Controller
+from model_sync import cli_nodes, cli_rollouts, cli_versions
 from model_sync.download import DownloadError
-from model_sync.gates import PrometheusGate
-from model_sync.keys import InvalidName
-from model_sync.plan import build_plan, parse_duration
-from model_sync.records import GateSettings
+from model_sync.plan import parse_duration
 from model_sync.settings import ModelSyncSettings, load
-from model_sync.status import fleet_status
 from model_sync.store import StoreError, SyncStore
 from servekit.config import ConfigError
-from servekit.peers import async_client
 from servekit.registry import Registry, RegistryError, open_registry
-from servekit.secrets import redact_url
 
 __all__ = ["main"]
 
@@ -157,223 +143,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _out(console: Console, args: argparse.Namespace, data: Any, human: Any = None) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, default=str))
-    elif human is not None:
-        console.print(human)
-
-
-async def _push(
-    args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console, cfg: ModelSyncSettings
-) -> None:
-    signer = cfg.signing.signing_key()
-    client = async_client(cfg.artifacts, timeout=httpx.Timeout(30.0, connect=10.0))
-    progress = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=args.json,
-    )
-    async with client:
-        with progress:
-            task = progress.add_task(f"hashing {redact_url(args.source)}", total=None)
-            record = await ops.push(
-                store,
-                args.source,
-                model=args.model,
-                version=args.version,
-                fmt=args.format,
-                tier=args.tier,
-                notes=args.notes,
-                filename=args.filename,
-                url=args.url,
-                progress=lambda done, total: progress.update(task, completed=done, total=total),
-                client=client,
-                signer=signer,
-            )
-    if signer is None and not args.json:
-        Console(stderr=True).print(
-            "[yellow]warning:[/] not signed (no signing key): edges that list "
-            "model_sync.trusted_keys will refuse this version",
-            highlight=False,
-        )
-    _out(
-        c,
-        args,
-        record.model_dump(),
-        f"registered {record.name} {record.version} "
-        f"({render.size(record.size)}, sha256 {record.sha256[:12]}) from {record.uri}",
-    )
-
-
-async def _sign(
-    args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console, cfg: ModelSyncSettings
-) -> None:
-    signer = cfg.signing.signing_key()
-    if signer is None:
-        raise ConfigError("sign needs a key: --signing-key-file, or signing.key_file in --config")
-    records = await ops.sign(store, signer, args.model, args.versions or None)
-    _out(
-        c,
-        args,
-        [r.model_dump() for r in records],
-        "\n".join(
-            f"signed {r.name} {r.version} (sha256 {r.sha256[:12]}, {r.uri}) with key {r.signed_by}"
-            for r in records
-        ),
-    )
-
-
-async def _list(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> None:
-    records = await store.artifacts(args.model)
-    names = sorted({r.name for r in records})
-    aliases = {n: await store.aliases(n) for n in names}
-    shares = {n: (await store.traffic(n)).shares for n in names}
-    data = [
-        r.model_dump() | {"aliases": aliases[r.name], "traffic": shares[r.name]} for r in records
-    ]
-    _out(c, args, data, render.versions_table(records, aliases, shares))
-
-
-async def _rollout(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> int:
-    gate_args = {
-        "max_error_rate": args.max_error_rate,
-        "max_error_rate_increase": args.max_error_rate_increase,
-        "max_ttft_p95_ratio": args.max_ttft_ratio,
-        "min_requests": args.min_requests,
-    }
-    gates = GateSettings.model_validate({k: v for k, v in gate_args.items() if v is not None})
-    plan = await build_plan(
-        reg,
-        store,
-        args.model,
-        args.version,
-        canary=args.canary,
-        waves=args.waves,
-        bake_s=args.bake,
-        gates=gates,
-        converge_timeout_s=args.converge_timeout,
-    )
-    if not args.dry_run:
-        await ops.start_rollout(store, plan)
-    _out(c, args, plan.model_dump(), render.plan_table(plan))
-    if args.dry_run:
-        return 0
-    if not args.wait:
-        if not args.json:
-            c.print(f"started; the controller advances it (`model-sync status {args.model}`)")
-        return 0
-    return await _follow(store, args.model, plan.id, c, quiet=args.json)
-
-
-async def _follow(store: SyncStore, model: str, rollout_id: str, c: Console, quiet: bool) -> int:
-    """Print each history entry of the rollout until it ends; the exit code says how."""
-    seen: set[str] = set()
-    while True:
-        state = await store.state(model)
-        for entry in await store.history(model, limit=200):
-            if entry.rollout_id == rollout_id and entry.id not in seen:
-                seen.add(entry.id)
-                if not quiet:
-                    c.print(f"{render.when(entry.at)}  {entry.action}  {entry.detail}")
-        if state is None or state.rollout_id != rollout_id or not state.active:
-            break
-        await asyncio.sleep(0.5)
-    status = state.status if state else "unknown"
-    if not quiet:
-        c.print(
-            f"rollout of {model} ended: {status}"
-            + (f" ({state.reason})" if state and state.reason else "")
-        )
-    return 0 if status == "completed" else 3
-
-
-async def _status(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> int:
-    status = await fleet_status(reg, store, args.model)
-    if args.json:
-        _out(c, args, status.to_dict())
-    elif args.watch is None:
-        c.print(render.status_view(status))
-    else:
-        with Live(render.status_view(status), console=c, auto_refresh=False) as live:
-            while True:
-                await asyncio.sleep(args.watch)
-                status = await fleet_status(reg, store, args.model)
-                live.update(render.status_view(status), refresh=True)
-    return 0
-
-
-async def _steer(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> None:
-    if args.command == "pause":
-        state = await ops.pause(store, args.model)
-    elif args.command == "resume":
-        state = await ops.resume(store, args.model)
-    elif args.command == "promote":
-        state = await ops.promote(store, args.model, full=args.full)
-    else:
-        state = await ops.abort(store, args.model, args.reason)
-    _out(
-        c,
-        args,
-        state.model_dump(exclude={"outbox"}),
-        f"{args.command}: {state.model} → {state.version} is now {state.status}",
-    )
-
-
-async def _rollback(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> None:
-    version = await ops.rollback(store, args.model, args.to)
-    _out(
-        c,
-        args,
-        {"model": args.model, "version": version},
-        f"rolling {args.model} back to {version}",
-    )
-
-
-async def _history(args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console) -> None:
-    entries = await store.history(args.model, args.limit)
-    _out(c, args, [e.model_dump() for e in entries], render.history_table(entries))
-
-
-async def _controller(
-    args: argparse.Namespace, reg: Registry, store: SyncStore, c: Console, cfg: ModelSyncSettings
-) -> None:
-    settings = cfg.controller
-    peer = settings.prometheus.client if settings.prometheus is not None else None
-    async with async_client(peer, timeout=30.0) as client:
-        prometheus = None
-        if settings.prometheus is not None:
-            p = settings.prometheus
-            prometheus = PrometheusGate(p.url, p.error_rate_query, p.ttft_p95_query, client)
-        controller = Controller(
-            reg,
-            tick_s=args.tick or settings.tick_s,
-            lock_ttl_s=settings.lock_ttl_s,
-            prometheus=prometheus,
-        )
-        task = asyncio.ensure_future(controller.run())
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        c.print(f"[dim]controller {controller.holder} running", highlight=False)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
+# The commands themselves live by concern: version records (cli_versions),
+# rollouts and their controller (cli_rollouts), what the nodes are given (cli_nodes).
 COMMANDS: dict[str, Command] = {
-    "list": _list,
-    "rollout": _rollout,
-    "status": _status,
-    "pause": _steer,
-    "resume": _steer,
-    "promote": _steer,
-    "abort": _steer,
-    "rollback": _rollback,
-    "history": _history,
+    "list": cli_versions.list_versions,
+    "rollout": cli_rollouts.rollout,
+    "status": cli_rollouts.status,
+    "pause": cli_rollouts.steer,
+    "resume": cli_rollouts.steer,
+    "promote": cli_rollouts.steer,
+    "abort": cli_rollouts.steer,
+    "rollback": cli_rollouts.rollback,
+    "history": cli_rollouts.history,
 }
 
 
@@ -382,103 +163,17 @@ async def _run(args: argparse.Namespace, cfg: ModelSyncSettings, console: Consol
     try:
         store = SyncStore(registry, actor=args.actor or _whoami())
         if args.command == "controller":
-            await _controller(args, registry, store, console, cfg)
+            await cli_rollouts.controller(args, registry, store, console, cfg)
             return 0
         if args.command == "push":
-            await _push(args, registry, store, console, cfg)
+            await cli_versions.push(args, registry, store, console, cfg)
             return 0
         if args.command == "sign":
-            await _sign(args, registry, store, console, cfg)
+            await cli_versions.sign(args, registry, store, console, cfg)
             return 0
         return await COMMANDS[args.command](args, registry, store, console) or 0
     finally:
         await registry.aclose()
-
-
-def _serve_artifacts(args: argparse.Namespace, err: Console) -> int:
-    from model_sync.artifacts import create_app
-    from servekit.serve import run_service
-    from servekit.service_auth import TokenGate, is_loopback, warn_if_open
-    from servekit.settings import ServerSettings
-    from servekit.tls import ServerTLSSettings, client_ca_change
-
-    overrides = {
-        "artifact_server.auth.tokens_file": args.tokens_file,
-        "artifact_server.auth.tokens_env": args.tokens_env,
-        "artifact_server.tls.cert_file": args.tls_cert,
-        "artifact_server.tls.key_file": args.tls_key,
-    }
-    try:
-        server = load(args.config, **overrides).artifact_server
-    except ConfigError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
-        return 2
-    if not args.directory.is_dir():
-        err.print(f"[red]{args.directory} is not a directory")
-        return 2
-    gate = TokenGate(server.auth)
-    if not gate.enabled and not is_loopback(args.host) and not args.allow_unauthenticated:
-        err.print(
-            f"[red]error:[/] refusing to serve {args.directory} on {args.host} without tokens "
-            "(--tokens-file / --tokens-env); --allow-unauthenticated to do it anyway",
-            highlight=False,
-        )
-        return 2
-    warn_if_open(gate, "artifact server", args.host, args.port)
-
-    running = server
-
-    def reload() -> ServerTLSSettings | None:
-        # What a live server cannot take on is refused before anything applies.
-        nonlocal running
-        fresh = load(args.config, **overrides).artifact_server
-        if running.auth.enabled and not fresh.auth.enabled:
-            raise ConfigError("reload refused: it removes every token; restart to serve open")
-        refusal = client_ca_change(running.tls, fresh.tls)
-        if refusal is not None:
-            raise ConfigError(f"reload refused: {refusal}")
-        gate.update(fresh.auth)
-        running = fresh
-        return fresh.tls
-
-    app = create_app(args.directory, gate)
-    # The services' defaults for slow clients, heads and connections (docs/security.md).
-    limits = ServerSettings().connection_limits()
-    run_service(
-        app, host=args.host, port=args.port, limits=limits, tls=server.tls, on_reload=reload
-    )
-    return 0
-
-
-def _node_policy(args: argparse.Namespace, err: Console) -> int:
-    from model_sync.consul_policy import render_node_policy
-
-    try:
-        sys.stdout.write(render_node_policy(args.node_id, args.consul_node))
-    except InvalidName as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
-        return 2
-    return 0
-
-
-def _keygen(args: argparse.Namespace, console: Console, err: Console) -> int:
-    from model_sync.signing import generate_keypair
-
-    try:
-        private, public = generate_keypair(args.out, args.name)
-    except (OSError, InvalidName) as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
-        return 1
-    text = public.read_text(encoding="utf-8").strip()
-    _out(
-        console,
-        args,
-        {"private_key_file": str(private), "public_key_file": str(public), "public_key": text},
-        f"private key: {private} (mode 0600; keep it off the nodes)\n"
-        f"public key:  {public}\n"
-        f"edges trust it with model_sync.trusted_keys: [{text}]",
-    )
-    return 0
 
 
 def _whoami() -> str:
@@ -494,11 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=args.json, width=None if sys.stdout.isatty() else 160)
     err = Console(stderr=True)
     if args.command == "serve-artifacts":
-        return _serve_artifacts(args, err)
+        return cli_nodes.serve_artifacts(args, err)
     if args.command == "node-policy":
-        return _node_policy(args, err)
+        return cli_nodes.node_policy(args, err)
     if args.command == "keygen":
-        return _keygen(args, console, err)
+        return cli_versions.keygen(args, console, err)
     try:
         signing: dict[str, object] = {}
         if args.command in ("push", "sign"):  # no other command reads the key

@@ -1,17 +1,26 @@
-"""Rich tables for the ops CLI (``--json`` bypasses all of this)."""
+"""Rich tables for the ops CLI (``--json`` bypasses all of this: :func:`out`)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 
 from model_sync.records import ArtifactRecord, HistoryEntry, RolloutPlan, RolloutState
 from model_sync.status import FleetStatus
 
-__all__ = ["history_table", "plan_table", "rollout_line", "status_view", "versions_table"]
+__all__ = [
+    "history_table",
+    "out",
+    "plan_table",
+    "rollout_line",
+    "status_view",
+    "versions_table",
+]
 
 _STATE_STYLE = {
     "serving": "green",
@@ -28,6 +37,14 @@ _ROLLOUT_STYLE = {
     "aborted": "yellow",
     "rolled_back": "red",
 }
+
+
+def out(console: Console, as_json: bool, data: Any, human: Any = None) -> None:
+    """A command's result: ``data`` as JSON on stdout, or ``human`` on the console."""
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+    elif human is not None:
+        console.print(human)
 
 
 def when(ts: float) -> str:

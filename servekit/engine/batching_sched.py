@@ -5,10 +5,10 @@ Each step of the loop:
 1. takes new jobs and cancellations from the inbox (never blocking while
    work is running);
 2. frees the slots of cancelled sequences (their KV cache is dropped);
-3. admits waiting jobs into free slots, preferring the slot whose cached
-   tokens share the longest prefix with the new prompt (only the differing
-   tail of that slot's cache is removed; only a slot of the request's cache
-   scope counts, see ``batching_slots``);
+3. admits waiting jobs into free slots (``batching_slots.place``), preferring
+   the slot whose cached tokens share the longest prefix with the new prompt
+   (only the differing tail of that slot's cache is removed; only a slot of
+   the request's cache scope counts);
 4. builds one batch: the next token of every decoding sequence, then up to
    ``chunk_tokens`` prompt tokens of prefilling sequences (chunked prefill:
    a long prompt is spread over several steps instead of stalling everyone),
@@ -35,14 +35,7 @@ from dataclasses import dataclass, field
 
 from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_sampler import SamplerChain
-from servekit.engine.batching_slots import (
-    REUSE_MIN_TOKENS,
-    Slot,
-    choose_slot,
-    donor,
-    reusable,
-    spoken_for,
-)
+from servekit.engine.batching_slots import Slot, place
 from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.prompt_estimate import PromptEstimator
 from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
@@ -289,21 +282,19 @@ class Scheduler:
 
     def _admit_free(self) -> None:
         while self._waiting:
-            free = [s for s in self._slots if s.seq is None]
-            if not free:
+            if all(s.seq is not None for s in self._slots):
                 return
             _, _, job, prepared = heapq.heappop(self._waiting)
             self.stats.waiting = len(self._waiting)
             prompt = prepared.tokens
             salt = job.request.cache_salt  # a cache serves its own scope only
             now = time.monotonic()
-            slot = choose_slot(self._placeable(free, prompt, salt), self._busy(), prompt, salt)
-            shared = reusable(slot, prompt, salt)
-            source = donor(self._slots, slot, prompt, salt)
-            if source is not None:
+            queued = [(e[3].tokens, e[2].request.cache_salt) for e in self._waiting]
+            placed = place(self._slots, prompt, salt, queued)
+            slot, shared = placed.slot, placed.shared
+            if placed.source is not None:
                 # Another slot holds more of the prompt: start from a copy of it.
-                self._model.copy(source[0].seq_id, slot.seq_id)
-                shared = source[1]
+                self._model.copy(placed.source.seq_id, slot.seq_id)
                 self.stats.prefix_copies += 1
             # The last prompt token is always evaluated again: its logits start the answer.
             keep = self._model.forget(slot.seq_id, min(shared, len(prompt) - 1))
@@ -334,27 +325,6 @@ class Scheduler:
             self.stats.running = len(self._running)
             self._note_backlog()  # counted exactly before its estimate stops counting
             self._settle(job)
-
-    def _busy(self) -> list[int]:
-        return [s.slot.seq_id for s in self._running]
-
-    def _placeable(
-        self, free: list[Slot[_Seq]], prompt: list[int], salt: str | None
-    ) -> list[Slot[_Seq]]:
-        """The free slots ``prompt`` may take: not one spoken for by a prompt still
-        waiting (see ``batching_slots``) unless it reuses that slot's cache itself,
-        or no other is free."""
-        if not self._waiting:
-            return free
-        reserved = spoken_for(
-            self._slots, [(e[3].tokens, e[2].request.cache_salt) for e in self._waiting]
-        )
-        mine = [
-            s
-            for s in free
-            if s.seq_id not in reserved or reusable(s, prompt, salt) >= REUSE_MIN_TOKENS
-        ]
-        return mine or free
 
     def _step(self) -> None:
         # Prefill budget to the fewest tokens left first (or first-come first-served,

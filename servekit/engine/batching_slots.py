@@ -17,7 +17,8 @@ prefilling a chat template's preamble on one core costs hundreds).
 
 A free slot that holds the longest cached prefix of a prompt still waiting
 for a slot is *spoken for* (:func:`spoken_for`): another prompt placed in the
-same pass does not take it unless no other slot is free. Admission priced the
+same pass does not take it unless no other slot is free (or it reuses that
+cache itself). Admission priced the
 waiting prompt as cached; under overload a question placed just before it
 took the one slot holding its 477-token system prompt (the run-keeping choice
 above), and it prefilled 491 tokens instead of 14, 4.6 s, stalling the
@@ -27,6 +28,9 @@ A slot's cache is reused only by a prompt of the same cache scope (the
 request's ``cache_salt``: :func:`reusable`), like vLLM's salted prefix
 cache: otherwise a tenant could time a guessed text, or read
 ``cached_tokens``, to learn that another tenant sent it.
+
+:func:`place` is the whole choice the scheduler makes for one prompt: its
+slot and the slot to copy from.
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ from typing import Generic, TypeVar
 __all__ = [
     "COPY_MIN_TOKENS",
     "REUSE_MIN_TOKENS",
+    "Placement",
     "Slot",
     "choose_slot",
     "common_prefix",
     "donor",
+    "place",
     "reusable",
     "runs",
     "spoken_for",
@@ -143,3 +149,45 @@ def spoken_for(
         if best is not None and reusable(best, prompt, salt) >= REUSE_MIN_TOKENS:
             held.add(best.seq_id)
     return held
+
+
+@dataclass(frozen=True, slots=True)
+class Placement(Generic[SeqT]):
+    """Where a prompt goes: its ``slot``; ``source``, a slot whose cache the slot
+    copies first (:func:`donor`), if any; and ``shared``, the leading prompt tokens
+    the slot then holds."""
+
+    slot: Slot[SeqT]
+    source: Slot[SeqT] | None
+    shared: int
+
+
+def place(
+    slots: Sequence[Slot[SeqT]],
+    prompt: Sequence[int],
+    salt: str | None,
+    waiting: Sequence[tuple[Sequence[int], str | None]] = (),
+) -> Placement[SeqT]:
+    """Where ``prompt`` of scope ``salt`` goes among the free ``slots`` (those running
+    no sequence; one at least must be), with the ``waiting`` prompts (tokens, scope)
+    still queued behind it.
+
+    :func:`choose_slot` among the free slots, leaving out those :func:`spoken_for`
+    by a waiting prompt unless ``prompt`` reuses that slot's cache itself or no
+    other slot is free; then the :func:`donor` to copy from, if any.
+    """
+    free = [s for s in slots if s.seq is None]
+    busy = [s.seq_id for s in slots if s.seq is not None]
+    if waiting:
+        reserved = spoken_for(slots, waiting)
+        mine = [
+            s
+            for s in free
+            if s.seq_id not in reserved or reusable(s, prompt, salt) >= REUSE_MIN_TOKENS
+        ]
+        free = mine or free
+    slot = choose_slot(free, busy, prompt, salt)
+    source = donor(slots, slot, prompt, salt)
+    if source is None:
+        return Placement(slot, None, reusable(slot, prompt, salt))
+    return Placement(slot, source[0], source[1])

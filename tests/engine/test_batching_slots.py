@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from servekit.engine.batching_slots import (
+    COPY_MIN_TOKENS,
     REUSE_MIN_TOKENS,
     Slot,
     choose_slot,
     common_prefix,
     donor,
+    place,
     reusable,
     runs,
     spoken_for,
@@ -114,3 +116,43 @@ def test_a_slot_holding_a_waiting_prompts_prefix_is_spoken_for() -> None:
     assert spoken_for(all_slots, [([*system, 9], "tenant-b")]) == set()  # another scope
     assert spoken_for(all_slots, [([1, 2, 3], None)]) == set()
     assert spoken_for(all_slots, []) == set()
+
+
+def test_place_leaves_a_slot_spoken_for_to_the_prompt_waiting_for_it() -> None:
+    """Slot 2 holds the system prompt a waiting request was priced against: a
+    newcomer with another prompt takes a free slot beside it, one that shares
+    that system prompt may take it, and with no other slot free anyone may."""
+    system = list(range(100, 100 + REUSE_MIN_TOKENS * 2))
+    all_slots = slots(4)
+    all_slots[0].seq = all_slots[1].seq = object()  # running
+    all_slots[2].cached = [*system, 7]
+    waiting = [([*system, 9], None)]
+    assert place(all_slots, [1, 2, 3], None).slot.seq_id == 2  # it keeps one run
+    assert place(all_slots, [1, 2, 3], None, waiting).slot.seq_id == 3
+    assert place(all_slots, [*system, 5], None, waiting).slot.seq_id == 2
+    all_slots[3].seq = object()
+    assert place(all_slots, [1, 2, 3], None, waiting).slot.seq_id == 2
+
+
+def test_place_copies_from_a_slot_that_holds_more_of_the_prompt() -> None:
+    prompt = list(range(200, 200 + COPY_MIN_TOKENS * 3))
+    all_slots = slots(3)
+    all_slots[0].seq = object()  # running, and holding the prompt's first tokens
+    all_slots[0].cached = prompt[: COPY_MIN_TOKENS * 2]
+    placed = place(all_slots, prompt, None)
+    assert (placed.slot.seq_id, placed.source, placed.shared) == (
+        1,
+        all_slots[0],
+        COPY_MIN_TOKENS * 2,
+    )
+    all_slots[1].cached = prompt[:5]
+    placed = place(all_slots, prompt, None)
+    assert (placed.slot.seq_id, placed.source, placed.shared) == (
+        1,
+        all_slots[0],
+        COPY_MIN_TOKENS * 2,
+    )
+    assert place(all_slots, prompt, "tenant-b").source is None  # another scope's cache
+    all_slots[1].cached = prompt[: COPY_MIN_TOKENS * 2]
+    placed = place(all_slots, prompt, None)
+    assert (placed.slot.seq_id, placed.source, placed.shared) == (1, None, COPY_MIN_TOKENS * 2)
