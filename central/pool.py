@@ -317,9 +317,8 @@ class _Replicas:
         self._tried.add(attempt.replica.name)
         self._last_error = err
         self._pool.retries += 1
-        if not self._resuming:
-            log.info("request %s failed on %s before its first token (%s); retrying",
-                     self._request.request_id, attempt.replica.name, err.message)  # fmt: skip
+        log.info("request %s failed on %s before its first event (%s); retrying",
+                 self._request.request_id, attempt.replica.name, err.message)  # fmt: skip
 
 
 def _blame(error: ServeError) -> ServeError:
