@@ -4,7 +4,10 @@ The pool is what the shared serving layer sees as "the engine". Its
 ``generate`` picks a healthy replica with the balancer and delegates to that
 replica's engine; if the replica fails *before its first event* (connection
 refused, a 5xx, its queue full) the same request goes to another replica, so
-a replica dying between health probes costs the client nothing; a replica
+a replica dying between health probes costs the client nothing. That part is
+the router's dispatch loop (:mod:`servekit.dispatch`) with the balancer as
+the order and a wait of up to ``dispatch_wait_s`` for a replica to come back
+when none is left to try. A replica
 that refused (429) ranks last for its ``Retry-After`` (:mod:`central.balancer`),
 so the next requests do not queue up behind the refusal. If it dies
 *mid-answer*, the answer goes on from the partial text on another replica
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -30,6 +34,7 @@ from central.continuation import continuation, merged_finish
 from central.replica import EngineFactory, Replica
 from central.scrape import ReplicaProbe
 from central.settings import CentralSettings
+from servekit.dispatch import first_primed
 from servekit.engine.protocol import (
     Finish,
     GenerationEvent,
@@ -46,6 +51,7 @@ from servekit.errors import (
     RateLimited,
     ServeError,
     UpstreamRejected,
+    UpstreamTimeout,
     UpstreamUnavailable,
 )
 from servekit.peers import async_client
@@ -53,6 +59,8 @@ from servekit.peers import async_client
 __all__ = ["ReplicaPool"]
 
 log = logging.getLogger(__name__)
+
+_clock = time.monotonic  # the dispatch loop's, and the wait for a replica's
 
 
 class ReplicaPool:
@@ -157,82 +165,160 @@ class ReplicaPool:
         self._changed = asyncio.Event()
         self._on_capacity(max(1, self.healthy_capacity))
 
-    def _pick(self, key: str | None, tried: set[str], resuming: bool = False) -> Replica | None:
-        candidates = [
-            r.candidate()
-            for r in self.replicas
-            if r.healthy and r.name not in tried and (r.endpoint.can_continue or not resuming)
-        ]
-        chosen = self._balancer.choose(candidates, key)
-        return None if chosen is None else self._by_name[chosen.name]
-
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         balancing = self._settings.balancing
         key = prefix_key(request, balancing.prefix_chars) if balancing.prefix_affinity else None
-        tried: set[str] = set()
-        last_error: ServeError | None = None
-        deadline = time.monotonic() + self._wait_s
-        current = request
+        replicas = _Replicas(self, request, key)
         partial: list[str] = []
         produced = 0  # tokens the client has been sent
         carried = 0  # of which the current attempt was given as its prompt's end
         while True:
-            resuming = bool(partial) or produced > 0
-            replica = self._pick(key, tried, resuming)
-            if replica is None:
-                if last_error is not None and (resuming or len(tried) >= len(self.replicas)):
-                    raise _blame(last_error)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    if last_error is not None:
-                        raise _blame(last_error)
-                    raise NotReady("no healthy replica", retry_after=2)
-                # A replica may come back (or be restarted) in a moment.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), left)
-                continue
-            replica.inflight += 1
-            stream = replica.engine.generate(_for_replica(current, replica))
-            events = measured(stream, replica.rates)
-            started = False
+            attempt, _ = await first_primed(replicas, clock=_clock)
             try:
-                async for event in events:
-                    if not started:
-                        started = True
-                        replica.served += 1
+                event = attempt.first
+                while event is not None:
                     if isinstance(event, Finish):
                         yield merged_finish(event, carried) if carried else event
                         return
                     partial.append(event.text)
                     produced += event.tokens
                     yield event
-                raise EngineFailure(f"replica {replica.name} ended a stream without finishing")
+                    event = await anext(attempt.events, None)
+                name = attempt.replica.name
+                raise EngineFailure(f"replica {name} ended a stream without finishing")
             except ServeError as exc:
-                if not exc.retryable:
-                    raise
-                if isinstance(exc, UpstreamUnavailable):
-                    replica.mark_unreachable(exc.message)
-                elif isinstance(exc, RateLimited):
-                    wait = exc.retry_after
-                    replica.refused(balancing.shed_backoff_s if wait is None else wait)
-                tried.add(replica.name)
-                last_error = exc
-                self.retries += 1
-                if not (partial or produced):
-                    log.info("request %s failed on %s before its first token (%s); retrying",
-                             request.request_id, replica.name, exc.message)  # fmt: skip
-                    continue
+                replicas.failed(attempt, attempt.failed(exc))  # raises when not retryable
+                name, why = attempt.replica.name, exc.message
                 log.warning("request %s broke on %s after %d tokens (%s); continuing elsewhere",
-                            request.request_id, replica.name, produced, exc.message)  # fmt: skip
-                resumed = continuation(request, "".join(partial), produced)
-                if resumed is None:
-                    yield Finish("length", 0, produced)
-                    return
-                current = resumed
-                carried = produced
+                            request.request_id, name, produced, why)  # fmt: skip
             finally:
-                replica.inflight -= 1
-                await _aclose(events)
+                await attempt.abandon()  # a no-op for an attempt already judged
+            resumed = continuation(request, "".join(partial), produced)
+            if resumed is None:
+                yield Finish("length", 0, produced)
+                return
+            replicas.resume(resumed)
+            carried = produced
+
+
+class _ReplicaAttempt:
+    """One try at one replica (:class:`servekit.dispatch.Attempt`): its in-flight
+    count from creation until its one verdict. Primed at its first event; no
+    first-token deadline (each engine bounds its own)."""
+
+    __slots__ = ("_ended", "_shed_backoff_s", "events", "first", "replica", "started")
+
+    deadline = math.inf
+
+    def __init__(self, replica: Replica, request: GenerationRequest, shed_backoff_s: float) -> None:
+        self.replica = replica
+        self._shed_backoff_s = shed_backoff_s
+        self.started = _clock()
+        replica.inflight += 1
+        self.events = measured(
+            replica.engine.generate(_for_replica(request, replica)), replica.rates
+        )
+        self.first: GenerationEvent | None = None
+        self._ended = False
+
+    async def prime(self) -> None:
+        try:
+            self.first = await anext(self.events, None)
+            if self.first is None:
+                name = self.replica.name
+                raise EngineFailure(f"replica {name} ended a stream without finishing")
+        except BaseException:
+            await _aclose(self.events)  # the verdict is failed()'s or abandon()'s
+            raise
+        self.replica.served += 1
+
+    def failed(self, exc: BaseException) -> ServeError:
+        """Its error when another replica may try; raised when none would answer
+        differently. An unreachable replica leaves the rotation until its probe; one that
+        refused (429) ranks last for its ``Retry-After``."""
+        self._release()
+        if not isinstance(exc, ServeError) or not exc.retryable:
+            raise exc
+        if isinstance(exc, UpstreamUnavailable):
+            self.replica.mark_unreachable(exc.message)
+        elif isinstance(exc, RateLimited):
+            wait = exc.retry_after
+            self.replica.refused(self._shed_backoff_s if wait is None else wait)
+        return exc
+
+    def missed(self) -> ServeError:
+        return self.failed(UpstreamTimeout(f"replica {self.replica.name}: no first event"))
+
+    async def abandon(self) -> None:
+        if self._release():
+            await _aclose(self.events)
+
+    def _release(self) -> bool:
+        if self._ended:
+            return False
+        self._ended = True
+        self.replica.inflight -= 1
+        return True
+
+
+class _Replicas:
+    """The pool's candidates (:class:`servekit.dispatch.Candidates`): the balancer's
+    choice among the healthy replicas not tried yet; while none is left, a wait of up to
+    ``dispatch_wait_s`` (from the request's arrival) for one to come back. A
+    continuation goes only to replicas that can continue a final message, and does not
+    wait."""
+
+    def __init__(self, pool: ReplicaPool, request: GenerationRequest, key: str | None) -> None:
+        self._pool = pool
+        self._request = request
+        self._key = key
+        self._wait_until = _clock() + pool._wait_s
+        self._shed_backoff_s = pool._settings.balancing.shed_backoff_s
+        self._tried: set[str] = set()
+        self._last_error: ServeError | None = None
+        self._resuming = False
+
+    def resume(self, request: GenerationRequest) -> None:
+        """From now on, continue the answer with ``request``."""
+        self._request, self._resuming = request, True
+
+    def _untried(self) -> list[Replica]:
+        tried, resuming = self._tried, self._resuming
+        return [
+            r
+            for r in self._pool.replicas
+            if r.healthy and r.name not in tried and (r.endpoint.can_continue or not resuming)
+        ]
+
+    def more(self) -> bool:
+        return bool(self._untried())
+
+    async def next(self, *, hedge: bool) -> _ReplicaAttempt:
+        pool, last_error = self._pool, self._last_error
+        while True:
+            chosen = pool._balancer.choose([r.candidate() for r in self._untried()], self._key)
+            if chosen is not None:
+                replica = pool.replica(chosen.name)
+                return _ReplicaAttempt(replica, self._request, self._shed_backoff_s)
+            if last_error is not None and (
+                self._resuming or len(self._tried) >= len(pool.replicas)
+            ):
+                raise _blame(last_error)
+            left = self._wait_until - _clock()
+            if left <= 0:
+                if last_error is not None:
+                    raise _blame(last_error)
+                raise NotReady("no healthy replica", retry_after=2)
+            # A replica may come back (or be restarted) in a moment.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pool._changed.wait(), left)
+
+    def failed(self, attempt: _ReplicaAttempt, err: ServeError) -> None:
+        self._tried.add(attempt.replica.name)
+        self._last_error = err
+        self._pool.retries += 1
+        log.info("request %s failed on %s before its first event (%s); retrying",
+                 self._request.request_id, attempt.replica.name, err.message)  # fmt: skip
 
 
 def _blame(error: ServeError) -> ServeError:

@@ -149,7 +149,7 @@ class Attempt:
         self.cand = cand
         self.index = index  # its place in the try order
         self.url = cand.url + req.path
-        self.started = time.perf_counter()
+        self.started = time.perf_counter()  # the dispatch loop's clock (servekit.dispatch)
         # Its first token by then, or it is cut while somebody else is left to try.
         self.deadline = self.started + first_token_deadline_s(routing.settings, cand)
         self.head = b""  # the complete events read while priming

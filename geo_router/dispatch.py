@@ -1,33 +1,31 @@
-"""The one dispatch loop: the first primed attempt of a try order.
+"""The router's use of the one dispatch loop (``servekit.dispatch``).
 
 :func:`first_primed` tries a plan's candidates in order, one
 :class:`~geo_router.attempt.Attempt` each, and returns the first to prime
-(200 and a first token). Everything before the first byte happens in this
-one loop:
+(200 and a first token) through :func:`servekit.dispatch.first_primed`. What
+is the router's own is here:
 
-* an attempt that fails moves on to the next candidate (a non-retryable
-  error ends the loop; a ``context_length_exceeded`` skips every candidate
-  whose window is no larger);
-* an attempt that misses its first-token deadline is cut, while anybody is
-  left to try; the last one waits for the whole request's timeout;
-* without a hedge, an attempt is awaited in place (a task costs about 0.1 ms
-  on the cold caches a request usually meets); with one, attempts are tasks;
+* the order is the plan's, fixed when the request arrived; a
+  ``context_length_exceeded`` skips every untried candidate whose window is
+  no larger (:func:`larger_window`);
 * a hedge is a second attempt started after a delay (the request's own
   predicted P90 TTFT there, ``geo_router.predictor``; until the instance's
-  model has learned, its recent P95) while the first is still waiting; the
-  first to prime wins and the other is abandoned, or judged as failed when it
-  was already past its own first-token deadline (with nobody left to try it
-  was not cut, but an instance that keeps missing its own deadlines while
-  hedges answer for it is as broken as one that is cut);
+  model has learned, its recent P95: :func:`hedge_delay_s`) while the first
+  is still waiting; an attempt still racing when the other won is judged as
+  failed if it was already past its own first-token deadline (with nobody
+  left to try it was not cut, but an instance that keeps missing its own
+  deadlines while hedges answer for it is as broken as one that is cut);
+  hedges started, won and lost are counted;
 * a continuation (``geo_router.routed``) is a re-plan of the extended
   request through this same loop.
+
+The first-token deadline is the attempt's (``geo_router.attempt``); the loop
+cuts an attempt at it while anybody is left to try, and the last one waits for
+the whole request's timeout.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 from collections.abc import Sequence
 
 from geo_router.attempt import Attempt, Routing
@@ -35,6 +33,7 @@ from geo_router.request import RouteRequest
 from geo_router.scoring import Scored
 from geo_router.settings import HedgeSettings
 from geo_router.tracker import Tracker
+from servekit import dispatch
 from servekit.errors import ContextLengthExceeded, NotReady, ServeError
 
 __all__ = ["first_primed", "hedge_delay_s", "larger_window"]
@@ -71,105 +70,43 @@ async def first_primed(
     differently)."""
     if not plan:
         raise NotReady("no healthy upstream can serve this request", retry_after=1)
-    settings, metrics = routing.settings, routing.metrics
-    hedge = hedge and len(plan) > 1
-    order, nxt, hedged = list(plan), 0, False
-    racing: dict[asyncio.Task[None], Attempt] = {}
-    last_err: ServeError | None = None
+    hedges = routing.metrics.hedges
+    racing: dispatch.Hedge[Attempt] | None = None
+    if hedge and len(plan) > 1:
+        settings, tracker = routing.settings.hedge, routing.tracker
+        racing = dispatch.Hedge(
+            lambda a: hedge_delay_s(settings, tracker, a.cand),
+            lambda: hedges.labels("started").inc(),
+        )
+    winner, hedged = await dispatch.first_primed(_Plan(routing, req, plan), hedge=racing)
+    if hedged:
+        hedges.labels("won" if winner.index > 0 else "lost").inc()
+    return winner, hedged and winner.index > 0
 
-    def launch() -> None:
-        nonlocal nxt
-        attempt = Attempt(routing, req, order[nxt], nxt, hedge=hedged)
-        racing[asyncio.create_task(attempt.prime())] = attempt
-        nxt += 1
 
-    def judge(attempt: Attempt, exc: BaseException) -> None:
-        nonlocal order, last_err
-        last_err = attempt.failed(exc)  # raises when nobody else may try
-        if isinstance(last_err, ContextLengthExceeded):
+class _Plan:
+    """The plan's candidates in order, one :class:`Attempt` each; after a
+    ``context_length_exceeded`` only the untried ones with a larger window."""
+
+    __slots__ = ("_next", "_order", "_req", "_routing")
+
+    def __init__(self, routing: Routing, req: RouteRequest, plan: Sequence[Scored]) -> None:
+        self._routing, self._req = routing, req
+        self._order = list(plan)
+        self._next = 0
+
+    def more(self) -> bool:
+        return self._next < len(self._order)
+
+    async def next(self, *, hedge: bool) -> Attempt | None:
+        index = self._next
+        if index >= len(self._order):
+            return None
+        self._next += 1
+        return Attempt(self._routing, self._req, self._order[index], index, hedge=hedge)
+
+    def failed(self, attempt: Attempt, err: ServeError) -> None:
+        if isinstance(err, ContextLengthExceeded):
             # Only untried candidates with a larger window may hold it.
-            cand = attempt.cand
-            order = [*order[:nxt], *(c for c in order[nxt:] if larger_window(cand, c))]
-
-    try:
-        while True:
-            if not racing:
-                if nxt >= len(order):
-                    assert last_err is not None
-                    raise last_err
-                if not hedge:
-                    # Nothing can race it: awaited in place, its deadline as a timeout
-                    # while somebody is left (no task to schedule on the hot path).
-                    attempt = Attempt(routing, req, order[nxt], nxt)
-                    nxt += 1
-                    left = nxt < len(order)
-                    try:
-                        async with asyncio.timeout(
-                            attempt.deadline - time.perf_counter() if left else None
-                        ) as timer:
-                            await attempt.prime()
-                    except Exception as failure:
-                        if timer.expired():
-                            last_err = attempt.missed()
-                        else:
-                            judge(attempt, failure)
-                        continue
-                    except BaseException:  # cancelled: the client went away
-                        await attempt.abandon()
-                        raise
-                    return attempt, False
-                launch()
-            timers: list[float] = []
-            if nxt < len(order):  # somebody is left: deadlines and the hedge apply
-                timers += [a.deadline for a in racing.values()]
-                if hedge and not hedged and len(racing) == 1:
-                    (only,) = racing.values()
-                    timers.append(
-                        only.started + hedge_delay_s(settings.hedge, routing.tracker, only.cand)
-                    )
-            timeout = None if not timers else max(0.0, min(timers) - time.perf_counter())
-            done, _ = await asyncio.wait(
-                racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
-                now = time.perf_counter()
-                late = [(t, a) for t, a in racing.items() if now >= a.deadline]
-                for task, attempt in late:  # missed its first token: move on
-                    del racing[task]
-                    await _cancelled(task)
-                    last_err = attempt.missed()
-                if not late:
-                    hedged = True
-                    metrics.hedges.labels("started").inc()
-                    launch()
-                continue
-            winner: Attempt | None = None
-            for task in done:
-                attempt = racing.pop(task)
-                exc = task.exception()
-                if exc is not None:
-                    judge(attempt, exc)
-                elif winner is None:
-                    winner = attempt
-                else:  # a tie: keep the first, drop the other
-                    await attempt.abandon()
-            if winner is not None:
-                if hedged:
-                    metrics.hedges.labels("won" if winner.index > 0 else "lost").inc()
-                now = time.perf_counter()
-                for task, attempt in list(racing.items()):
-                    if now >= attempt.deadline:  # it missed its own deadline: a failure
-                        del racing[task]
-                        await _cancelled(task)
-                        attempt.missed()
-                return winner, hedged and winner.index > 0
-    finally:
-        for task, attempt in racing.items():
-            await _cancelled(task)
-            await attempt.abandon()
-
-
-async def _cancelled(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
+            order, nxt, cand = self._order, self._next, attempt.cand
+            self._order = [*order[:nxt], *(c for c in order[nxt:] if larger_window(cand, c))]
