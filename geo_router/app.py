@@ -102,7 +102,14 @@ def create_app(
             membership.refresh()
             following = asyncio.create_task(membership.run(settings.poll_interval_s))
             stack.push_async_callback(cancel_all, [following])
-            scorer = Scorer(settings.routing, settings.region.rtt_table(), tracker, rng)
+            region = settings.region
+            scorer = Scorer(
+                settings.routing,
+                region.rtt_table(),
+                tracker,
+                rng,
+                measured_rtt_region=region.default if region.measured_rtt else None,
+            )
             classifier = TaskClassifier.load(
                 settings.classifier.weights,
                 settings.classifier.threshold,

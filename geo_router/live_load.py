@@ -10,9 +10,12 @@ heartbeats carry, and what the static-upstream path polls) and routes on that.
 
 What :meth:`LiveLoad.snapshot` lists, per catalog entry:
 
-* polled: the report (``last_heartbeat`` = when it was asked); healthy only
-  while the catalog says alive *and* the report says ready, so a loading,
-  warming or draining instance gets no new requests within one interval;
+* polled: the report (``last_heartbeat`` = when it was asked) and the
+  router's round trip to it (``rtt_ms``: the minimum over its recent polls,
+  each timed inside the concurrency limit so a round's queueing is not
+  counted, :class:`servekit.rtt.MeasuredRtt`); healthy only while the
+  catalog says alive *and* the report says ready, so a loading, warming or
+  draining instance gets no new requests within one interval;
 * ``unreachable_after`` polls in a row could not connect: unhealthy until a
   poll succeeds (a request would not connect either);
 * ``/load`` answered without a report (401/403: not authorised, 404: no such
@@ -41,6 +44,7 @@ from servekit.engine.protocol import LoadReport
 from servekit.errors import ServeError
 from servekit.load_reading import LoadNotReported, read_load_report
 from servekit.registry import CatalogView, InstanceInfo, InstanceState
+from servekit.rtt import MeasuredRtt
 from servekit.tls import describe_tls_error
 
 __all__ = ["LiveLoad"]
@@ -53,6 +57,7 @@ class _Polled:
     load: LoadReport | None = None  # the last report
     at: float = 0.0  # wall time the last report was asked for
     failures: int = 0  # polls in a row that could not connect
+    rtt: MeasuredRtt = dataclasses.field(default_factory=MeasuredRtt)  # answered polls' times
 
 
 class LiveLoad:
@@ -134,7 +139,9 @@ class LiveLoad:
         answered = 200
         async with self._limit:
             try:
+                sent = time.perf_counter()
                 report = await read_load_report(self._client_for(state.info), state.info.url)
+                polled.rtt.add((time.perf_counter() - sent) * 1000.0)
             except LoadNotReported as exc:
                 answered = exc.answered
             except ServeError as exc:
@@ -178,4 +185,5 @@ class LiveLoad:
             load=polled.load,
             healthy=state.healthy and polled.load.ready,
             last_heartbeat=polled.at,
+            rtt_ms=polled.rtt.ms,
         )

@@ -64,8 +64,9 @@ seen, 163-395 ms predicted). Such requests are predicted from the recent
 ones like them: the RTT and their few new tokens at the formula's rate, plus
 the median of what those took beyond theirs (the "base"); with none seen
 anywhere yet, the formula's (never the regression's, fitted to prefills). From the first such
-request seen at the instance; before any, from every instance's (a shared
-window the ``Tracker`` hands each model), never below no base, since a
+request seen at the instance; before any, from every instance's first tokens
+(a shared window the ``Tracker`` hands each model; never an attempt cut at
+its deadline: that lower bound stays with its own instance), never below no base, since a
 negative one says the region table overstates *that* instance's RTT. An
 instance's own negative base is believed once it has learned. Their P90
 drives decisions once the instance has learned and ``_QUICK_MIN`` were seen
@@ -245,10 +246,12 @@ class TtftModel:
             p90 = max(median, _spread(fitted, self._p90))
         return Prediction(f, median, p90, fitted)
 
-    def _quick_base(self, f: Features, ttft_ms: float) -> None:
+    def _quick_base(self, f: Features, ttft_ms: float, *, share: bool) -> None:
+        """What a quick request took beyond its RTT and new tokens; ``share``: the
+        fleet's window too (a first token seen, not a censored wait's lower bound)."""
         base = ttft_ms - f.rtt_ms - f.new_tokens_ms
         self.quick.append(base)
-        if self._fleet_quick is not None:
+        if share and self._fleet_quick is not None:
             self._fleet_quick.append(base)
 
     def observe(self, predicted: Prediction, actual_ms: float, now: float) -> None:
@@ -258,7 +261,7 @@ class TtftModel:
             self._start(f)
         self._ratio((actual_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
         if f.quick:
-            self._quick_base(f, actual_ms)
+            self._quick_base(f, actual_ms, share=True)
         self._update(f.vector(), actual_ms - f.rtt_ms)
         self.observed += 1
         self.last_seen = max(self.last_seen, now)
@@ -266,8 +269,10 @@ class TtftModel:
     def censored(self, predicted: Prediction, waited_ms: float) -> None:
         """No first token within ``waited_ms`` (the attempt was cut at its deadline)."""
         self._ratio((waited_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
-        if predicted.features.quick:  # at least that long: a lower bound, as for the ratios
-            self._quick_base(predicted.features, waited_ms)
+        if predicted.features.quick:  # at least that long: a lower bound, as for the ratios.
+            # Its own window only: the fleet's prices instances that saw no quick request
+            # of their own, and this one's hang is not theirs.
+            self._quick_base(predicted.features, waited_ms, share=False)
 
     def _ratio(self, ratio: float) -> None:
         self.ratios.append(ratio)

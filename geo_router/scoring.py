@@ -5,6 +5,14 @@ predicted TTFT = RTT(user region → instance region)
                + prefill estimate (uncached prompt tokens / prefill rate)
                + busy slowdown (running sequences × the engine's measured cost of one)
 
+The RTT is the region table's, or, with ``region.measured_rtt`` on, the
+router's own measured round trip to the instance (``InstanceState.rtt_ms``,
+from its ``/load`` polls) for a user in the router's own region (its default
+region): a router and its users share a city, and the TTFT the predictor
+learns from is timed at the router, so the router's path is the one it
+pays. A user resolved elsewhere keeps the table (the router measured no path
+of theirs), as does every user before the instance's first timed poll.
+
 Uncached tokens are the prompt's minus what the router estimates the
 instance holds in its prefix cache (``geo_router.prefix_index``: what this
 router sent it recently), so a repeated system prompt or a conversation's
@@ -125,6 +133,7 @@ class Scored:
     prefix: Prefix | None = None  # what this instance will have cached once it serves it
     warming: bool = False  # chosen to take a prefix cached elsewhere (a cold start, once)
     rent_ms: float = 0.0  # what serving here costs beyond a same-city edge holding the prefix
+    rtt_source: str = "table"  # where rtt_ms came from: the region "table" or "measured"
     prediction: Prediction | None = None  # the request's TTFT there (None: predicted_ms)
 
     @property
@@ -179,6 +188,8 @@ class Scored:
             "prediction": "learned" if self.ttft_p90_ms is not None else "formula",
             "rank_ms": round(self.predicted_ms, 2),
             "rtt_ms": round(self.rtt_ms, 2),
+            "rtt_source": self.rtt_source,
+            "measured_rtt_ms": _rounded(self.state.rtt_ms),
             "queue_ms": round(self.queue_ms, 2),
             "prefill_ms": round(self.prefill_ms, 2),
             "busy_ms": round(self.busy_ms, 2),
@@ -205,9 +216,14 @@ class Scorer:
         rtt: RttTable,
         tracker: Tracker,
         rng: random.Random | None = None,
+        *,
+        measured_rtt_region: str | None = None,
     ) -> None:
+        """``measured_rtt_region``: users there are priced with each instance's measured
+        RTT once it has one (the router's own region; None: the table for everyone)."""
         self._routing = routing
         self._rtt = rtt
+        self._measured_region = measured_rtt_region
         self._tracker = tracker
         self._rng = rng or random.Random()
 
@@ -250,7 +266,9 @@ class Scorer:
             budget is not None
             and over_ttft_budget(queue_ms + busy_ms, prefill_ms, budget, idle=busy == 0)
         )
-        rtt = self._rtt.rtt(user_region, info.region)
+        rtt, rtt_source = self._rtt.rtt(user_region, info.region), "table"
+        if state.rtt_ms is not None and user_region == self._measured_region:
+            rtt, rtt_source = state.rtt_ms, "measured"
         ramp = self._routing.slow_start_s
         weight = 1.0 if ramp <= 0 else min(1.0, max(0.05, (now - stats.first_seen) / ramp))
         features = Features(
@@ -267,6 +285,7 @@ class Scorer:
             state=state,
             predicted_ms=prediction.median_ms + bias_ms,
             rtt_ms=rtt,
+            rtt_source=rtt_source,
             queue_ms=queue_ms,
             prefill_ms=prefill_ms,
             bias_ms=bias_ms,

@@ -127,6 +127,12 @@ class RegionSettings(Section):
     )
     same_region_rtt_ms: float = Field(rtt.SAME_REGION_MS, ge=0)
     unknown_rtt_ms: float = Field(rtt.DEFAULT_MS, ge=0)
+    measured_rtt: bool = Field(
+        False,
+        description="Price users in the default region (the router's own) with the RTT the "
+        "router measures to each instance on its /load polls (the minimum of the last 10) "
+        "instead of the table, once one was measured; users elsewhere keep the table.",
+    )
 
     def rtt_table(self) -> rtt.RttTable:
         return rtt.RttTable(

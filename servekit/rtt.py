@@ -9,16 +9,25 @@ router's, which it has shipped with: 1 ms within a city, and 150 ms for an
 unnamed pair, so a pair nobody measured looks far rather than near and is
 not spilled to on a guess. Every shipped simulator and topology file sets
 both explicitly.
+
+:class:`MeasuredRtt` is the other source: the round trip a reader timed to
+one peer (the router's ``/load`` polls), the minimum of the last few. A poll
+also pays the peer's handling of it and any stall of either event loop, and
+its first one a connection's set-up; the minimum of a recent window is the
+path's own time, and a path that got longer shows within that window.
 """
 
 from __future__ import annotations
 
+from collections import deque
+
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DEFAULT_MS", "SAME_REGION_MS", "RttTable"]
+__all__ = ["DEFAULT_MS", "MEASURED_WINDOW", "SAME_REGION_MS", "MeasuredRtt", "RttTable"]
 
 SAME_REGION_MS = 1.0
 DEFAULT_MS = 150.0
+MEASURED_WINDOW = 10  # timed requests a measured RTT is the minimum of (10 s of 1 s polls)
 
 
 class RttTable(BaseModel):
@@ -47,3 +56,21 @@ class RttTable(BaseModel):
     def one_way_s(self, a: str, b: str) -> float:
         """Half the round trip, in seconds (what a delay proxy holds each direction)."""
         return self.rtt(a, b) / 2000.0
+
+
+class MeasuredRtt:
+    """One peer's round trip as timed: the minimum of the last ``window`` samples."""
+
+    __slots__ = ("_recent",)
+
+    def __init__(self, window: int = MEASURED_WINDOW) -> None:
+        self._recent: deque[float] = deque(maxlen=window)
+
+    def add(self, ms: float) -> None:
+        """A request to the peer answered ``ms`` after it was sent."""
+        self._recent.append(ms)
+
+    @property
+    def ms(self) -> float | None:
+        """The round trip in ms, None before any sample."""
+        return min(self._recent) if self._recent else None

@@ -105,6 +105,9 @@ class InstanceState:
     load: LoadReport
     healthy: bool
     last_heartbeat: float
+    # The reader's own round trip to it in ms, timed on its load polls
+    # (servekit.rtt.MeasuredRtt); None where nothing timed one.
+    rtt_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

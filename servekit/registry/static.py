@@ -3,7 +3,9 @@
 The configured list is the whole catalog. Health comes from polling each
 instance's ``/ready`` (200 = healthy; :func:`servekit.health_probe.probe_health`)
 every ``probe_interval_s``, and its load from ``/load`` (a JSON
-:class:`LoadReport`) when that endpoint exists.
+:class:`LoadReport`) when that endpoint exists. How long each ``/load`` read
+took is the reader's round trip to the entry (``InstanceState.rtt_ms``: the
+minimum of the recent ones, :class:`servekit.rtt.MeasuredRtt`).
 An answer other than 200 takes an entry out at once; no answer at all does
 after ``unreachable_after`` probes in a row (the request path's own failure
 handling covers the seconds between).
@@ -43,6 +45,7 @@ from servekit.registry.protocol import (
     Tier,
 )
 from servekit.registry.settings import StaticEntry, StaticSettings
+from servekit.rtt import MeasuredRtt
 
 __all__ = ["StaticRegistry", "entry_info"]
 
@@ -91,6 +94,7 @@ class StaticRegistry:
             for info, _ in self._infos
         }
         self._unanswered: dict[str, int] = {}  # probes in a row without an answer, by id
+        self._rtt = {info.id: MeasuredRtt() for info, _ in self._infos}
         self._index = 1
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
@@ -120,7 +124,7 @@ class StaticRegistry:
         changed = False
         for state in results:
             old = self._states[state.info.id]
-            if (old.healthy, old.load) != (state.healthy, state.load):
+            if (old.healthy, old.load, old.rtt_ms) != (state.healthy, state.load, state.rtt_ms):
                 changed = True
             self._states[state.info.id] = state
         if changed:
@@ -137,7 +141,7 @@ class StaticRegistry:
         load = old.load
         if unanswered is None:
             try:
-                load = await self._read_load(client, url) or old.load
+                load = await self._read_load(client, url, self._rtt[info.id]) or old.load
             except ServeError as exc:
                 self._problems.failed(url, exc)
                 unanswered = exc.message
@@ -149,15 +153,27 @@ class StaticRegistry:
             return dataclasses.replace(old, healthy=False)
         self._unanswered.pop(info.id, None)
         seen = time.time() if ready.up else old.last_heartbeat
-        return InstanceState(info=info, load=load, healthy=ready.up, last_heartbeat=seen)
+        return InstanceState(
+            info=info,
+            load=load,
+            healthy=ready.up,
+            last_heartbeat=seen,
+            rtt_ms=self._rtt[info.id].ms,
+        )
 
-    async def _read_load(self, client: httpx.AsyncClient, url: str) -> LoadReport | None:
-        """The entry's report; None without ``load_path`` or when it answered without one.
-        Could not ask it: the mapped error (``servekit.load_reading``)."""
+    async def _read_load(
+        self, client: httpx.AsyncClient, url: str, rtt: MeasuredRtt
+    ) -> LoadReport | None:
+        """The entry's report, its round trip added to ``rtt``; None without
+        ``load_path`` or when it answered without one. Could not ask it: the mapped
+        error (``servekit.load_reading``)."""
         if not self.settings.load_path:
             return None
         try:
-            return await read_load_report(client, url, path=self.settings.load_path)
+            sent = time.perf_counter()
+            report = await read_load_report(client, url, path=self.settings.load_path)
+            rtt.add((time.perf_counter() - sent) * 1000.0)
+            return report
         except LoadNotReported as exc:
             self._problems.status(url, exc.answered)  # a refused token says so, once
             return None

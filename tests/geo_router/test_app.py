@@ -165,6 +165,38 @@ async def test_explain_returns_the_decision_without_calling_an_engine(
     assert ctr.seen == []
 
 
+async def test_explain_prices_own_region_users_with_the_measured_rtt(
+    auth: dict[str, str],
+) -> None:
+    """The table says 20 ms to the center; the router's /load polls timed the real
+    path (a loopback): with ``region.measured_rtt`` a user in the router's region is
+    priced with that, a user declared elsewhere with the table, and without it
+    everyone with the table."""
+    ctr = Behavior(model="big")
+    with serve_fake(ctr) as cu:
+        ups = [upstream(cu, "center", "center", id="c")]
+        region = {"measured_rtt": True, "trusted_proxies": ["127.0.0.1/32"]}
+        async with router(router_settings(ups, region=region)) as c:
+            body = {**CHAT, "model": "center"}
+            (own,) = (await c.post("/v1/route/explain", json=body, headers=auth)).json()[
+                "candidates"
+            ]
+            assert own["rtt_source"] == "measured"
+            assert own["measured_rtt_ms"] is not None
+            assert own["rtt_ms"] == own["measured_rtt_ms"]
+            west = {**auth, "X-Client-Region": "west"}
+            r = await c.post("/v1/route/explain", json=body, headers=west)
+            assert r.json()["region"] == "west"
+            (far,) = r.json()["candidates"]
+            assert (far["rtt_ms"], far["rtt_source"]) == (40.0, "table")
+        async with router(router_settings(ups)) as c:
+            (off,) = (await c.post("/v1/route/explain", json=body, headers=auth)).json()[
+                "candidates"
+            ]
+            assert (off["rtt_ms"], off["rtt_source"]) == (20.0, "table")
+            assert off["measured_rtt_ms"] is not None  # shown, not used
+
+
 async def test_ready_reflects_healthy_upstreams_and_metrics_render(
     auth: dict[str, str],
 ) -> None:

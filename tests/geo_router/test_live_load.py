@@ -65,6 +65,7 @@ async def test_overlays_polled_load_and_judges_readiness(registry: EmbeddedRegis
         await _listed(registry, "loading", u2, idle)  # the catalog's copy says ready
         async with _live(registry, metrics) as live:
             assert _by_id(live)["busy"][1] == idle  # not polled yet: the catalog's entry
+            assert all(s.rtt_ms is None for s in live.snapshot())  # nor timed
             await live.poll_once()
             seen = _by_id(live)
             assert seen["busy"][0]
@@ -73,6 +74,8 @@ async def test_overlays_polled_load_and_judges_readiness(registry: EmbeddedRegis
             assert metrics.get_sample_value("router_load_polls_total", {"outcome": "ok"}) == 2
             (state,) = [s for s in live.snapshot() if s.info.id == "busy"]
             assert state.last_heartbeat > 0
+            assert state.rtt_ms is not None  # the poll's round trip, timed
+            assert state.rtt_ms > 0
 
 
 async def test_unreachable_twice_is_unhealthy_until_it_answers(

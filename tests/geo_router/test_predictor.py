@@ -344,3 +344,42 @@ def test_a_repeat_found_mostly_cached_pays_no_prefill_for_the_tail_the_blocks_mi
         model.observe(model.predict(f, 0.0), 200.0, 0.0)
     assert model.predict(at(20, 370), 0.0).median_ms == pytest.approx(200.0, abs=1.0)
     assert model.predict(at(20, 0), 0.0).median_ms == pytest.approx(200.0 + 20 * 7.0, abs=1.0)
+
+
+def test_a_censored_wait_does_not_price_the_other_instances_quick_requests() -> None:
+    """An attempt cut at its deadline at a hung instance says nothing of the others:
+    the fleet's pool of quick requests holds what first tokens took, not lower bounds."""
+    tracker = Tracker(BreakerSettings(), PredictionSettings())
+    hung, fresh = tracker.stats("hung").model, tracker.stats("fresh").model
+    f = Features(2.0, 1, 0.0, 0.0, 0, 2.0 + 2.5, 2.5, cached_tokens=900)
+    tracker.late("hung", 5000.0, hung.predict(f, 0.0))
+    assert fresh.predict(f, 0.0).median_ms == pytest.approx(f.prior_ms)
+    assert list(hung.quick) == [5000.0 - 2.0]  # its own window keeps the lower bound
+
+
+def east_edge(rtt_ms: float | None) -> InstanceState:
+    info = InstanceInfo("e", "edge", "center", "127.0.0.1", 1, "m")
+    load = LoadReport(ready=True, capacity=8, prefill_tokens_per_s=400.0)
+    return InstanceState(info, load, True, time.time(), rtt_ms=rtt_ms)
+
+
+def test_the_measured_rtt_prices_users_in_the_routers_region_once_measured() -> None:
+    """The table says 20 ms to the center; the router timed 3 ms: a user in its own
+    region (east) is priced with 3, before any timed poll and elsewhere with the table."""
+    routing = RoutingSettings.model_validate({"slow_start_s": 0})
+    table = RegionSettings(
+        default="east", rtt_ms={"east": {"center": 20.0}, "west": {"center": 45.0}}
+    ).rtt_table()
+    scorer = Scorer(routing, table, Tracker(routing.breaker), measured_rtt_region="east")
+    measured = scorer.score(east_edge(3.0), "east", 40)
+    assert (measured.rtt_ms, measured.rtt_source) == (3.0, "measured")
+    assert measured.prediction is not None
+    assert measured.prediction.features.rtt_ms == 3.0  # what the predictor adds and learns on
+    assert measured.to_dict()["measured_rtt_ms"] == 3.0
+    before = scorer.score(east_edge(None), "east", 40)
+    assert (before.rtt_ms, before.rtt_source) == (20.0, "table")
+    assert before.to_dict()["measured_rtt_ms"] is None
+    elsewhere = scorer.score(east_edge(3.0), "west", 40)
+    assert (elsewhere.rtt_ms, elsewhere.rtt_source) == (45.0, "table")
+    off = Scorer(routing, table, Tracker(routing.breaker)).score(east_edge(3.0), "east", 40)
+    assert (off.rtt_ms, off.rtt_source) == (20.0, "table")

@@ -27,6 +27,7 @@ class Instance:
     def __init__(self, *, with_load: bool) -> None:
         self.ready = True
         self.stall_s = 0.0  # how long /ready takes to answer
+        self.load_stall_s = 0.0  # how long /load takes to answer
         self.load = LoadReport(ready=True, running=2, capacity=4, model="m", version="v1")
         routes = [Route("/ready", self._ready)]
         if with_load:
@@ -40,6 +41,7 @@ class Instance:
         return PlainTextResponse("draining", status_code=503)
 
     async def _load(self, request: Request) -> Response:
+        await asyncio.sleep(self.load_stall_s)
         return JSONResponse(self.load.to_dict())
 
 
@@ -217,3 +219,32 @@ async def test_a_ready_refusing_our_token_warns_once_and_takes_the_entry_out(
             await registry.aclose()
     warned = [r.getMessage() for r in caplog.records if "refused the service token" in r.message]
     assert warned == [f"{a.url}/ready refused the service token (HTTP 401)"]
+
+
+async def test_each_entry_carries_the_round_trip_its_load_reads_took() -> None:
+    """A /load read is timed; an entry without /load has no measured round trip."""
+    far, without_load = Instance(with_load=True), Instance(with_load=False)
+    far.load_stall_s = 0.2  # as far as 200 ms away, seen from the reader
+    with UvicornThread(far.app) as a, UvicornThread(without_load.app) as b:
+        settings = StaticSettings(
+            entries=[
+                StaticEntry(url=a.url, tier="edge", region="eu", model="m", id="far"),
+                StaticEntry(url=b.url, tier="edge", region="eu", model="m", id="no-load"),
+            ],
+            probe_interval_s=60.0,
+        )
+        registry = StaticRegistry(settings)
+        await registry.start()
+        try:
+            rtts = {s.info.id: s.rtt_ms for s in await registry.instances()}
+            assert rtts["no-load"] is None
+            first = rtts["far"]
+            assert first is not None
+            assert first >= 200.0
+            far.load_stall_s = 0.0
+            await registry.probe_once()  # the least of the recent ones
+            (now,) = [s.rtt_ms for s in await registry.instances() if s.info.id == "far"]
+            assert now is not None
+            assert now < first
+        finally:
+            await registry.aclose()

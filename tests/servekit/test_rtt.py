@@ -1,4 +1,4 @@
-"""The one RTT table type (router scorer, simulator, local topology)."""
+"""The one RTT table type (router scorer, simulator, local topology), and the measured RTT."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pydantic
 import pytest
 
 from geo_router.settings import RegionSettings
-from servekit.rtt import RttTable
+from servekit.rtt import MeasuredRtt, RttTable
 
 
 def test_named_pairs_either_way_then_city_then_default() -> None:
@@ -33,3 +33,14 @@ def test_the_router_settings_build_the_same_table_with_the_same_defaults() -> No
 def test_a_misspelt_field_fails_at_load() -> None:
     with pytest.raises(pydantic.ValidationError, match="same_city_ms"):
         RttTable.model_validate({"same_city_ms": 2})
+
+
+def test_a_measured_rtt_is_the_least_of_the_recent_round_trips() -> None:
+    rtt = MeasuredRtt(window=3)
+    assert rtt.ms is None
+    for ms in (9.0, 2.0, 5.0):  # the first paid for a connection; a poll met a busy loop
+        rtt.add(ms)
+    assert rtt.ms == 2.0
+    for ms in (40.0, 41.0, 42.0):  # the path got longer: shown once the window has turned
+        rtt.add(ms)
+    assert rtt.ms == 40.0
