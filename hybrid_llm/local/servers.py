@@ -7,6 +7,7 @@ Tests and the studies under ``studies/`` start their servers through these.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -14,9 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import httpx
 import uvicorn
@@ -35,6 +36,8 @@ __all__ = [
     "wait_ready",
     "wait_until",
 ]
+
+_T = TypeVar("_T")
 
 # The checkout (the package is installed editable): services run from here.
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +86,8 @@ def wait_ready(
     ``alive`` false (the process exited) ends the wait at once.
 
     Each check is :func:`servekit.health_probe.probe_health`, as the supervisor's."""
-    asyncio.run(_wait_ready(url + path, time.monotonic() + timeout, verify, alive))
+    deadline = time.monotonic() + timeout
+    _run(lambda: _wait_ready(url + path, deadline, verify, alive))
 
 
 async def _wait_ready(
@@ -102,6 +106,17 @@ async def _wait_ready(
     raise TimeoutError(f"{url} not ready in time (last: {last})")
 
 
+def _run(make: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """``make()`` run to its end from synchronous code, also when the caller is itself
+    on an event loop (an async test that waits for a server: blocking, as a sync GET)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
 def probe_all(urls: Sequence[str], timeout: float = 2.0) -> list[Health]:
     """One :func:`~servekit.health_probe.probe_health` of each URL, all at once."""
 
@@ -109,7 +124,7 @@ def probe_all(urls: Sequence[str], timeout: float = 2.0) -> list[Health]:
         async with httpx.AsyncClient(timeout=timeout) as client:
             return list(await asyncio.gather(*(probe_health(client, u) for u in urls)))
 
-    return asyncio.run(probe())
+    return _run(probe)
 
 
 def wait_until(

@@ -207,3 +207,11 @@ def test_wait_ready_waits_for_200_and_names_why_it_gave_up() -> None:
         wait_ready(nobody, timeout=0.3)
     with pytest.raises(RuntimeError, match="exited"):
         wait_ready(nobody, timeout=20, alive=lambda: False)
+
+
+@pytest.mark.anyio
+async def test_wait_ready_also_waits_from_a_running_event_loop() -> None:
+    """An async test may wait for a server it started: the wait blocks, as a sync GET did."""
+    with pytest.raises(TimeoutError, match="refused"):
+        wait_ready(f"http://127.0.0.1:{free_port()}", timeout=0.3)
+    assert not probe_all([f"http://127.0.0.1:{free_port()}/ready"])[0].up
