@@ -288,9 +288,11 @@ async def test_the_slots_are_priced_by_what_their_sequences_have_left(
     engine: BatchingLlamaEngine,
 ) -> None:
     """A slot held by a document being read frees when its prefill and answer are
-    done: the engine prices it well above the question beside it, near when it
-    actually finishes (admission's mean hold would price both alike). The
-    question's answer steps each carry a chunk of the document, priced too."""
+    done: the engine prices it well above the question beside it (admission's mean
+    hold would price both alike). How near the price comes to the wall time depends
+    on the machine's load, so that is no unit test's to assert (the arithmetic is
+    tests/servekit/test_slot_release.py's): a loaded CI run priced the question at
+    417 ms that took 271."""
     await collect(engine, chat("Name a colour." + " Please." * 10, max_tokens=1))  # a rate
     long_prompt = "Continue this log: " + "a lighthouse keeper logged every ship that passed. " * 25
     long_task = await _reading(engine, long_prompt, max_tokens=12)
@@ -298,19 +300,13 @@ async def test_the_slots_are_priced_by_what_their_sequences_have_left(
     while engine.stats().running < 2:  # noqa: ASYNC110 (worker's counter)
         await asyncio.sleep(0.002)
     released = engine.slot_release_ms()
-    asked = time.monotonic()
-    _, long_fin, long_times = await long_task
-    _, _, short_times = await short_task
+    _, long_fin, _ = await long_task
+    await short_task
     assert released is not None
     assert len(released) == 2
     short_ms, long_ms = released
-    assert long_ms > 2 * short_ms, released
-    took_ms = (long_times[-1] - asked) * 1000.0
     assert long_fin.reason == "length", long_fin  # an early stop: nothing to compare
-    # Near what it took (961 vs 933 ms here, the question 333 vs 257 ms); the
-    # machine is shared, and a busy neighbour only ever makes it take longer.
-    assert 0.25 * took_ms < long_ms < 1.5 * took_ms, (long_ms, took_ms)
-    assert short_ms < 1.5 * (short_times[-1] - asked) * 1000.0, (short_ms, short_times)
+    assert long_ms > 2 * short_ms, released
     assert engine.slot_release_ms() == ()
 
 
