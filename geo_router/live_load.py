@@ -139,9 +139,9 @@ class LiveLoad:
         answered = 200
         async with self._limit:
             try:
-                sent = time.perf_counter()
-                report = await read_load_report(self._client_for(state.info), state.info.url)
-                polled.rtt.add((time.perf_counter() - sent) * 1000.0)
+                report = await read_load_report(
+                    self._client_for(state.info), state.info.url, rtt=polled.rtt
+                )
             except LoadNotReported as exc:
                 answered = exc.answered
             except ServeError as exc:

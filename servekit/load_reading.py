@@ -26,6 +26,7 @@ A read that brings no load raises, mapped once onto the error tree
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ import httpx
 
 from servekit.engine.protocol import LoadReport
 from servekit.errors import UpstreamError
+from servekit.rtt import MeasuredRtt
 from servekit.secrets import redact_url
 from servekit.transport import UNREACHED, error_from_response, map_failure
 
@@ -96,7 +98,13 @@ async def read_load_report(
     *,
     path: str = "/load",
     timeout_s: float | None = None,
+    rtt: MeasuredRtt | None = None,
 ) -> LoadReport:
-    """The instance's own report, ``GET <base_url><path>``."""
+    """The instance's own report, ``GET <base_url><path>``; with ``rtt``, the time
+    an answered read took is added to it (the reader's round trip to the instance)."""
     url = base_url.rstrip("/") + path
-    return await read_load_page(client, url, load_report_from, timeout_s=timeout_s)
+    sent = time.perf_counter()
+    report = await read_load_page(client, url, load_report_from, timeout_s=timeout_s)
+    if rtt is not None:
+        rtt.add((time.perf_counter() - sent) * 1000.0)
+    return report

@@ -170,10 +170,7 @@ class StaticRegistry:
         if not self.settings.load_path:
             return None
         try:
-            sent = time.perf_counter()
-            report = await read_load_report(client, url, path=self.settings.load_path)
-            rtt.add((time.perf_counter() - sent) * 1000.0)
-            return report
+            return await read_load_report(client, url, path=self.settings.load_path, rtt=rtt)
         except LoadNotReported as exc:
             self._problems.status(url, exc.answered)  # a refused token says so, once
             return None

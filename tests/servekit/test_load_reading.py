@@ -19,6 +19,7 @@ from servekit.engine.vllm_metrics import parse_vllm_metrics
 from servekit.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from servekit.load_reading import LoadNotReported, read_load_page, read_load_report
 from servekit.peers import PeerSettings, async_client
+from servekit.rtt import MeasuredRtt
 
 pytestmark = pytest.mark.anyio
 
@@ -146,3 +147,16 @@ async def test_another_format_goes_through_its_own_parser(server: str) -> None:
             client, server + "/metrics", lambda r: parse_vllm_metrics(r.text)
         )
     assert (gauges.running, gauges.waiting) == (5, 1)
+
+
+async def test_an_answered_read_times_the_round_trip_and_a_refused_one_does_not(
+    server: str,
+) -> None:
+    rtt = MeasuredRtt()
+    async with _peer_client() as client:
+        with pytest.raises(LoadNotReported):
+            await read_load_report(client, server + "/draining", rtt=rtt)
+        assert rtt.ms is None  # answered, but without a load: no sample
+        await read_load_report(client, server + "/slow", rtt=rtt)
+    assert rtt.ms is not None
+    assert rtt.ms >= 1000.0  # the page answers after a second
