@@ -160,6 +160,26 @@ class ReplicaPool:
     def status(self) -> list[dict[str, Any]]:
         return [r.status() for r in self.replicas]
 
+    @property
+    def dispatch_wait_s(self) -> float:
+        """How long a request waits for a replica to come back when none is left."""
+        return self._wait_s
+
+    @property
+    def shed_backoff_s(self) -> float:
+        """How long a replica that refused without ``Retry-After`` ranks last."""
+        return self._settings.balancing.shed_backoff_s
+
+    def choose(self, replicas: list[Replica], key: str | None) -> Replica | None:
+        """The balancer's pick among ``replicas`` for a request of prefix ``key``."""
+        chosen = self._balancer.choose([r.candidate() for r in replicas], key)
+        return None if chosen is None else self._by_name[chosen.name]
+
+    async def changed(self, timeout_s: float) -> None:
+        """Until a replica changes state (came back, left, restarted) or ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
     def _replica_changed(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -272,8 +292,8 @@ class _Replicas:
         self._pool = pool
         self._request = request
         self._key = key
-        self._wait_until = _clock() + pool._wait_s
-        self._shed_backoff_s = pool._settings.balancing.shed_backoff_s
+        self._wait_until = _clock() + pool.dispatch_wait_s
+        self._shed_backoff_s = pool.shed_backoff_s
         self._tried: set[str] = set()
         self._last_error: ServeError | None = None
         self._resuming = False
@@ -296,10 +316,9 @@ class _Replicas:
     async def next(self, *, hedge: bool) -> _ReplicaAttempt:
         pool, last_error = self._pool, self._last_error
         while True:
-            chosen = pool._balancer.choose([r.candidate() for r in self._untried()], self._key)
+            chosen = pool.choose(self._untried(), self._key)
             if chosen is not None:
-                replica = pool.replica(chosen.name)
-                return _ReplicaAttempt(replica, self._request, self._shed_backoff_s)
+                return _ReplicaAttempt(chosen, self._request, self._shed_backoff_s)
             if last_error is not None and (
                 self._resuming or len(self._tried) >= len(pool.replicas)
             ):
@@ -309,9 +328,7 @@ class _Replicas:
                 if last_error is not None:
                     raise _blame(last_error)
                 raise NotReady("no healthy replica", retry_after=2)
-            # A replica may come back (or be restarted) in a moment.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pool._changed.wait(), left)
+            await pool.changed(left)  # a replica may come back (or be restarted)
 
     def failed(self, attempt: _ReplicaAttempt, err: ServeError) -> None:
         self._tried.add(attempt.replica.name)
