@@ -48,13 +48,13 @@ def _config(arrivals: list[float], policy: str = "hybrid") -> SimConfig:
     )
 
 
-def _hang(sim: Simulation, name: str, request_ids: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
+def _hang(sim: Simulation, name: str, ids: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """``name`` admits these requests and never answers them (a hung engine)."""
     inst = next(i for i in sim.instances if i.name == name)
     serve = inst.submit
 
     def submit(job: Job) -> bool:
-        if job.req.id not in request_ids:
+        if job.req.id not in ids:
             return serve(job)
         job.instance = inst  # admitted, and never scheduled
         return True
@@ -89,14 +89,17 @@ def test_a_hung_edge_is_cut_at_the_attempts_deadline_and_the_center_serves(
     (req,) = sim.run().requests
     first, second = req.jobs
     assert [_instance(j).name for j in req.jobs] == ["edge/a/0", "center/0"]
-    assert not req.failed and req.winner is second and req.ttft is not None
+    assert not req.failed
+    assert req.winner is second
+    assert req.ttft is not None
     # The next candidate was sent the moment the first one's own deadline passed.
     deadline = first_token_deadline_s(sim.policy.routing, plans[0][0])
     assert second.sent - first.sent == pytest.approx(deadline)
     assert req.ttft > deadline
     # The hung edge was told to stop, and the router booked a failure there (the
     # dispatcher's rule: a missed first token counts against the instance).
-    assert first.cancelled and first.first_token is None
+    assert first.cancelled
+    assert first.first_token is None
     assert (req.fallbacks, req.hedged) == (1, False)
     stats = sim.policy.tracker.stats("edge/a/0")
     assert (stats.failures, stats.inflight) == (1, 0)
@@ -120,7 +123,9 @@ def test_a_hedge_races_a_slow_edge_after_the_requests_predicted_p90(
     assert delay == max(sim.policy.routing.hedge.min_delay_ms, p90) / 1000.0
     first, hedge = req.jobs
     assert hedge.sent - first.sent == pytest.approx(delay)
-    assert req.hedged and req.winner is hedge and _instance(hedge).tier == "center"
+    assert req.hedged
+    assert req.winner is hedge
+    assert _instance(hedge).tier == "center"
     # The losing attempt is abandoned, not failed: its instance is told to stop.
     assert first.cancelled
     assert sim.policy.tracker.stats("edge/a/0").failures == 0

@@ -105,4 +105,5 @@ def test_waiting_on_nothing_that_can_happen_stops_the_loop() -> None:
     loop = VirtualLoop()
     with pytest.raises(RuntimeError, match="before Future completed"):
         loop.run_until_complete(asyncio.Event().wait())
-    assert loop.time() == 0.0 and loop.until == math.inf
+    assert loop.time() == 0.0
+    assert loop.until == math.inf
