@@ -3,11 +3,15 @@ policy to edge instances or the center, over the region RTT table.
 
 Timing of one request (the router sits in the user's city, as a regional
 front door would): the client reaches the router after half the same-city
-RTT; the router adds its overhead and sends to the chosen instance (half the
-router→instance RTT); the first token travels back the same way. A 429 from a
-full instance costs that round trip and falls back to the next candidate; a
-hedge races the runner-up when no first token came within ``hedge_after``,
-and the loser is cancelled when the winner's first token reaches the router.
+RTT; the router adds its overhead, plans (the policy) and dispatches with its
+own dispatcher (``geo_router.dispatch.first_primed``) over the simulated
+network (:mod:`hybrid_llm.fleet.sim.transport`: half the router→instance RTT
+each way); the first token travels back the same way. A 429 from a full
+instance costs that round trip and the next candidate is tried; so is one
+that misses its attempt's first-token deadline; a hedge races the next
+candidate after the dispatcher's hedge delay, and the loser is cancelled when
+the winner's first token reaches the router. Instances and dispatcher share
+one virtual clock (:mod:`hybrid_llm.fleet.sim.events`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ _Ts = TypeVarTuple("_Ts")
 class _Timer(asyncio.TimerHandle):
     """A timer ordered by due time, then by when it was scheduled."""
 
-    __slots__ = ("_seq",)
+    __slots__ = ("_key",)
 
     def __init__(
         self,
@@ -47,13 +47,12 @@ class _Timer(asyncio.TimerHandle):
         context: Context | None,
     ) -> None:
         super().__init__(when, callback, args, loop, context)
-        self._seq = seq
+        self._key = (when, seq)  # one comparison in C: the timer heap is the hot path
 
     def __lt__(self, other: asyncio.TimerHandle) -> bool:
-        mine, theirs = self.when(), other.when()
-        if mine != theirs or not isinstance(other, _Timer):
-            return mine < theirs
-        return self._seq < other._seq
+        if isinstance(other, _Timer):
+            return self._key < other._key
+        return self.when() < other.when()
 
 
 class _Advance:
