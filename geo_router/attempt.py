@@ -34,6 +34,7 @@ from geo_router.scoring import Scored
 from geo_router.settings import RoutingSettings
 from geo_router.spans import candidate_attributes
 from geo_router.tracker import Tracker
+from servekit.dispatch import Clock
 from servekit.errors import (
     ContextLengthExceeded,
     RateLimited,
@@ -74,6 +75,9 @@ class Routing:
     prefixes: PrefixIndex | None = None
     peers: Callable[[InstanceInfo], PeerCredentials | None] = lambda _info: None
     tracing: Tracing = OFF
+    # The dispatch loop's clock: attempts' starts, deadlines and TTFTs are its readings
+    # (a simulation passes its virtual event loop's ``time``).
+    clock: Clock = time.perf_counter
 
 
 def first_token_deadline_s(routing: RoutingSettings, cand: Scored) -> float:
@@ -149,7 +153,7 @@ class Attempt:
         self.cand = cand
         self.index = index  # its place in the try order
         self.url = cand.url + req.path
-        self.started = time.perf_counter()  # the dispatch loop's clock (servekit.dispatch)
+        self.started = routing.clock()  # the dispatch loop's clock (servekit.dispatch)
         # Its first token by then, or it is cut while somebody else is left to try.
         self.deadline = self.started + first_token_deadline_s(routing.settings, cand)
         self.head = b""  # the complete events read while priming
@@ -209,7 +213,7 @@ class Attempt:
                             raise err
                     if reader.done or any(_has_token(e) for e in events):
                         response.flowing()  # silence is timed from the first token on
-                        self.ttft_s = time.perf_counter() - self.started
+                        self.ttft_s = r.clock() - self.started
                         if self.span is not None:
                             self.span.add_event("first_token")
                             self.span.set_attribute("attempt.ttft_ms", self.ttft_s * 1e3)

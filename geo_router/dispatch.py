@@ -78,7 +78,9 @@ async def first_primed(
             lambda a: hedge_delay_s(settings, tracker, a.cand),
             lambda: hedges.labels("started").inc(),
         )
-    winner, hedged = await dispatch.first_primed(_Plan(routing, req, plan), hedge=racing)
+    winner, hedged = await dispatch.first_primed(
+        _Plan(routing, req, plan), hedge=racing, clock=routing.clock
+    )
     if hedged:
         hedges.labels("won" if winner.index > 0 else "lost").inc()
     return winner, hedged and winner.index > 0

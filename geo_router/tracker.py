@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -61,9 +62,19 @@ class InstanceStats:
 
 
 class Tracker:
+    """``clock`` times circuits, back-offs and the predictor (monotonic); ``wall`` stamps
+    releases, compared with load reports' heartbeats (wall-clock). A simulation passes
+    its virtual time as both."""
+
     def __init__(
-        self, breaker: BreakerSettings, prediction: PredictionSettings | None = None
+        self,
+        breaker: BreakerSettings,
+        prediction: PredictionSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        self._clock, self._wall = clock, wall
         self._settings = breaker
         self._prediction = prediction or PredictionSettings()
         self._stats: dict[str, InstanceStats] = {}
@@ -72,7 +83,7 @@ class Tracker:
     def stats(self, instance_id: str, now: float | None = None) -> InstanceStats:
         found = self._stats.get(instance_id)
         if found is None:
-            first_seen = time.monotonic() if now is None else now
+            first_seen = self._clock() if now is None else now
             found = InstanceStats(first_seen, TtftModel(self._prediction, self._fleet_quick))
             self._stats[instance_id] = found
         return found
@@ -94,7 +105,7 @@ class Tracker:
         if s is None:
             return True
         if s.circuit is Circuit.OPEN:
-            now = time.monotonic() if now is None else now
+            now = self._clock() if now is None else now
             return now - s.opened_at >= s.open_for
         return not (s.circuit is Circuit.HALF_OPEN and s.probing)
 
@@ -103,7 +114,7 @@ class Tracker:
         s = self.stats(instance_id)
         s.inflight += 1
         if s.circuit is Circuit.OPEN:
-            now = time.monotonic() if now is None else now
+            now = self._clock() if now is None else now
             if now - s.opened_at >= s.open_for:
                 s.circuit = Circuit.HALF_OPEN
         if s.circuit is Circuit.HALF_OPEN:
@@ -113,7 +124,7 @@ class Tracker:
         """A request there ended; ``now`` is wall-clock time (a simulation passes its own)."""
         s = self.stats(instance_id)
         s.inflight = max(0, s.inflight - 1)
-        s.released.append(time.time() if now is None else now)
+        s.released.append(self._wall() if now is None else now)
 
     def success(
         self,
@@ -128,9 +139,9 @@ class Tracker:
         if ttft_ms is not None:
             s.ttft_ms.append(ttft_ms)
             if predicted is not None:
-                s.model.observe(predicted, ttft_ms, time.monotonic() if now is None else now)
+                s.model.observe(predicted, ttft_ms, self._clock() if now is None else now)
         if s.circuit is not Circuit.CLOSED:
-            s.first_seen = time.monotonic()  # recovered: ramp up again
+            s.first_seen = self._clock()  # recovered: ramp up again
         s.circuit = Circuit.CLOSED
         s.failures = 0
         s.open_for = 0.0
@@ -144,7 +155,7 @@ class Tracker:
 
     def failure(self, instance_id: str, now: float | None = None) -> None:
         s = self.stats(instance_id)
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         s.failures += 1
         if s.circuit is Circuit.HALF_OPEN:
             s.open_for = min(self._settings.max_open_s, max(s.open_for, self._settings.open_s) * 2)
@@ -156,7 +167,7 @@ class Tracker:
     def refused(self, instance_id: str, backoff_s: float, now: float | None = None) -> None:
         """It answered 429: busy, not broken. Rank it last for ``backoff_s``."""
         s = self.stats(instance_id)
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         s.refused_until = max(s.refused_until, now + backoff_s)
         s.probing = False
 

@@ -95,15 +95,16 @@ class Workload:
     api: Api = "chat"
     seed: int = 0
     extra_body: dict[str, Any] | None = None
+    # Unique per workload object unless given, so a rerun (same seed) misses the
+    # server's prefix cache just like the first run did.
+    nonce: str | None = None
 
     def __post_init__(self) -> None:
         if not self.buckets:
             raise ValueError("a workload needs at least one bucket")
         self._rng = random.Random(self.seed)
         self._serial = 0
-        # Unique per workload object, so a rerun (same seed) misses the server's
-        # prefix cache just like the first run did.
-        self._nonce = secrets.token_hex(3)
+        self._nonce = secrets.token_hex(3) if self.nonce is None else self.nonce
 
     @property
     def path(self) -> str:

@@ -1,8 +1,9 @@
 """Routing policies: the seam between the simulator and the routing code.
 
-A policy sees the request and the fleet and returns the ordered candidates:
-the first is dispatched, the next one is where a 429 falls back to and what a
-hedge races. The hybrid policies are the router's own scoring
+A policy sees the request and the fleet and returns the ordered candidates,
+scored as the router scores them: the router's dispatcher tries the first,
+falls back to the next after a 429 or a missed first-token deadline, and
+races the next with a hedge. The hybrid policies are the router's own scoring
 (:mod:`hybrid_llm.fleet.sim.router_policy`); this module has the fleet, the center
 pool and the all-to-center baseline.
 """
@@ -10,17 +11,21 @@ pool and the all-to-center baseline.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
+from geo_router.scoring import Scored
+from geo_router.settings import RoutingSettings
+from geo_router.tracker import Circuit, Tracker
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.instance import Instance
 from hybrid_llm.fleet.sim.request import Job, SimRequest
 from servekit.engine.protocol import LoadReport, pooled_figures
+from servekit.registry.protocol import InstanceInfo, InstanceState
 from servekit.rtt import RttTable
 
-__all__ = ["AllToCenter", "CenterPool", "Fleet", "Policy", "Target"]
+__all__ = ["AllToCenter", "CenterPool", "Fleet", "Policy", "Target", "instance_info"]
 
 
 class Target(Protocol):
@@ -105,45 +110,49 @@ class Fleet:
         return out
 
 
+def instance_info(target: Target, capacity: int) -> InstanceInfo:
+    """How the router's registry lists ``target``; its URL names it, for the
+    simulation's transport (``hybrid_llm.fleet.sim.transport``)."""
+    return InstanceInfo(
+        id=target.name,
+        tier=target.tier,
+        region=target.region,
+        address=target.name.replace("/", "."),
+        port=80,
+        model="sim",
+        capacity=capacity,
+    )
+
+
 class Policy(Protocol):
-    """Chooses where a request goes, and hears what the router would hear."""
+    """Chooses where a request goes: the plan the router's dispatcher
+    (``geo_router.dispatch``) tries in order, with these settings and tracker."""
+
+    routing: RoutingSettings
+    tracker: Tracker
+    hedge: bool  # a second attempt races a slow first one
 
     def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
         """Begin whatever runs in the background until ``until`` (polling load reports)."""
         ...
 
-    def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]: ...
-
-    def hedge_after(self, target: Target) -> float | None:
-        """Seconds before a hedge races an attempt at ``target``; None: never."""
-        ...
-
-    def sent(self, target: Target) -> None: ...
-
-    def primed(self, req: SimRequest, target: Target, ttft_s: float) -> None:
-        """``req``'s first token from ``target`` reached the router ``ttft_s`` after sending."""
-        ...
-
-    def released(self, target: Target, failed: bool = False) -> None:
-        """A request there ended at the router (``failed``: answered 429)."""
-        ...
+    def plan(self, req: SimRequest, fleet: Fleet) -> list[Scored]: ...
 
 
 class AllToCenter:
+    """Every request to the center (one candidate: no deadline, no hedge)."""
+
+    hedge = False
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.routing = RoutingSettings()
+        self.tracker = Tracker(self.routing.breaker, clock=clock, wall=clock)
+        self._plan: list[Scored] = []
+
     def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
-        return None
+        info = instance_info(fleet.center, fleet.center.report().capacity)
+        state = InstanceState(info, LoadReport(ready=True), True, loop.now)
+        self._plan = [Scored(state, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, Circuit.CLOSED)]
 
-    def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]:
-        return [fleet.center]
-
-    def hedge_after(self, target: Target) -> float | None:
-        return None
-
-    def sent(self, target: Target) -> None:
-        return None
-
-    def primed(self, req: SimRequest, target: Target, ttft_s: float) -> None:
-        return None
-
-    def released(self, target: Target, failed: bool = False) -> None:
-        return None
+    def plan(self, req: SimRequest, fleet: Fleet) -> list[Scored]:
+        return self._plan

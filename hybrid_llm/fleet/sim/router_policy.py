@@ -1,5 +1,6 @@
-"""The hybrid policy driven by the router's own code: ``geo_router.scoring``,
-``geo_router.tracker`` and the hedge rule of ``geo_router.dispatch``.
+"""The hybrid policy driven by the router's own code: ``geo_router.scoring`` and
+``geo_router.planner``'s ranking make the plan, which the router's own dispatcher
+(``geo_router.dispatch``, its attempts booking ``geo_router.tracker``) tries.
 
 Every ``poll_interval_s`` the router reads each instance's ``/load`` over the
 RTT between them (the static registry's probe: ``/ready``, then ``/load``;
@@ -8,11 +9,12 @@ its heartbeat half an RTT later), so it routes on reports up to a period old.
 The simulated instances report what a real edge does (running and waiting
 counts, its recent TTFT P50/P95, decode and prefill rates; see
 :meth:`hybrid_llm.fleet.sim.instance.Instance.report`). The router's
-:class:`~geo_router.tracker.Tracker` counts its own requests in flight and the
-ones that ended since a report (so a stale report is discounted), its own TTFT
-per instance and each request's predicted TTFT there (``geo_router.predictor``,
-learned from the first tokens it hears: the hedge delay), and 429s (ranked last
-for a moment); its
+:class:`~geo_router.tracker.Tracker`, booked by the dispatcher's attempts,
+counts its own requests in flight and the ones that ended since a report (so a
+stale report is discounted), its own TTFT per instance and each request's
+predicted TTFT there (``geo_router.predictor``, learned from the first tokens it
+hears: the hedge delay and the first-token deadline), missed deadlines (its
+circuit breaker) and 429s (ranked last for their ``Retry-After``); its
 :class:`~geo_router.scoring.Scorer` predicts each candidate's TTFT (RTT + queue
 wait + prefill + busy slowdown, power-of-two choices among the near-best) and
 orders them. The tier logic is ``geo_router.planner``'s own
@@ -34,17 +36,14 @@ has sent that prefix everywhere.
 from __future__ import annotations
 
 import random
-import weakref
 from collections.abc import Callable
 
-from geo_router.dispatch import hedge_delay_s  # the dispatcher's own hedge rule
 from geo_router.planner import rank_classified, tier_bias_ms  # the planner's own ranking
-from geo_router.predictor import Prediction
 from geo_router.scoring import Scored, Scorer
 from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
 from hybrid_llm.fleet.sim.events import EventLoop
-from hybrid_llm.fleet.sim.policy import Fleet, Target
+from hybrid_llm.fleet.sim.policy import Fleet, Target, instance_info
 from hybrid_llm.fleet.sim.request import SimRequest
 from servekit.engine.protocol import LoadReport
 from servekit.registry.protocol import InstanceInfo, InstanceState, Tier
@@ -65,18 +64,6 @@ def router_routing(mean_output: float, **overrides: object) -> RoutingSettings:
     return RoutingSettings.model_validate(data)
 
 
-def _info(target: Target, capacity: int) -> InstanceInfo:
-    return InstanceInfo(
-        id=target.name,
-        tier=target.tier,
-        region=target.region,
-        address="sim",
-        port=0,
-        model="sim",
-        capacity=capacity,
-    )
-
-
 class RouterPolicy:
     """Candidates as ``geo_router`` orders them; ``clock`` is the simulation's time."""
 
@@ -93,7 +80,8 @@ class RouterPolicy:
         router_region: str | None = None,
     ) -> None:
         self.routing = routing
-        self.tracker = Tracker(routing.breaker, routing.prediction)
+        # Booked by the dispatcher's attempts (geo_router.attempt), on the simulation's clock.
+        self.tracker = Tracker(routing.breaker, routing.prediction, clock=clock, wall=clock)
         self.scorer = Scorer(routing, rtt, self.tracker, rng)
         self.rtt = rtt
         self.rng = rng
@@ -108,11 +96,6 @@ class RouterPolicy:
         self.router_region = router_region
         self.states: dict[str, InstanceState] = {}
         self._infos: dict[str, InstanceInfo] = {}
-        self._scored: dict[str, Scored] = {}
-        # Each request's predictions per instance, until its first token teaches one.
-        self._predicted: weakref.WeakKeyDictionary[SimRequest, dict[str, Prediction]] = (
-            weakref.WeakKeyDictionary()
-        )
 
     # -- the router's view of the fleet: polled load reports ------------------
     def start(self, loop: EventLoop, fleet: Fleet, until: float) -> None:
@@ -121,7 +104,7 @@ class RouterPolicy:
         home = self.router_region or next(iter(fleet.edges), fleet.center.region)
         for target in targets:
             report = target.report()  # the registry's first probe, before serving
-            self._infos[target.name] = _info(target, report.capacity)
+            self._infos[target.name] = instance_info(target, report.capacity)
             self._publish(loop, target.name, report)
         loop.after(self.poll_interval_s, self._poll, loop, targets, home, until)
 
@@ -141,7 +124,7 @@ class RouterPolicy:
         )
 
     # -- routing ----------------------------------------------------------------
-    def candidates(self, req: SimRequest, fleet: Fleet) -> list[Target]:
+    def plan(self, req: SimRequest, fleet: Fleet) -> list[Scored]:
         now = self.clock()
         available = self.tracker.available
         edges = [
@@ -150,8 +133,6 @@ class RouterPolicy:
             if available(e.name, now)
         ]
         center: Target = fleet.center
-        by_id: dict[str, Target] = {t.name: t for t in edges}
-        by_id[center.name] = center
         tokens = req.estimated_tokens or req.prompt_tokens
 
         def score(target: Target, bias_ms: float = 0.0) -> Scored:
@@ -180,29 +161,4 @@ class RouterPolicy:
                 self._rent.pop(key, None)
             elif ordered[0].rent_ms > 0:
                 self._rent[key] = self._rent.get(key, 0.0) + ordered[0].rent_ms
-        ordered = ordered[: self.routing.max_attempts]
-        self._scored = {s.id: s for s in ordered}
-        self._predicted[req] = {s.id: s.prediction for s in ordered if s.prediction is not None}
-        return [by_id[s.id] for s in ordered]
-
-    # -- what the router hears --------------------------------------------------
-    def hedge_after(self, target: Target) -> float | None:
-        if not self.hedge:
-            return None
-        scored = self._scored.get(target.name)
-        if scored is None:
-            return self.routing.hedge.default_delay_ms / 1000.0
-        return hedge_delay_s(self.routing.hedge, self.tracker, scored)
-
-    def sent(self, target: Target) -> None:
-        self.tracker.acquire(target.name, self.clock())
-
-    def primed(self, req: SimRequest, target: Target, ttft_s: float) -> None:
-        predicted = self._predicted.pop(req, {}).get(target.name)
-        self.tracker.success(target.name, ttft_s * 1000.0, predicted, self.clock())
-
-    def released(self, target: Target, failed: bool = False) -> None:
-        now = self.clock()
-        self.tracker.release(target.name, now)
-        if failed:  # a 429: busy, not broken (the router's dispatcher books it so)
-            self.tracker.refused(target.name, self.routing.shed_backoff_s, now)
+        return ordered[: self.routing.max_attempts]

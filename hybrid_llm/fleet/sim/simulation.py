@@ -3,11 +3,15 @@ policy to edge instances or the center, over the region RTT table.
 
 Timing of one request (the router sits in the user's city, as a regional
 front door would): the client reaches the router after half the same-city
-RTT; the router adds its overhead and sends to the chosen instance (half the
-router→instance RTT); the first token travels back the same way. A 429 from a
-full instance costs that round trip and falls back to the next candidate; a
-hedge races the runner-up when no first token came within ``hedge_after``,
-and the loser is cancelled when the winner's first token reaches the router.
+RTT; the router adds its overhead, plans (the policy) and dispatches with its
+own dispatcher (``geo_router.dispatch.first_primed``) over the simulated
+network (:mod:`hybrid_llm.fleet.sim.transport`: half the router→instance RTT
+each way); the first token travels back the same way. A 429 from a full
+instance costs that round trip and the next candidate is tried; so is one
+that misses its attempt's first-token deadline; a hedge races the next
+candidate after the dispatcher's hedge delay, and the loser is cancelled when
+the winner's first token reaches the router. Instances and dispatcher share
+one virtual clock (:mod:`hybrid_llm.fleet.sim.events`).
 """
 
 from __future__ import annotations
@@ -15,24 +19,36 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, cast
 
+from geo_router.attempt import Routing
+from geo_router.dispatch import first_primed
+from geo_router.metrics import RouterMetrics
+from geo_router.planner import Planner
+from geo_router.region import ResolvedRegion
+from geo_router.request import RouteRequest
 from hybrid_llm.fleet.sim.config import SimConfig, WarmState
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.instance import Instance
-from hybrid_llm.fleet.sim.policy import AllToCenter, CenterPool, Fleet, Policy, Target
+from hybrid_llm.fleet.sim.policy import AllToCenter, CenterPool, Fleet, Policy
 from hybrid_llm.fleet.sim.profiles import EngineProfile
 from hybrid_llm.fleet.sim.protection import EdgeProtection
 from hybrid_llm.fleet.sim.request import Job, SimRequest
+from hybrid_llm.fleet.sim.transport import REQUEST_HEADER, SimTransport
+from servekit.errors import ServeError
 
 __all__ = ["SimResult", "Simulation", "build_policy"]
+
+_PATH = "/v1/chat/completions"
+# What the simulated client sends (the instances simulate the work from the SimRequest).
+_BODY: dict[str, Any] = {"model": "auto", "messages": [{"role": "user", "content": "sim"}]}
 
 
 def build_policy(config: SimConfig, rng: random.Random, clock: Callable[[], float]) -> Policy:
     """The configured policy; the hybrid ones route with the router's own scoring."""
     spec = config.policy
     if spec.name == "all-center":
-        return AllToCenter()
+        return AllToCenter(clock)
     from hybrid_llm.fleet.sim.router_policy import RouterPolicy, router_routing
 
     router = dict(spec.router)
@@ -86,6 +102,17 @@ class Simulation:
         ]
         self.fleet = Fleet(edges, CenterPool(config.center.region, replicas), config.rtt)
         self.requests: list[SimRequest] = []
+        self.transport = SimTransport(self.loop, self.fleet, self.requests)
+        # What the router's dispatcher shares between requests; it never re-plans
+        # (no continuation in the simulator), so it needs no planner.
+        self.routing = Routing(
+            self.transport,
+            cast(Planner, None),
+            self.policy.tracker,
+            RouterMetrics(),
+            self.policy.routing,
+            clock=self.loop.aio.time,
+        )
         # Traced requests: the traces, where each request came from, and the next
         # turn of a conversation, sent when the answer before it arrives.
         self._traces = {r.name: r.trace or [] for r in config.regions}
@@ -199,83 +226,44 @@ class Simulation:
         self.loop.after(self._client_s / 2 + self._overhead_s, self._route, req)
 
     def _route(self, req: SimRequest) -> None:
-        candidates = self.policy.candidates(req, self.fleet)
-        if not candidates:
+        self.loop.spawn(self._routed(req))
+
+    async def _routed(self, req: SimRequest) -> None:
+        """The router's own dispatch of ``req`` (``geo_router.dispatch``): the first
+        candidate to prime wins, its stream is relayed to the end, and its attempt
+        books the tracker; the transport carries it to the instances."""
+        plan = self.policy.plan(req, self.fleet)
+        if not plan:
             req.failed = True
             return
-        self._dispatch(req, candidates, 0)
-        hedge = self.policy.hedge_after(candidates[0])
-        if hedge is not None and len(candidates) > 1:
-            self.loop.after(hedge, self._hedge, req, candidates)
-
-    def _dispatch(self, req: SimRequest, candidates: list[Target], index: int) -> None:
-        target = candidates[index]
-        rtt = self.fleet.rtt_s(req.region, target.region)
-        job = Job(req, rtt, target=target, sent=self.loop.now)
-        req.jobs.append(job)
-        self.policy.sent(target)
-        self.loop.after(rtt / 2, self._deliver, job, target, candidates, index)
-
-    def _deliver(self, job: Job, target: Target, candidates: list[Target], index: int) -> None:
-        if job.req.winner is not None:
-            return  # the other copy already answered (the router released it then)
-        if target.submit(job):
-            return
-        # 429: the router hears it one way later and tries the next candidate.
-        job.state = "done"
-        self.loop.after(job.rtt / 2, self._rejected, job, candidates, index)
-
-    def _release(self, job: Job, failed: bool = False) -> None:
-        if not job.released and job.target is not None:
-            job.released = True
-            self.policy.released(job.target, failed)
-
-    def _rejected(self, job: Job, candidates: list[Target], index: int) -> None:
-        req = job.req
-        self._release(job, failed=True)
-        if req.winner is not None:
-            return
-        if index + 1 < len(candidates):
-            req.fallbacks += 1
-            self._dispatch(req, candidates, index + 1)
-        elif all(j.state == "done" and j.first_token is None for j in req.jobs):
+        route = RouteRequest(
+            _BODY, "chat", _PATH, ResolvedRegion(req.region, "default", None), "",
+            {REQUEST_HEADER: str(req.id)}, self.loop.now,
+        )  # fmt: skip
+        try:
+            attempt, _ = await first_primed(self.routing, route, plan, hedge=self.policy.hedge)
+        except ServeError:
             req.failed = True
-
-    def _hedge(self, req: SimRequest, candidates: list[Target]) -> None:
-        if req.winner is not None or req.hedged or req.failed:
             return
-        used = {j.instance for j in req.jobs}
-        for index, target in enumerate(candidates):
-            if target not in used and not (target.tier == "center" and self._on_center(req)):
-                req.hedged = True
-                self._dispatch(req, candidates, index)
-                return
-
-    def _on_center(self, req: SimRequest) -> bool:
-        return any(j.instance is not None and j.instance.tier == "center" for j in req.jobs)
+        req.winner = next(
+            j for j in reversed(req.jobs) if j.target and j.target.name == attempt.cand.id
+        )
+        req.ttft = self.loop.now + self._client_s / 2 - req.arrival
+        attempt.won()
+        try:
+            async for _ in attempt.relay():
+                pass
+        except ServeError:
+            await attempt.broke()
+            return
+        await attempt.finished()
 
     # -- what instances report (InstanceSink) ---------------------------------
     def first_token(self, job: Job, now: float) -> None:
-        self.loop.after(job.rtt / 2, self._first_at_router, job)
-
-    def _first_at_router(self, job: Job) -> None:
-        req = job.req
-        if req.winner is not None:
-            if job is not req.winner and job.instance is not None:
-                job.instance.cancel(job)
-            return
-        req.winner = job
-        req.ttft = self.loop.now + self._client_s / 2 - req.arrival
-        if job.target is not None:
-            self.policy.primed(req, job.target, self.loop.now - job.sent)
-        for other in req.jobs:
-            if other is not job:
-                self._release(other)  # the router drops the losing attempt now
-                if other.instance is not None:
-                    # The abort reaches the loser one way later.
-                    self.loop.after(other.rtt / 2, other.instance.cancel, other)
+        self.transport.heard(job, "first_token")
 
     def done(self, job: Job, now: float) -> None:
+        self.transport.heard(job, "done")
         req = job.req
         if job.first_token is None or job.cancelled:
             return
@@ -284,7 +272,6 @@ class Simulation:
         if req.output_tokens > 1:
             req.tpot = (now - job.first_token) / (req.output_tokens - 1)
         req.e2e = now + job.rtt / 2 + self._client_s / 2 - req.arrival
-        self.loop.after(job.rtt / 2, self._release, job)  # the last byte at the router
         traced = self._traced.pop(req, None)
         nxt = self._next_turn.pop(traced, None) if traced is not None else None
         if traced is not None and nxt is not None:
