@@ -220,5 +220,5 @@ async def open_discovery(
     if live is not None:
         await live.poll_once()  # the first requests route on live load too
         polling = asyncio.create_task(live.run())
-        stack.push_async_callback(cancel_all, [polling])
+        stack.push_async_callback(live.stop, polling)
     return Discovery(merge_sources(sources), poller, stale, backend if registry else None)

@@ -46,6 +46,7 @@ from servekit.load_reading import LoadNotReported, read_load_report
 from servekit.registry import CatalogView, InstanceInfo, InstanceState
 from servekit.rtt import MeasuredRtt
 from servekit.tls import describe_tls_error
+from servekit.winddown import pause, wind_down
 
 __all__ = ["LiveLoad"]
 
@@ -78,6 +79,7 @@ class LiveLoad:
         self.interval_s = interval_s
         self.unreachable_after = unreachable_after
         self._limit = asyncio.Semaphore(concurrency)
+        self._stopping = asyncio.Event()  # set by stop()
         self._polled: dict[str, _Polled] = {}
         self._warned: set[str] = set()
         self._merged: list[InstanceState] = []
@@ -105,11 +107,18 @@ class LiveLoad:
 
     async def run(self) -> None:
         """Poll every interval, and newly listed instances as soon as they appear."""
+        stopping = self._stopping
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._follow_catalog())
-            while True:
+            follow = tg.create_task(self._follow_catalog())
+            await self.poll_once()
+            while not await pause(stopping, self.interval_s):
                 await self.poll_once()
-                await asyncio.sleep(self.interval_s)
+            follow.cancel()
+
+    async def stop(self, task: asyncio.Task[None]) -> None:
+        """Stop ``task`` (this poller's :meth:`run`) once its round under way is done
+        (``servekit.winddown``)."""
+        await wind_down(task, self._stopping)
 
     async def _follow_catalog(self) -> None:
         while True:

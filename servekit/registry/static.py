@@ -46,6 +46,7 @@ from servekit.registry.protocol import (
 )
 from servekit.registry.settings import StaticEntry, StaticSettings
 from servekit.rtt import MeasuredRtt
+from servekit.winddown import pause, wind_down
 
 __all__ = ["StaticRegistry", "entry_info"]
 
@@ -98,25 +99,25 @@ class StaticRegistry:
         self._index = 1
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         """Probe every entry once, then keep probing in the background."""
         if self._task is None:
             await self.probe_once()
+            self._stopping = asyncio.Event()
             self._task = asyncio.create_task(self._run(), name="static-registry-probe")
 
     async def aclose(self) -> None:
+        """Stop probing (a round under way may finish first, ``servekit.winddown``)."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await wind_down(task, self._stopping)
         if self._own_client:
             await self._client.aclose()
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.probe_interval_s)
+        while not await pause(self._stopping, self.settings.probe_interval_s):
             await self.probe_once()
 
     async def probe_once(self) -> None:

@@ -28,6 +28,7 @@ class Instance:
         self.ready = True
         self.stall_s = 0.0  # how long /ready takes to answer
         self.load_stall_s = 0.0  # how long /load takes to answer
+        self.load_asked = 0  # /load requests received
         self.load = LoadReport(ready=True, running=2, capacity=4, model="m", version="v1")
         routes = [Route("/ready", self._ready)]
         if with_load:
@@ -41,6 +42,7 @@ class Instance:
         return PlainTextResponse("draining", status_code=503)
 
     async def _load(self, request: Request) -> Response:
+        self.load_asked += 1
         await asyncio.sleep(self.load_stall_s)
         return JSONResponse(self.load.to_dict())
 
@@ -248,3 +250,24 @@ async def test_each_entry_carries_the_round_trip_its_load_reads_took() -> None:
             assert now < first
         finally:
             await registry.aclose()
+
+
+async def test_closing_lets_a_probe_round_under_way_finish() -> None:
+    """Cancelling a probe halfway through a TLS handshake leaks its socket (httpcore
+    closes the stream on an error, not on a cancellation): closing waits for the
+    round under way, which is seen here because its reading arrives."""
+    instance = Instance(with_load=True)
+    with UvicornThread(instance.app) as a:
+        settings = StaticSettings(
+            entries=[StaticEntry(url=a.url, tier="edge", region="eu", model="m")],
+            probe_interval_s=0.05,
+        )
+        registry = StaticRegistry(settings)
+        await registry.start()
+        instance.load_stall_s = 0.3
+        instance.load = LoadReport(ready=True, running=7)
+        asked = instance.load_asked
+        while instance.load_asked == asked:  # noqa: ASYNC110 (the server's counter)
+            await asyncio.sleep(0.01)
+        await registry.aclose()  # the round under way has its /load stalled
+    assert (await registry.instances())[0].load.running == 7
