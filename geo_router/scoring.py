@@ -279,6 +279,8 @@ class Scorer:
             busy_seqs=min(busy, capacity),
             prior_ms=rtt + queue_ms + prefill_ms + busy_ms,
             ms_per_token=1000.0 / prefill_tps,
+            # A repeat's uncached tail and the attention term are priced from it.
+            cached_tokens=cached_tokens,
         )
         prediction = stats.model.predict(features, now)
         return Scored(

@@ -7,7 +7,10 @@ make that a true ITL). TPOT is ``(E2E - TTFT) / (tokens - 1)``.
 
 Through the geo router, the route headers say where a request went and the
 TTFT the router predicted for it there (``X-Route-Predicted-Ttft-Ms``), which
-the summary compares with the TTFT measured here.
+the summary compares with the TTFT measured here. Its ``Server-Timing`` stages
+add up to the router's own time from the request's arrival to its first token
+(``router_ttft``): what the router's predictor learns from, beside what the
+client saw.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import httpx
 
 from servekit.sse import EventReader
 
-__all__ = ["RequestRecord", "send_streaming"]
+__all__ = ["RequestRecord", "send_streaming", "server_timing_s"]
 
 PREDICTED_HEADER = "x-route-predicted-ttft-ms"
 PREDICTED_P90_HEADER = "x-route-predicted-ttft-p90-ms"
@@ -30,6 +33,7 @@ ROUTE_HEADERS = {
     "region": "x-route-region",
     "user_region": "x-route-user-region",
     "reason": "x-route-reason",
+    "instance": "x-route-instance",
 }
 
 
@@ -52,10 +56,12 @@ class RequestRecord:
     region: str = "-"
     user_region: str = "-"
     reason: str = "-"
+    instance: str = "-"
     turn: int = 0  # which turn of its conversation (0: the first)
     retry_after: float | None = None  # a 429's Retry-After, seconds
     predicted_ttft: float | None = None  # the router's predicted median TTFT, seconds
     predicted_ttft_p90: float | None = None  # its P90, once the router learned the instance
+    router_ttft: float | None = None  # the router's arrival to first token (its Server-Timing)
 
     @property
     def same_city(self) -> bool:
@@ -112,6 +118,7 @@ async def send_streaming(
                     setattr(record, key, value)
             record.predicted_ttft = _seconds(response.headers.get(PREDICTED_HEADER))
             record.predicted_ttft_p90 = _seconds(response.headers.get(PREDICTED_P90_HEADER))
+            record.router_ttft = server_timing_s(response.headers.get("server-timing"))
             if response.status_code != 200:
                 raw = await response.aread()
                 record.error = _error_message(response.status_code, raw)
@@ -168,6 +175,23 @@ def _seconds(ms: str | None) -> float | None:
         return float(ms) / 1000.0
     except ValueError:
         return None
+
+
+def server_timing_s(header: str | None) -> float | None:
+    """The sum of a ``Server-Timing`` header's durations, in seconds (``None`` without
+    one): the router's stages follow one another from arrival to the first token."""
+    if not header:
+        return None
+    total = 0.0
+    for metric in header.split(","):
+        for param in metric.split(";")[1:]:
+            name, _, value = param.strip().partition("=")
+            if name == "dur":
+                try:
+                    total += float(value)
+                except ValueError:
+                    return None
+    return total / 1000.0
 
 
 def _error_message(status: int, raw: bytes) -> str:

@@ -115,8 +115,10 @@ def create_app(
             "X-Route-User-Region": "region-a",
             "X-Route-Reason": "simple" if tier == "edge" else "pinned",
         }
-        if timing.predicted_ttft_ms is not None:
+        if timing.predicted_ttft_ms is not None:  # as the router: its prediction, its timing
             headers["X-Route-Predicted-Ttft-Ms"] = f"{timing.predicted_ttft_ms:.0f}"
+            headers["X-Route-Instance"] = f"{tier}-1"
+            headers["Server-Timing"] = f"auth;dur=0.50, upstream;dur={timing.ttft * 1e3:.2f}"
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     async def ready(_: Request) -> Response:

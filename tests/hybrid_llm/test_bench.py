@@ -25,6 +25,7 @@ from hybrid_llm.bench import (
     percentile,
     run_plan,
 )
+from hybrid_llm.bench.client import server_timing_s
 from hybrid_llm.cli import main
 from hybrid_llm.local.servers import UvicornThread
 from tests.hybrid_llm.fake_openai import Timing, create_app
@@ -104,6 +105,19 @@ async def test_the_routers_predicted_ttft_is_scored_against_the_measured_one() -
     assert error["n"] == 4
     assert error["under_share"] == 1.0
     assert 0.4 < error["mape"] < 0.55  # |100 - 200..220| / 200..220
+    # Beside each request's TTFT, the router's own (its Server-Timing stages) and where.
+    requests = report["steps"][0]["requests"]
+    assert [r["router_ttft"] for r in requests] == [pytest.approx(0.2005)] * 4
+    assert {r["instance"] for r in requests} == {"edge-1"}
+    assert all(r["ttft"] >= r["router_ttft"] for r in requests)
+
+
+def test_server_timing_adds_up_the_routers_stages() -> None:
+    assert server_timing_s("auth;dur=0.07, plan;dur=0.40, upstream;dur=443.64") == (
+        pytest.approx(0.44411)
+    )
+    assert server_timing_s('cache;desc="hit", db;dur=2') == pytest.approx(0.002)
+    assert server_timing_s(None) is None
 
 
 def test_prediction_error_counts_only_requests_with_a_prediction() -> None:
