@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 import yaml
 
 from central.specs import LlamaCppReplica, TrtllmReplica, UrlReplica, VllmReplica
+from servekit.config import deep_merge
 from servekit.engine.llama import LlamaSettings
 from servekit.engine.process import ProcessCommand
 from servekit.engine.vllm_args import VLLM_API_KEY_ENV
@@ -150,7 +151,7 @@ def trtllm_options(spec: TrtllmReplica) -> dict[str, Any]:
         opts["kv_cache_config"] = kv
     if spec.enable_chunked_prefill is not None:
         opts["enable_chunked_prefill"] = spec.enable_chunked_prefill
-    return _deep_merge(opts, spec.extra_llm_api_options)
+    return deep_merge(opts, spec.extra_llm_api_options)
 
 
 def trtllm_plan(spec: TrtllmReplica, *, port: int, run_dir: Path) -> LaunchPlan:
@@ -209,7 +210,7 @@ def llamacpp_settings(
         "admission": {"max_waiting": spec.max_waiting},
         "aliases": [],
     }
-    return _deep_merge(base, spec.edge_settings)
+    return deep_merge(base, spec.edge_settings)
 
 
 def _llama_fields(spec: LlamaCppReplica, model_name: str) -> dict[str, Any]:
@@ -227,7 +228,7 @@ def llama_settings(spec: LlamaCppReplica, *, model_name: str) -> LlamaSettings:
     """Settings of the in-process engine for an ``inprocess`` stand-in."""
     engine = dict(spec.edge_settings.get("engine") or {})
     engine.pop("kind", None)
-    return LlamaSettings.model_validate(_deep_merge(_llama_fields(spec, model_name), engine))
+    return LlamaSettings.model_validate(deep_merge(_llama_fields(spec, model_name), engine))
 
 
 def llamacpp_plan(
@@ -307,16 +308,6 @@ def endpoint_for_url(spec: UrlReplica, *, model_name: str) -> Endpoint:
 
 def _num(value: float) -> str:
     return format(value, "g")
-
-
-def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 def print_commands(settings: CentralSettings, out: TextIO) -> None:

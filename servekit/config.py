@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = ["ConfigError", "Section", "apply_overrides", "load_settings"]
+__all__ = ["ConfigError", "Section", "apply_overrides", "deep_merge", "load_settings"]
 
 _S = TypeVar("_S", bound=BaseModel)
 
@@ -69,6 +69,18 @@ def load_settings(
             field = ".".join(str(p) for p in err["loc"]) or "<root>"
             lines.append(f"{where}: {field}: {err['msg']}")
         raise ConfigError("invalid settings\n  " + "\n  ".join(lines)) from None
+
+
+def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with ``over`` laid on top: mappings merged key by key,
+    anything else (lists included) replaced whole."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hybrid_llm.local.supervisor import ProcessSpec
 from model_sync.signing import SigningKey, generate_keypair, public_key_text
+from servekit.config import deep_merge
 from servekit.registry.protocol import Tier
 from servekit.rtt import RttTable
 
@@ -306,16 +307,6 @@ def _render(value: Any, variables: dict[str, Any]) -> Any:
     return value
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def _python(service: ServiceSpec, root: Path) -> str:
     """The interpreter ``service`` runs under; :class:`TopologyError` if it is missing."""
     if service.python is None:
@@ -400,10 +391,10 @@ def build_specs(topo: TopologySettings, root: Path) -> list[ProcessSpec]:
             base = loaded if isinstance(loaded, dict) else {}
         traced = endpoint is not None and s.kind in _TRACED
         if base_config is not None or s.settings or traced:
-            merged = _merge(base, _render(s.settings, variables))
+            merged = deep_merge(base, _render(s.settings, variables))
             if traced:
                 on = {"enabled": True, "endpoint": endpoint, "service_name": s.name}
-                merged = _merge(merged, {"tracing": on})
+                merged = deep_merge(merged, {"tracing": on})
             config_path.write_text(yaml.safe_dump(merged, sort_keys=False), encoding="utf-8")
         url = url_of[s.name]
         specs.append(

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from central.settings import CentralSettings
 from edge_agent.settings import EdgeSettings
 from geo_router.settings import RouterSettings
-from servekit.config import ConfigError, load_settings
+from servekit.config import ConfigError, deep_merge, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,3 +38,16 @@ def test_a_misspelt_key_names_its_file_and_field(
             load_settings(model, path)
         field = "max_waitng" if where == "<root>" else f"{block}.max_waitng"
         assert f"{path}: {field}: Extra inputs are not permitted" in str(caught.value)
+
+
+def test_deep_merge_merges_mappings_and_replaces_the_rest_without_touching_its_inputs() -> None:
+    base = {"engine": {"slots": 4, "chunk_tokens": 128}, "aliases": ["edge"], "port": 1}
+    over = {"engine": {"slots": 8}, "aliases": ["small"], "extra": {"a": 1}}
+    merged = deep_merge(base, over)
+    assert merged == {
+        "engine": {"slots": 8, "chunk_tokens": 128},
+        "aliases": ["small"],
+        "port": 1,
+        "extra": {"a": 1},
+    }
+    assert base["engine"] == {"slots": 4, "chunk_tokens": 128}  # a copy, not an edit
