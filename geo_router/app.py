@@ -153,7 +153,6 @@ def create_app(
                 tracker=tracker,
                 routing=Routing(
                     client,
-                    planner,
                     tracker,
                     metrics,
                     settings.routing,

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from geo_router.metrics import RouterMetrics
-from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
 from geo_router.request import RouteRequest, upstream_body
 from geo_router.scoring import Scored
@@ -68,7 +67,6 @@ class Routing:
     """What every routed request shares (built once by the app's lifespan)."""
 
     pool: Transport
-    planner: Planner
     tracker: Tracker
     metrics: RouterMetrics
     settings: RoutingSettings

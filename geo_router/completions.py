@@ -68,7 +68,7 @@ async def _serve(
     state: RouterState, taken: Intake, send: Send, watch: DisconnectWatch, span: Span | None
 ) -> None:
     req = taken.request
-    stream = RoutedStream(state.routing, req, taken.decision)
+    stream = RoutedStream(state.routing, state.planner, req, taken.decision)
     await stream.open()
     taken.stages.mark("upstream")
     cand = stream.cand

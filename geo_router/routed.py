@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator
 from geo_router.attempt import Attempt, Routing
 from geo_router.continuation import Transcript
 from geo_router.dispatch import first_primed
-from geo_router.planner import Decision
+from geo_router.planner import Decision, Planner
 from geo_router.request import RouteRequest, continued
 from geo_router.scoring import Scored
 from servekit.errors import ServeError
@@ -34,8 +34,11 @@ __all__ = ["RoutedStream"]
 class RoutedStream:
     """One request from its first attempt to its last byte; iterate for client bytes."""
 
-    def __init__(self, routing: Routing, req: RouteRequest, decision: Decision) -> None:
+    def __init__(
+        self, routing: Routing, planner: Planner, req: RouteRequest, decision: Decision
+    ) -> None:
         self._r = routing
+        self._planner = planner  # re-plans a continuation
         self._req = req
         self._decision = decision
         self.transcript = Transcript(req.kind)  # what was said (a non-streamed answer reads it)
@@ -159,7 +162,7 @@ class RoutedStream:
             return said.final_chunk("length") + DONE_FRAME
         try:
             # Re-planned as sent: window fit and trimming see the partial answer.
-            decision = r.planner.plan(
+            decision = self._planner.plan(
                 req.body,
                 req.region,
                 req.sticky,

@@ -242,7 +242,7 @@ class Scorer:
     ) -> Scored:
         now = time.monotonic() if now is None else now
         info, load = state.info, state.load
-        stats = self._tracker.stats(info.id, now)
+        stats = self._tracker.stats(info.id)
         tier = info.tier
         capacity = max(1, load.capacity or info.capacity)
         reported = load.running + load.waiting

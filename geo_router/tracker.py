@@ -80,11 +80,10 @@ class Tracker:
         self._stats: dict[str, InstanceStats] = {}
         self._fleet_quick: deque[float] = deque(maxlen=self._prediction.window)
 
-    def stats(self, instance_id: str, now: float | None = None) -> InstanceStats:
+    def stats(self, instance_id: str) -> InstanceStats:
         found = self._stats.get(instance_id)
         if found is None:
-            first_seen = self._clock() if now is None else now
-            found = InstanceStats(first_seen, TtftModel(self._prediction, self._fleet_quick))
+            found = InstanceStats(self._clock(), TtftModel(self._prediction, self._fleet_quick))
             self._stats[instance_id] = found
         return found
 
@@ -97,7 +96,7 @@ class Tracker:
             if self._stats[iid].inflight == 0:
                 del self._stats[iid]
 
-    def available(self, instance_id: str, now: float | None = None) -> bool:
+    def available(self, instance_id: str) -> bool:
         """May a request go there now? A pure read (``/v1/route/explain`` asks too):
         an open circuit past its open time admits one probe, and only the probe's
         :meth:`acquire` turns it half-open."""
@@ -105,41 +104,36 @@ class Tracker:
         if s is None:
             return True
         if s.circuit is Circuit.OPEN:
-            now = self._clock() if now is None else now
-            return now - s.opened_at >= s.open_for
+            return self._clock() - s.opened_at >= s.open_for
         return not (s.circuit is Circuit.HALF_OPEN and s.probing)
 
-    def acquire(self, instance_id: str, now: float | None = None) -> None:
+    def acquire(self, instance_id: str) -> None:
         """A request goes there; through an open circuit past its time, it is the probe."""
         s = self.stats(instance_id)
         s.inflight += 1
-        if s.circuit is Circuit.OPEN:
-            now = self._clock() if now is None else now
-            if now - s.opened_at >= s.open_for:
-                s.circuit = Circuit.HALF_OPEN
+        if s.circuit is Circuit.OPEN and self._clock() - s.opened_at >= s.open_for:
+            s.circuit = Circuit.HALF_OPEN
         if s.circuit is Circuit.HALF_OPEN:
             s.probing = True
 
-    def release(self, instance_id: str, now: float | None = None) -> None:
-        """A request there ended; ``now`` is wall-clock time (a simulation passes its own)."""
+    def release(self, instance_id: str) -> None:
+        """A request there ended (stamped with the ``wall`` clock)."""
         s = self.stats(instance_id)
         s.inflight = max(0, s.inflight - 1)
-        s.released.append(self._wall() if now is None else now)
+        s.released.append(self._wall())
 
     def success(
         self,
         instance_id: str,
         ttft_ms: float | None = None,
         predicted: Prediction | None = None,
-        now: float | None = None,
     ) -> None:
-        """It primed after ``ttft_ms``; with what was ``predicted``, the model learns
-        (``now``: monotonic, or a simulation's clock)."""
+        """It primed after ``ttft_ms``; with what was ``predicted``, the model learns."""
         s = self.stats(instance_id)
         if ttft_ms is not None:
             s.ttft_ms.append(ttft_ms)
             if predicted is not None:
-                s.model.observe(predicted, ttft_ms, self._clock() if now is None else now)
+                s.model.observe(predicted, ttft_ms, self._clock())
         if s.circuit is not Circuit.CLOSED:
             s.first_seen = self._clock()  # recovered: ramp up again
         s.circuit = Circuit.CLOSED
@@ -153,9 +147,9 @@ class Tracker:
         if predicted is not None:
             self.stats(instance_id).model.censored(predicted, waited_ms)
 
-    def failure(self, instance_id: str, now: float | None = None) -> None:
+    def failure(self, instance_id: str) -> None:
         s = self.stats(instance_id)
-        now = self._clock() if now is None else now
+        now = self._clock()
         s.failures += 1
         if s.circuit is Circuit.HALF_OPEN:
             s.open_for = min(self._settings.max_open_s, max(s.open_for, self._settings.open_s) * 2)
@@ -164,11 +158,10 @@ class Tracker:
             s.open_for = self._settings.open_s
             s.circuit, s.opened_at = Circuit.OPEN, now
 
-    def refused(self, instance_id: str, backoff_s: float, now: float | None = None) -> None:
+    def refused(self, instance_id: str, backoff_s: float) -> None:
         """It answered 429: busy, not broken. Rank it last for ``backoff_s``."""
         s = self.stats(instance_id)
-        now = self._clock() if now is None else now
-        s.refused_until = max(s.refused_until, now + backoff_s)
+        s.refused_until = max(s.refused_until, self._clock() + backoff_s)
         s.probing = False
 
     def abandoned(self, instance_id: str) -> None:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import cast
 
 import pytest
 
 from geo_router.attempt import Attempt, Routing
 from geo_router.dispatch import first_primed
 from geo_router.metrics import RouterMetrics
-from geo_router.planner import Planner
 from geo_router.region import ResolvedRegion
 from geo_router.request import RouteRequest
 from geo_router.scoring import Scored
@@ -34,7 +32,6 @@ def cand(iid: str) -> Scored:
 def routing(transport: FakeTransport, **settings: object) -> Routing:
     return Routing(
         transport,
-        cast(Planner, None),  # no re-plan in these tests
         Tracker(BreakerSettings(failures=1)),
         RouterMetrics(),
         RoutingSettings.model_validate(settings),

@@ -203,21 +203,29 @@ def test_canary_split_is_sticky_and_close_to_its_share() -> None:
 
 
 def test_breaker_opens_half_opens_for_one_probe_and_closes() -> None:
-    t = Tracker(BreakerSettings(failures=2, open_s=10, max_open_s=60))
-    t.failure("a", now=0)
-    assert t.available("a", now=0)
-    t.failure("a", now=0)
+    now = 0.0  # the tracker's clock: it reads this variable
+    t = Tracker(BreakerSettings(failures=2, open_s=10, max_open_s=60), clock=lambda: now)
+    t.failure("a")
+    assert t.available("a")
+    t.failure("a")
     assert t.stats("a").circuit is Circuit.OPEN
-    assert not t.available("a", now=5)
-    assert t.available("a", now=10.5)  # a probe may go; reading it changes nothing
+    now = 5.0
+    assert not t.available("a")
+    now = 10.5
+    assert t.available("a")  # a probe may go; reading it changes nothing
     assert t.stats("a").circuit is Circuit.OPEN
-    t.acquire("a", now=10.5)
+    t.acquire("a")
     assert t.stats("a").circuit is Circuit.HALF_OPEN
-    assert not t.available("a", now=10.6)  # one probe at a time
-    t.failure("a", now=11)
+    now = 10.6
+    assert not t.available("a")  # one probe at a time
+    now = 11.0
+    t.failure("a")
     assert t.stats("a").open_for == 20  # reopened for twice as long
-    assert t.available("a", now=31.5)
-    t.acquire("a", now=31.5)
+    now = 30.5
+    assert not t.available("a")  # opened at 11 for 20 s
+    now = 31.5
+    assert t.available("a")
+    t.acquire("a")
     t.success("a", 12.0)
     assert t.stats("a").circuit is Circuit.CLOSED
     assert t.available("a")

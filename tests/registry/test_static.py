@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from starlette.applications import Starlette
@@ -126,7 +127,9 @@ def test_entry_urls_become_instance_addresses() -> None:
         entry_info(StaticEntry(url="edge:8000", tier="edge", region="eu", model="m"))
 
 
-async def test_probe_loop_keeps_running() -> None:
+@pytest.fixture
+async def probing() -> AsyncIterator[tuple[Instance, StaticRegistry]]:
+    """One instance with /load, and a started registry probing it every 50 ms."""
     instance = Instance(with_load=True)
     with UvicornThread(instance.app) as a:
         settings = StaticSettings(
@@ -136,13 +139,18 @@ async def test_probe_loop_keeps_running() -> None:
         registry = StaticRegistry(settings)
         await registry.start()
         try:
-            instance.load = LoadReport(ready=True, running=7)
-            deadline = time.monotonic() + 3
-            while (await registry.instances())[0].load.running != 7:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
+            yield instance, registry
         finally:
-            await registry.aclose()
+            await registry.aclose()  # a no-op when the test closed it
+
+
+async def test_probe_loop_keeps_running(probing: tuple[Instance, StaticRegistry]) -> None:
+    instance, registry = probing
+    instance.load = LoadReport(ready=True, running=7)
+    deadline = time.monotonic() + 3
+    while (await registry.instances())[0].load.running != 7:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
 
 
 async def test_an_unanswered_probe_is_an_outage_only_when_repeated() -> None:
@@ -252,22 +260,17 @@ async def test_each_entry_carries_the_round_trip_its_load_reads_took() -> None:
             await registry.aclose()
 
 
-async def test_closing_lets_a_probe_round_under_way_finish() -> None:
+async def test_closing_lets_a_probe_round_under_way_finish(
+    probing: tuple[Instance, StaticRegistry],
+) -> None:
     """Cancelling a probe halfway through a TLS handshake leaks its socket (httpcore
     closes the stream on an error, not on a cancellation): closing waits for the
     round under way, which is seen here because its reading arrives."""
-    instance = Instance(with_load=True)
-    with UvicornThread(instance.app) as a:
-        settings = StaticSettings(
-            entries=[StaticEntry(url=a.url, tier="edge", region="eu", model="m")],
-            probe_interval_s=0.05,
-        )
-        registry = StaticRegistry(settings)
-        await registry.start()
-        instance.load_stall_s = 0.3
-        instance.load = LoadReport(ready=True, running=7)
-        asked = instance.load_asked
-        while instance.load_asked == asked:  # noqa: ASYNC110 (the server's counter)
-            await asyncio.sleep(0.01)
-        await registry.aclose()  # the round under way has its /load stalled
+    instance, registry = probing
+    instance.load_stall_s = 0.3
+    instance.load = LoadReport(ready=True, running=7)
+    asked = instance.load_asked
+    while instance.load_asked == asked:  # noqa: ASYNC110 (the server's counter)
+        await asyncio.sleep(0.01)
+    await registry.aclose()  # the round under way has its /load stalled
     assert (await registry.instances())[0].load.running == 7

@@ -128,9 +128,7 @@ class RouterPolicy:
         now = self.clock()
         available = self.tracker.available
         edges = [
-            e
-            for e in fleet.sample_edges(req.region, self.choices, self.rng)
-            if available(e.name, now)
+            e for e in fleet.sample_edges(req.region, self.choices, self.rng) if available(e.name)
         ]
         center: Target = fleet.center
         tokens = req.estimated_tokens or req.prompt_tokens
@@ -146,7 +144,7 @@ class RouterPolicy:
             )
 
         preferred: Tier = "center" if req.hard else "edge"
-        pool = edges + ([center] if available(center.name, now) else [])
+        pool = edges + ([center] if available(center.name) else [])
         scored = [score(t, tier_bias_ms(self.routing, preferred, t.tier)) for t in pool]
         key = req.prefix
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from geo_router.attempt import Routing
 from geo_router.dispatch import first_primed
 from geo_router.metrics import RouterMetrics
-from geo_router.planner import Planner
 from geo_router.region import ResolvedRegion
 from geo_router.request import RouteRequest
 from hybrid_llm.fleet.sim.config import SimConfig, WarmState
@@ -103,11 +102,9 @@ class Simulation:
         self.fleet = Fleet(edges, CenterPool(config.center.region, replicas), config.rtt)
         self.requests: list[SimRequest] = []
         self.transport = SimTransport(self.loop, self.fleet, self.requests)
-        # What the router's dispatcher shares between requests; it never re-plans
-        # (no continuation in the simulator), so it needs no planner.
+        # What the router's dispatcher shares between requests.
         self.routing = Routing(
             self.transport,
-            cast(Planner, None),
             self.policy.tracker,
             RouterMetrics(),
             self.policy.routing,
