@@ -61,6 +61,21 @@ def _ttft(client: httpx.Client, url: str, key: str, body: dict[str, Any]) -> dic
         }
 
 
+def _hedge_after(client: httpx.Client, url: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
+    """What the router plans for ``body`` (``/v1/route/explain``, read-only): the first
+    candidate and its predicted P90 there, which is the hedge delay once learned."""
+    r = client.post(
+        url + "/v1/route/explain", json=body, headers={"Authorization": f"Bearer {key}"}
+    )
+    r.raise_for_status()
+    first = (r.json().get("candidates") or [{}])[0]
+    return {
+        "first": first.get("id"),
+        "predicted_ms": first.get("predicted_ttft_ms"),
+        "p90_ms": first.get("predicted_ttft_p90_ms"),
+    }
+
+
 def _asked(question: str) -> dict[str, Any]:
     """A short question the router must classify itself (``model=auto``)."""
     messages = [{"role": "user", "content": question}]
@@ -99,12 +114,16 @@ def main() -> None:
         os.killpg(pgid, signal.SIGSTOP)
         try:
             for question in HARD:
-                out["hung"].append(_ttft(client, args.url, args.api_key, _asked(question)))
+                body = _asked(question)
+                plan = _hedge_after(client, args.url, args.api_key, body)
+                out["hung"].append({**_ttft(client, args.url, args.api_key, body), "plan": plan})
         finally:
             os.killpg(pgid, signal.SIGCONT)
         time.sleep(2.0)
         for question in HARD:
-            out["after"].append(_ttft(client, args.url, args.api_key, _asked(question)))
+            body = _asked(question)
+            plan = _hedge_after(client, args.url, args.api_key, body)
+            out["after"].append({**_ttft(client, args.url, args.api_key, body), "plan": plan})
     warm_ttfts = sorted(w["ttft_ms"] for w in out["warm"] if w["ttft_ms"] is not None)
     print(
         f"warm-up: {len(out['warm'])} long conversations at the center, TTFT "
