@@ -154,6 +154,23 @@ class Scored:
         return None if self.prediction is None else self.prediction.p90_ms
 
     @property
+    def basis(self) -> str:
+        """Which rule gave the predicted median (``Prediction.basis``)."""
+        return "formula" if self.prediction is None else self.prediction.basis
+
+    def prediction_header(self) -> str:
+        """``X-Route-Prediction``: the rule and what the router believed when it
+        predicted (its prompt token count, what it counted cached there, its wait
+        estimate, the sequences it counted running), so a client comparing the
+        prediction with its TTFT can tell a wrong belief from a wrong model."""
+        running = "" if self.prediction is None else self.prediction.features.busy_seqs
+        return (
+            f"{self.basis}; prompt_tokens={self.prompt_tokens};"
+            f" cached_tokens={self.cached_tokens};"
+            f" wait_ms={self.queue_ms + self.busy_ms:.0f}; running={running}"
+        )
+
+    @property
     def window(self) -> int | None:
         """The instance's context window (prompt + completion), if it reports one."""
         return self.state.load.max_context_tokens
@@ -186,6 +203,7 @@ class Scored:
             "predicted_ttft_ms": round(self.ttft_ms, 2),
             "predicted_ttft_p90_ms": _rounded(self.ttft_p90_ms),
             "prediction": "learned" if self.ttft_p90_ms is not None else "formula",
+            "prediction_basis": self.basis,
             "rank_ms": round(self.predicted_ms, 2),
             "rtt_ms": round(self.rtt_ms, 2),
             "rtt_source": self.rtt_source,
