@@ -12,8 +12,8 @@ add up to the router's own time from the request's arrival to its first token
 (``router_ttft``): what the router's predictor learns from, beside what the
 client saw. ``X-Route-Prediction`` says what the prediction rested on (its
 rule, the router's prompt token count, what it counted cached there, its wait
-estimate and running count: ``route_basis`` and the ``router_*`` fields), so a
-wrong prediction can be told from a wrong belief of the router's.
+estimate, the instance's own and the running count: ``route_basis`` and the
+``router_*`` fields), so a wrong prediction can be told from a wrong belief.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ class RequestRecord:
     router_prompt_tokens: int | None = None
     router_cached_tokens: int | None = None
     router_wait_ms: float | None = None
+    router_reported_wait_ms: float | None = None  # the instance's predicted wait, as used
     router_running: int | None = None
 
     @property
@@ -191,7 +192,7 @@ def _seconds(ms: str | None) -> float | None:
 
 def _read_basis(record: RequestRecord, header: str | None) -> None:
     """``X-Route-Prediction`` (``rule; prompt_tokens=N; cached_tokens=N; wait_ms=W;
-    running=N``) into ``record``; an unreadable field stays unknown."""
+    reported_wait_ms=W; running=N``) into ``record``; an unreadable field stays unknown."""
     if not header:
         return
     rule, *params = (part.strip() for part in header.split(";"))
@@ -208,6 +209,7 @@ def _read_basis(record: RequestRecord, header: str | None) -> None:
     if "cached_tokens" in values:
         record.router_cached_tokens = int(values["cached_tokens"])
     record.router_wait_ms = values.get("wait_ms")
+    record.router_reported_wait_ms = values.get("reported_wait_ms")
     if "running" in values:
         record.router_running = int(values["running"])
 
