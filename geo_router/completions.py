@@ -90,6 +90,7 @@ async def _serve(
         route_headers["X-Route-Predicted-Ttft-Ms"] = f"{cand.ttft_ms:.0f}"
         if cand.ttft_p90_ms is not None:  # the instance's model has learned
             route_headers["X-Route-Predicted-Ttft-P90-Ms"] = f"{cand.ttft_p90_ms:.0f}"
+        route_headers["X-Route-Prediction"] = cand.prediction_header()
     if span is not None:
         span.set_attributes(
             {

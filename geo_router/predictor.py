@@ -159,6 +159,9 @@ class Prediction:
     median_ms: float
     p90_ms: float | None  # None until the instance's model has learned
     fitted_ms: float  # the regression's value, which the observed ratio is taken against
+    # Which rule gave the median: the "formula", the regression not yet scaled
+    # ("fitted"), the "learned" model, or a request with nothing to prefill ("quick").
+    basis: str = "formula"
 
     @property
     def learned(self) -> bool:
@@ -213,7 +216,7 @@ class TtftModel:
         if not learned:
             # The regression's steps from the formula, not yet scaled by its errors: a
             # ratio or two against a fit that has moved since would correct it twice.
-            return Prediction(features, fitted, None, fitted)
+            return Prediction(features, fitted, None, fitted, "fitted")
         median = learned_ms = _spread(fitted, self._p50)
         p90 = max(median, _spread(fitted, self._p90))
         half_life = self._settings.stale_half_life_s
@@ -223,14 +226,14 @@ class TtftModel:
                 idle / half_life
             )
             p90 = median + (p90 - learned_ms)
-        return Prediction(features, median, p90, fitted)
+        return Prediction(features, median, p90, fitted, "learned")
 
     def _predict_quick(self, f: Features, fitted: float, learned: bool) -> Prediction:
         """The RTT and the few new tokens, plus what such requests took beyond them."""
         seen = sorted(self.quick or self._fleet_quick or ())
         if not seen:  # none seen anywhere: the formula's, with the regression's spread
             spread = max(f.prior_ms, _spread(fitted, self._p90)) if learned else None
-            return Prediction(f, f.prior_ms, spread, fitted)
+            return Prediction(f, f.prior_ms, spread, fitted, "quick")
         own = bool(self.quick)
         extra = f.rtt_ms + f.new_tokens_ms
         base = _quantile(seen, 0.5)
@@ -244,7 +247,7 @@ class TtftModel:
             p90 = max(median, extra + _quantile(seen, 0.9))
         elif learned:  # too few of its own yet: the regression's spread
             p90 = max(median, _spread(fitted, self._p90))
-        return Prediction(f, median, p90, fitted)
+        return Prediction(f, median, p90, fitted, "quick")
 
     def _quick_base(self, f: Features, ttft_ms: float, *, share: bool) -> None:
         """What a quick request took beyond its RTT and new tokens; ``share``: the

@@ -24,7 +24,13 @@ The busy count is the larger of the instance's last load report and the
 router's own in-flight count, so a burst between two heartbeats does not
 herd onto one instance. Requests of this router that ended after the report
 was taken no longer count in it: a report up to a poll period old would
-otherwise keep an idle edge busy for that long after its last answer.
+otherwise keep an idle edge busy for that long after its last answer. The
+wait the instance predicted for a newcomer (``predicted_wait_ms``: the
+prefill left and the decode of the sequences it counted) shrinks with them,
+by their share of its count: a report taken while a long prompt prefilled
+there must not price the next request, sent when it ended, behind it (the
+suspected cause of repeats predicted at 201 and 817 ms that took 29-39 ms,
+one at a time on ShareGPT, each sent right after a long prompt there ended).
 
 A batching engine admits a new prompt while others decode, but not for free:
 the prefill shares the engine's compute (on a CPU edge, its one core) with
@@ -154,6 +160,27 @@ class Scored:
         return None if self.prediction is None else self.prediction.p90_ms
 
     @property
+    def basis(self) -> str:
+        """Which rule gave the predicted median (``Prediction.basis``)."""
+        return "formula" if self.prediction is None else self.prediction.basis
+
+    def prediction_header(self) -> str:
+        """``X-Route-Prediction``: the rule and what the router believed when it
+        predicted (its prompt token count, what it counted cached there, its wait
+        estimate, the instance's own as the router used it, the sequences it counted
+        running), so a client comparing the
+        prediction with its TTFT can tell a wrong belief from a wrong model."""
+        f = None if self.prediction is None else self.prediction.features
+        running = "" if f is None else f.busy_seqs
+        reported = "" if f is None else f"{f.reported_wait_ms:.0f}"
+        return (
+            f"{self.basis}; prompt_tokens={self.prompt_tokens};"
+            f" cached_tokens={self.cached_tokens};"
+            f" wait_ms={self.queue_ms + self.busy_ms:.0f}; reported_wait_ms={reported};"
+            f" running={running}"
+        )
+
+    @property
     def window(self) -> int | None:
         """The instance's context window (prompt + completion), if it reports one."""
         return self.state.load.max_context_tokens
@@ -186,6 +213,7 @@ class Scored:
             "predicted_ttft_ms": round(self.ttft_ms, 2),
             "predicted_ttft_p90_ms": _rounded(self.ttft_p90_ms),
             "prediction": "learned" if self.ttft_p90_ms is not None else "formula",
+            "prediction_basis": self.basis,
             "rank_ms": round(self.predicted_ms, 2),
             "rtt_ms": round(self.rtt_ms, 2),
             "rtt_source": self.rtt_source,
@@ -245,10 +273,13 @@ class Scorer:
         stats = self._tracker.stats(info.id)
         tier = info.tier
         capacity = max(1, load.capacity or info.capacity)
-        reported = load.running + load.waiting
+        counted = reported = load.running + load.waiting
         if reported and state.last_heartbeat:
             reported = max(0, reported - stats.released_since(state.last_heartbeat))
         busy = max(reported, stats.inflight)
+        reported_wait = load.predicted_wait_ms or 0.0
+        if counted:  # the wait behind the sequences it counted, less those that ended
+            reported_wait *= reported / counted
         excess = busy - capacity + 1
         service_ms = self._routing.default_service_ms.get(tier, 2000.0)
         if load.decode_tokens_per_s:
@@ -275,7 +306,7 @@ class Scorer:
             rtt_ms=rtt,
             uncached_tokens=prompt_tokens - cached_tokens,
             wait_ms=queue_ms + busy_ms,
-            reported_wait_ms=load.predicted_wait_ms or 0.0,
+            reported_wait_ms=reported_wait,
             busy_seqs=min(busy, capacity),
             prior_ms=rtt + queue_ms + prefill_ms + busy_ms,
             ms_per_token=1000.0 / prefill_tps,

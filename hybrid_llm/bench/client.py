@@ -10,7 +10,10 @@ TTFT the router predicted for it there (``X-Route-Predicted-Ttft-Ms``), which
 the summary compares with the TTFT measured here. Its ``Server-Timing`` stages
 add up to the router's own time from the request's arrival to its first token
 (``router_ttft``): what the router's predictor learns from, beside what the
-client saw.
+client saw. ``X-Route-Prediction`` says what the prediction rested on (its
+rule, the router's prompt token count, what it counted cached there, its wait
+estimate, the instance's own and the running count: ``route_basis`` and the
+``router_*`` fields), so a wrong prediction can be told from a wrong belief.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = ["RequestRecord", "send_streaming", "server_timing_s"]
 
 PREDICTED_HEADER = "x-route-predicted-ttft-ms"
 PREDICTED_P90_HEADER = "x-route-predicted-ttft-p90-ms"
+PREDICTION_HEADER = "x-route-prediction"
 ROUTE_HEADERS = {
     "tier": "x-route-tier",
     "region": "x-route-region",
@@ -62,6 +66,14 @@ class RequestRecord:
     predicted_ttft: float | None = None  # the router's predicted median TTFT, seconds
     predicted_ttft_p90: float | None = None  # its P90, once the router learned the instance
     router_ttft: float | None = None  # the router's arrival to first token (its Server-Timing)
+    # What the router's prediction rested on (X-Route-Prediction): its rule, and its
+    # own prompt token count, cached count there, wait estimate (ms) and running count.
+    route_basis: str = "-"
+    router_prompt_tokens: int | None = None
+    router_cached_tokens: int | None = None
+    router_wait_ms: float | None = None
+    router_reported_wait_ms: float | None = None  # the instance's predicted wait, as used
+    router_running: int | None = None
 
     @property
     def same_city(self) -> bool:
@@ -119,6 +131,7 @@ async def send_streaming(
             record.predicted_ttft = _seconds(response.headers.get(PREDICTED_HEADER))
             record.predicted_ttft_p90 = _seconds(response.headers.get(PREDICTED_P90_HEADER))
             record.router_ttft = server_timing_s(response.headers.get("server-timing"))
+            _read_basis(record, response.headers.get(PREDICTION_HEADER))
             if response.status_code != 200:
                 raw = await response.aread()
                 record.error = _error_message(response.status_code, raw)
@@ -175,6 +188,30 @@ def _seconds(ms: str | None) -> float | None:
         return float(ms) / 1000.0
     except ValueError:
         return None
+
+
+def _read_basis(record: RequestRecord, header: str | None) -> None:
+    """``X-Route-Prediction`` (``rule; prompt_tokens=N; cached_tokens=N; wait_ms=W;
+    reported_wait_ms=W; running=N``) into ``record``; an unreadable field stays unknown."""
+    if not header:
+        return
+    rule, *params = (part.strip() for part in header.split(";"))
+    record.route_basis = rule or "-"
+    values: dict[str, float] = {}
+    for param in params:
+        name, _, value = param.partition("=")
+        try:
+            values[name.strip()] = float(value)
+        except ValueError:
+            continue
+    if "prompt_tokens" in values:
+        record.router_prompt_tokens = int(values["prompt_tokens"])
+    if "cached_tokens" in values:
+        record.router_cached_tokens = int(values["cached_tokens"])
+    record.router_wait_ms = values.get("wait_ms")
+    record.router_reported_wait_ms = values.get("reported_wait_ms")
+    if "running" in values:
+        record.router_running = int(values["running"])
 
 
 def server_timing_s(header: str | None) -> float | None:

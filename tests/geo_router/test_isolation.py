@@ -204,9 +204,17 @@ async def test_routing_internals_are_for_operator_keys_only() -> None:
             r = await c.post("/v1/chat/completions", json=CHAT, headers=operator)
             assert r.status_code == 200, r.text
             assert "x-route-cached-tokens" in r.headers
+            # What the prediction rested on: the rule, then the router's beliefs.
+            rule, *beliefs = r.headers["x-route-prediction"].split("; ")
+            assert rule == "quick"  # a short prompt on an idle instance: nothing to prefill
+            assert [b.split("=")[0] for b in beliefs] == [
+                "prompt_tokens", "cached_tokens", "wait_ms", "reported_wait_ms", "running"
+            ]  # fmt: skip
+            assert f"cached_tokens={r.headers['x-route-cached-tokens']}" in beliefs
             r = await c.post("/v1/chat/completions", json=CHAT, headers=tenant)
             assert r.status_code == 200, r.text
             assert "x-route-cached-tokens" not in r.headers
+            assert "x-route-prediction" not in r.headers
             r = await c.post("/v1/route/explain", json=CHAT, headers=tenant)
             assert r.status_code == 403
             assert r.json()["error"]["type"] == "permission_error"

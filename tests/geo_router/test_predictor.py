@@ -371,6 +371,43 @@ def test_the_scorer_tells_the_predictor_what_is_cached_there() -> None:
     assert repeat.ttft_ms == pytest.approx(45.0, abs=1.0)
 
 
+def test_a_repeat_sent_as_a_long_prompt_there_ended_is_not_priced_behind_it() -> None:
+    """The last load report was taken while a long prompt prefilled there, the edge
+    predicting a newcomer 800 ms of wait behind it; that prompt has since ended. The
+    repeat sent next is one decode step away, as the repeats before it were: its
+    wait goes with the sequence it was behind (ShareGPT one at a time: repeats sent
+    right after a long prompt at the same edge were predicted at 201 and 817 ms and
+    took 29-39 ms, the suspected cause)."""
+    routing = RoutingSettings.model_validate({"slow_start_s": 0})
+    tracker = Tracker(routing.breaker, routing.prediction)
+    scorer = Scorer(routing, REGIONS.rtt_table(), tracker, random.Random(0))
+    info = InstanceInfo("e", "edge", "center", "127.0.0.1", 1, "m")
+    idle = InstanceState(
+        info, LoadReport(ready=True, capacity=4, prefill_tokens_per_s=100.0), True, 0.0
+    )
+    for _ in range(3):
+        cand = scorer.score(idle, "east", 821, cached_tokens=820)
+        assert cand.prediction is not None
+        tracker.success("e", 45.0, cand.prediction)
+    asked = time.time()
+    prefilling = LoadReport(
+        ready=True, capacity=4, prefill_tokens_per_s=100.0, running=1, predicted_wait_ms=800.0
+    )
+    stale = InstanceState(info, prefilling, True, asked)
+    tracker.acquire("e")
+    tracker.release("e", now=asked + 1.0)  # the long prompt's answer ended after the report
+    repeat = scorer.score(stale, "east", 821, cached_tokens=820)
+    assert repeat.prediction is not None
+    assert repeat.prediction.basis == "quick"
+    assert repeat.ttft_ms == pytest.approx(45.0, abs=1.0)
+    # A report taken after that answer ended still counts one: another's, ahead of it.
+    later = InstanceState(info, prefilling, True, asked + 2.0)
+    behind = scorer.score(later, "east", 821, cached_tokens=820)
+    assert behind.prediction is not None
+    assert behind.prediction.basis != "quick"
+    assert behind.prediction.features.reported_wait_ms == 800.0
+
+
 def test_a_censored_wait_does_not_price_the_other_instances_quick_requests() -> None:
     """An attempt cut at its deadline at a hung instance says nothing of the others:
     the fleet's pool of quick requests holds what first tokens took, not lower bounds."""

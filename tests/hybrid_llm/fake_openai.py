@@ -32,6 +32,7 @@ class Timing:
     fail_every: int = 0
     region: str = "region-a"
     predicted_ttft_ms: float | None = None  # sent as the router's X-Route-Predicted-Ttft-Ms
+    prediction: str | None = None  # sent as the router's X-Route-Prediction
 
 
 def create_app(
@@ -119,6 +120,8 @@ def create_app(
             headers["X-Route-Predicted-Ttft-Ms"] = f"{timing.predicted_ttft_ms:.0f}"
             headers["X-Route-Instance"] = f"{tier}-1"
             headers["Server-Timing"] = f"auth;dur=0.50, upstream;dur={timing.ttft * 1e3:.2f}"
+        if timing.prediction is not None:
+            headers["X-Route-Prediction"] = timing.prediction
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     async def ready(_: Request) -> Response:

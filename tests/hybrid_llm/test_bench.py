@@ -112,6 +112,25 @@ async def test_the_routers_predicted_ttft_is_scored_against_the_measured_one() -
     assert all(r["ttft"] >= r["router_ttft"] for r in requests)
 
 
+@pytest.mark.anyio
+async def test_each_request_records_what_the_routers_prediction_rested_on() -> None:
+    """A repeat predicted like a prefill: was the router's cached count short, or was
+    something counted running there? The record says, beside the engine's count."""
+    basis = (
+        "fitted; prompt_tokens=821; cached_tokens=704; wait_ms=12; reported_wait_ms=700; running=1"
+    )
+    timing = Timing(ttft=0.01, itl=0.0, predicted_ttft_ms=817, prediction=basis)
+    with UvicornThread(create_app(timing)) as srv:
+        plan = _plan(srv.url, max_requests=2)
+        report = build_report(plan, await run_plan(plan), "ttft_ms.p99")
+    for r in report["steps"][0]["requests"]:
+        assert r["route_basis"] == "fitted"
+        assert (r["router_prompt_tokens"], r["router_cached_tokens"]) == (821, 704)
+        assert (r["router_wait_ms"], r["router_reported_wait_ms"]) == (12.0, 700.0)
+        assert r["router_running"] == 1
+        assert r["prompt_tokens"] > 0  # the engine's own count stays beside it
+
+
 def test_server_timing_adds_up_the_routers_stages() -> None:
     assert server_timing_s("auth;dur=0.07, plan;dur=0.40, upstream;dur=443.64") == (
         pytest.approx(0.44411)
