@@ -70,7 +70,12 @@ its deadline: that lower bound stays with its own instance), never below no base
 negative one says the region table overstates *that* instance's RTT. An
 instance's own negative base is believed once it has learned. Their P90
 drives decisions once the instance has learned and ``_QUICK_MIN`` were seen
-there. They still teach the regression.
+there. They still teach the regression. Such a request cut at its deadline
+is a lower bound: it may raise that P90, never the median (one hang of the
+center through ``up --netem`` made it the median of a one-sample window, so
+the next short question waited ~1 s at the hung center before its hedge,
+against ~0.57 s for the first, and the center's recovered answers of
+0.4-0.8 s were predicted at 0.8-1.1 s).
 
 Only primed attempts teach the regression. An attempt cut at its deadline is
 censored (its TTFT is unknown, at least the deadline): that lower bound joins
@@ -179,6 +184,7 @@ class TtftModel:
         "_settings",
         "cov",
         "last_seen",
+        "late_quick",
         "observed",
         "quick",
         "ratios",
@@ -197,6 +203,8 @@ class TtftModel:
         self._max_trace = 0.0
         self.ratios: deque[float] = deque(maxlen=settings.window)
         self.quick: deque[float] = deque(maxlen=settings.window)  # quick requests' bases
+        # Quick requests cut at their deadline: lower bounds of a base, for the P90 only.
+        self.late_quick: deque[float] = deque(maxlen=settings.window)
         self.observed = 0
         self.last_seen = 0.0  # monotonic (or a simulation's clock) of the last observation
         self._p50 = self._p90 = 1.0
@@ -244,17 +252,18 @@ class TtftModel:
         median = max(_MIN_FITTED_MS, extra + base)
         p90: float | None = None
         if own and learned and len(seen) >= _QUICK_MIN:
-            p90 = max(median, extra + _quantile(seen, 0.9))
+            bounds = sorted([*seen, *self.late_quick])
+            p90 = max(median, extra + _quantile(bounds, 0.9))
         elif learned:  # too few of its own yet: the regression's spread
             p90 = max(median, _spread(fitted, self._p90))
         return Prediction(f, median, p90, fitted, "quick")
 
-    def _quick_base(self, f: Features, ttft_ms: float, *, share: bool) -> None:
-        """What a quick request took beyond its RTT and new tokens; ``share``: the
-        fleet's window too (a first token seen, not a censored wait's lower bound)."""
+    def _quick_base(self, f: Features, ttft_ms: float) -> None:
+        """What a quick request took beyond its RTT and new tokens: its own window and
+        the fleet's."""
         base = ttft_ms - f.rtt_ms - f.new_tokens_ms
         self.quick.append(base)
-        if share and self._fleet_quick is not None:
+        if self._fleet_quick is not None:
             self._fleet_quick.append(base)
 
     def observe(self, predicted: Prediction, actual_ms: float, now: float) -> None:
@@ -264,7 +273,7 @@ class TtftModel:
             self._start(f)
         self._ratio((actual_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
         if f.quick:
-            self._quick_base(f, actual_ms, share=True)
+            self._quick_base(f, actual_ms)
         self._update(f.vector(), actual_ms - f.rtt_ms)
         self.observed += 1
         self.last_seen = max(self.last_seen, now)
@@ -272,10 +281,10 @@ class TtftModel:
     def censored(self, predicted: Prediction, waited_ms: float) -> None:
         """No first token within ``waited_ms`` (the attempt was cut at its deadline)."""
         self._ratio((waited_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
-        if predicted.features.quick:  # at least that long: a lower bound, as for the ratios.
-            # Its own window only: the fleet's prices instances that saw no quick request
-            # of their own, and this one's hang is not theirs.
-            self._quick_base(predicted.features, waited_ms, share=False)
+        f = predicted.features
+        if f.quick:  # at least that long: a lower bound, for its own P90 alone (see above).
+            # Not the fleet's either: this one's hang is not the others'.
+            self.late_quick.append(waited_ms - f.rtt_ms - f.new_tokens_ms)
 
     def _ratio(self, ratio: float) -> None:
         self.ratios.append(ratio)

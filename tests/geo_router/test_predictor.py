@@ -416,7 +416,28 @@ def test_a_censored_wait_does_not_price_the_other_instances_quick_requests() -> 
     f = Features(2.0, 1, 0.0, 0.0, 0, 2.0 + 2.5, 2.5, cached_tokens=900)
     tracker.late("hung", 5000.0, hung.predict(f, 0.0))
     assert fresh.predict(f, 0.0).median_ms == pytest.approx(f.prior_ms)
-    assert list(hung.quick) == [5000.0 - 2.0]  # its own window keeps the lower bound
+    assert list(hung.late_quick) == [5000.0 - 2.0]  # its own window keeps the lower bound
+
+
+def test_a_quick_request_cut_at_its_deadline_raises_the_p90_but_is_never_the_median() -> None:
+    """One hang of the center (``up --netem``): its short question was cut at the
+    deadline, and the next one was priced at that lower bound (the median of a
+    one-sample window), so its hedge waited ~1 s instead of ~0.57 s."""
+    tracker = Tracker(BreakerSettings(), PredictionSettings(min_samples=3))
+    edge, center = tracker.stats("edge").model, tracker.stats("center").model
+
+    def at(rtt: float) -> Features:
+        return Features(rtt, 1, 0.0, 0.0, 0, rtt + 2.5, 2.5, cached_tokens=900)
+
+    for _ in range(5):  # the fleet has seen quick first tokens: 40 ms beyond the RTT
+        edge.observe(edge.predict(at(2.0), 0.0), 2.0 + 40.0, 0.0)
+    tracker.late("center", 1150.0, center.predict(at(150.0), 0.0))
+    assert center.predict(at(150.0), 0.0).median_ms == pytest.approx(150.0 + 40.0)
+    for _ in range(4):  # the center answers again, quickly; its P90 keeps the hang
+        center.observe(center.predict(at(150.0), 0.0), 150.0 + 60.0, 0.0)
+    recovered = center.predict(at(150.0), 0.0)
+    assert recovered.median_ms == pytest.approx(150.0 + 60.0)
+    assert recovered.p90_ms == pytest.approx(1150.0)
 
 
 def east_edge(rtt_ms: float | None) -> InstanceState:
