@@ -379,7 +379,8 @@ def test_a_repeat_sent_as_a_long_prompt_there_ended_is_not_priced_behind_it() ->
     right after a long prompt at the same edge were predicted at 201 and 817 ms and
     took 29-39 ms, the suspected cause)."""
     routing = RoutingSettings.model_validate({"slow_start_s": 0})
-    tracker = Tracker(routing.breaker, routing.prediction)
+    wall = [time.time()]
+    tracker = Tracker(routing.breaker, routing.prediction, wall=lambda: wall[0])
     scorer = Scorer(routing, REGIONS.rtt_table(), tracker, random.Random(0))
     info = InstanceInfo("e", "edge", "center", "127.0.0.1", 1, "m")
     idle = InstanceState(
@@ -389,13 +390,14 @@ def test_a_repeat_sent_as_a_long_prompt_there_ended_is_not_priced_behind_it() ->
         cand = scorer.score(idle, "east", 821, cached_tokens=820)
         assert cand.prediction is not None
         tracker.success("e", 45.0, cand.prediction)
-    asked = time.time()
+    asked = wall[0]
     prefilling = LoadReport(
         ready=True, capacity=4, prefill_tokens_per_s=100.0, running=1, predicted_wait_ms=800.0
     )
     stale = InstanceState(info, prefilling, True, asked)
     tracker.acquire("e")
-    tracker.release("e", now=asked + 1.0)  # the long prompt's answer ended after the report
+    wall[0] = asked + 1.0
+    tracker.release("e")  # the long prompt's answer ended after the report
     repeat = scorer.score(stale, "east", 821, cached_tokens=820)
     assert repeat.prediction is not None
     assert repeat.prediction.basis == "quick"
