@@ -63,9 +63,10 @@ turn at 4-10 times what it took (ShareGPT through ``hybrid-llm up``: 32-49 ms
 seen, 163-395 ms predicted). Such requests are predicted from the recent
 ones like them: the RTT and their few new tokens at the formula's rate, plus
 the median of what those took beyond theirs (the "base"); with none seen
-anywhere yet, the formula's (never the regression's, fitted to prefills). From the first such
-request seen at the instance; before any, from every instance's first tokens
-(a shared window the ``Tracker`` hands each model; never an attempt cut at
+in its tier yet, the formula's (never the regression's, fitted to prefills). From the first such
+request seen at the instance; before any, from the first tokens of its tier's
+instances (a window the ``Tracker`` shares per tier: a center's pass one more hop
+than an edge's; never an attempt cut at
 its deadline: that lower bound stays with its own instance), never below no base, since a
 negative one says the region table overstates *that* instance's RTT. An
 instance's own negative base is believed once it has learned. Their P90
@@ -177,7 +178,6 @@ class TtftModel:
     """One instance's regression and ratio quantiles; see the module docstring."""
 
     __slots__ = (
-        "_fleet_quick",
         "_max_trace",
         "_p50",
         "_p90",
@@ -186,18 +186,17 @@ class TtftModel:
         "last_seen",
         "late_quick",
         "observed",
+        "pool",
         "quick",
         "ratios",
         "theta",
     )
 
-    def __init__(
-        self, settings: PredictionSettings, fleet_quick: deque[float] | None = None
-    ) -> None:
+    def __init__(self, settings: PredictionSettings, pool: deque[float] | None = None) -> None:
         self._settings = settings
-        # Every instance's quick bases (``Tracker`` shares one): an instance that has
-        # seen no quick request of its own starts from the others'.
-        self._fleet_quick = fleet_quick
+        # Quick bases shared with like instances (``Tracker`` keeps one per tier): an
+        # instance that has seen no quick request of its own starts from theirs.
+        self.pool = pool
         self.theta: list[float] = []  # set from the first prior seen
         self.cov: list[list[float]] = []
         self._max_trace = 0.0
@@ -238,7 +237,7 @@ class TtftModel:
 
     def _predict_quick(self, f: Features, fitted: float, learned: bool) -> Prediction:
         """The RTT and the few new tokens, plus what such requests took beyond them."""
-        seen = sorted(self.quick or self._fleet_quick or ())
+        seen = sorted(self.quick or self.pool or ())
         if not seen:  # none seen anywhere: the formula's, with the regression's spread
             spread = max(f.prior_ms, _spread(fitted, self._p90)) if learned else None
             return Prediction(f, f.prior_ms, spread, fitted, "quick")
@@ -260,11 +259,11 @@ class TtftModel:
 
     def _quick_base(self, f: Features, ttft_ms: float) -> None:
         """What a quick request took beyond its RTT and new tokens: its own window and
-        the fleet's."""
+        its tier's."""
         base = ttft_ms - f.rtt_ms - f.new_tokens_ms
         self.quick.append(base)
-        if self._fleet_quick is not None:
-            self._fleet_quick.append(base)
+        if self.pool is not None:
+            self.pool.append(base)
 
     def observe(self, predicted: Prediction, actual_ms: float, now: float) -> None:
         """A first token ``actual_ms`` after the send of a request predicted so."""
@@ -283,7 +282,7 @@ class TtftModel:
         self._ratio((waited_ms + _SPREAD_FLOOR_MS) / (predicted.fitted_ms + _SPREAD_FLOOR_MS))
         f = predicted.features
         if f.quick:  # at least that long: a lower bound, for its own P90 alone (see above).
-            # Not the fleet's either: this one's hang is not the others'.
+            # Not its tier's either: this one's hang is not the others'.
             self.late_quick.append(waited_ms - f.rtt_ms - f.new_tokens_ms)
 
     def _ratio(self, ratio: float) -> None:

@@ -270,7 +270,7 @@ class Scorer:
     ) -> Scored:
         now = time.monotonic() if now is None else now
         info, load = state.info, state.load
-        stats = self._tracker.stats(info.id)
+        stats = self._tracker.stats(info.id, info.tier)
         tier = info.tier
         capacity = max(1, load.capacity or info.capacity)
         counted = reported = load.running + load.waiting

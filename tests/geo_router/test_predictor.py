@@ -314,7 +314,7 @@ def test_an_instance_that_saw_no_quick_request_starts_from_the_others() -> None:
     """Its first whole-conversation hit is priced as one elsewhere was, plus its own RTT,
     not by a regression fitted to long prompts (or the formula's prefill alone)."""
     tracker = Tracker(BreakerSettings(), PredictionSettings())
-    near, far = tracker.stats("near").model, tracker.stats("far").model
+    near, far = tracker.stats("near", "edge").model, tracker.stats("far", "edge").model
 
     def at(rtt: float, tokens: int) -> Features:
         return Features(rtt, tokens, 0.0, 0.0, 0, rtt + tokens * 2.5, 2.5, cached_tokens=900)
@@ -410,11 +410,27 @@ def test_a_repeat_sent_as_a_long_prompt_there_ended_is_not_priced_behind_it() ->
     assert behind.prediction.features.reported_wait_ms == 800.0
 
 
+def test_an_edge_with_no_quick_request_of_its_own_is_priced_from_the_edges_not_the_center() -> None:
+    """A center's repeats pass one more hop (the gateway to a replica): one pool for the
+    fleet priced an edge's first repeat at 70-77 ms that took 33-47 (ShareGPT, ``up``)."""
+    tracker = Tracker(BreakerSettings(), PredictionSettings())
+    center, edge_a = tracker.stats("center", "center").model, tracker.stats("a", "edge").model
+    edge_b = tracker.stats("b", "edge").model
+
+    def at(rtt: float) -> Features:
+        return Features(rtt, 1, 0.0, 0.0, 0, rtt + 2.5, 2.5, cached_tokens=900)
+
+    for _ in range(5):
+        center.observe(center.predict(at(2.0), 0.0), 2.0 + 70.0, 0.0)
+        edge_a.observe(edge_a.predict(at(2.0), 0.0), 2.0 + 35.0, 0.0)
+    assert edge_b.predict(at(40.0), 0.0).median_ms == pytest.approx(40.0 + 35.0)
+
+
 def test_a_censored_wait_does_not_price_the_other_instances_quick_requests() -> None:
     """An attempt cut at its deadline at a hung instance says nothing of the others:
     the fleet's pool of quick requests holds what first tokens took, not lower bounds."""
     tracker = Tracker(BreakerSettings(), PredictionSettings())
-    hung, fresh = tracker.stats("hung").model, tracker.stats("fresh").model
+    hung, fresh = tracker.stats("hung", "edge").model, tracker.stats("fresh", "edge").model
     f = Features(2.0, 1, 0.0, 0.0, 0, 2.0 + 2.5, 2.5, cached_tokens=900)
     tracker.late("hung", 5000.0, hung.predict(f, 0.0))
     assert fresh.predict(f, 0.0).median_ms == pytest.approx(f.prior_ms)
@@ -426,7 +442,7 @@ def test_a_quick_request_cut_at_its_deadline_raises_the_p90_but_is_never_the_med
     deadline, and the next one was priced at that lower bound (the median of a
     one-sample window), so its hedge waited ~1 s instead of ~0.57 s."""
     tracker = Tracker(BreakerSettings(), PredictionSettings(min_samples=3))
-    edge, center = tracker.stats("edge").model, tracker.stats("center").model
+    edge, center = tracker.stats("edge", "center").model, tracker.stats("center", "center").model
 
     def at(rtt: float) -> Features:
         return Features(rtt, 1, 0.0, 0.0, 0, rtt + 2.5, 2.5, cached_tokens=900)
