@@ -63,8 +63,8 @@ turn at 4-10 times what it took (ShareGPT through ``hybrid-llm up``: 32-49 ms
 seen, 163-395 ms predicted). Such requests are predicted from the recent
 ones like them: the RTT and their few new tokens at the formula's rate, plus
 the median of what those took beyond theirs (the "base"); with none seen
-in its tier yet, the formula's (never the regression's, fitted to prefills). From the first such
-request seen at the instance; before any, from the first tokens of its tier's
+in its tier yet, the formula's (never the regression's, fitted to prefills). From the first
+few (``_QUICK_MIN``) such requests seen at the instance; before, from the first tokens of its tier's
 instances (a window the ``Tracker`` shares per tier: a center's pass one more hop
 than an edge's; never an attempt cut at
 its deadline: that lower bound stays with its own instance), never below no base, since a
@@ -237,11 +237,14 @@ class TtftModel:
 
     def _predict_quick(self, f: Features, fitted: float, learned: bool) -> Prediction:
         """The RTT and the few new tokens, plus what such requests took beyond them."""
-        seen = sorted(self.quick or self.pool or ())
+        # Its own once it has a few: until then its tier's pool, which holds its own
+        # too (one slow repeat at an edge, 559 ms, was the median of its one-sample
+        # window and priced the next two at 550 ms; they took 60).
+        own = len(self.quick) >= _QUICK_MIN or not self.pool
+        seen = sorted(self.quick if own else (self.pool or ()))
         if not seen:  # none seen anywhere: the formula's, with the regression's spread
             spread = max(f.prior_ms, _spread(fitted, self._p90)) if learned else None
             return Prediction(f, f.prior_ms, spread, fitted, "quick")
-        own = bool(self.quick)
         extra = f.rtt_ms + f.new_tokens_ms
         base = _quantile(seen, 0.5)
         if not (own and learned):

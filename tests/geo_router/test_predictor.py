@@ -426,6 +426,21 @@ def test_an_edge_with_no_quick_request_of_its_own_is_priced_from_the_edges_not_t
     assert edge_b.predict(at(40.0), 0.0).median_ms == pytest.approx(40.0 + 35.0)
 
 
+def test_one_slow_repeat_of_its_own_does_not_price_the_next_its_tier_does() -> None:
+    """ShareGPT through ``up``: an edge's first repeat took 559 ms (machine noise) and
+    priced its next two at 550 ms as the median of its one-sample window; they took 60."""
+    tracker = Tracker(BreakerSettings(), PredictionSettings())
+    edge_a, edge_b = tracker.stats("a", "edge").model, tracker.stats("b", "edge").model
+
+    def at(rtt: float) -> Features:
+        return Features(rtt, 1, 0.0, 0.0, 0, rtt + 2.5, 2.5, cached_tokens=900)
+
+    for _ in range(5):
+        edge_a.observe(edge_a.predict(at(2.0), 0.0), 2.0 + 35.0, 0.0)
+    edge_b.observe(edge_b.predict(at(40.0), 0.0), 40.0 + 520.0, 0.0)
+    assert edge_b.predict(at(40.0), 0.0).median_ms == pytest.approx(40.0 + 35.0)
+
+
 def test_a_censored_wait_does_not_price_the_other_instances_quick_requests() -> None:
     """An attempt cut at its deadline at a hung instance says nothing of the others:
     the fleet's pool of quick requests holds what first tokens took, not lower bounds."""
