@@ -39,6 +39,11 @@ def features(
     )
 
 
+def repeat_at(rtt_ms: float) -> Features:
+    """A whole-prompt repeat: one token left to prefill, the rest cached there."""
+    return Features(rtt_ms, 1, 0.0, 0.0, 0, rtt_ms + 2.5, 2.5, cached_tokens=900)
+
+
 def engine_ttft(f: Features, rng: random.Random) -> float:
     """An engine unlike the prior: 150 ms overhead, 1.6 ms a token, wait as told, noisy."""
     return (f.rtt_ms + 150.0 + 1.6 * f.uncached_tokens + f.wait_ms) * rng.lognormvariate(0, 0.1)
@@ -417,13 +422,10 @@ def test_an_edge_with_no_quick_request_of_its_own_is_priced_from_the_edges_not_t
     center, edge_a = tracker.stats("center", "center").model, tracker.stats("a", "edge").model
     edge_b = tracker.stats("b", "edge").model
 
-    def at(rtt: float) -> Features:
-        return Features(rtt, 1, 0.0, 0.0, 0, rtt + 2.5, 2.5, cached_tokens=900)
-
     for _ in range(5):
-        center.observe(center.predict(at(2.0), 0.0), 2.0 + 70.0, 0.0)
-        edge_a.observe(edge_a.predict(at(2.0), 0.0), 2.0 + 35.0, 0.0)
-    assert edge_b.predict(at(40.0), 0.0).median_ms == pytest.approx(40.0 + 35.0)
+        center.observe(center.predict(repeat_at(2.0), 0.0), 2.0 + 70.0, 0.0)
+        edge_a.observe(edge_a.predict(repeat_at(2.0), 0.0), 2.0 + 35.0, 0.0)
+    assert edge_b.predict(repeat_at(40.0), 0.0).median_ms == pytest.approx(40.0 + 35.0)
 
 
 def test_one_slow_repeat_of_its_own_does_not_price_the_next_its_tier_does() -> None:
@@ -432,13 +434,10 @@ def test_one_slow_repeat_of_its_own_does_not_price_the_next_its_tier_does() -> N
     tracker = Tracker(BreakerSettings(), PredictionSettings())
     edge_a, edge_b = tracker.stats("a", "edge").model, tracker.stats("b", "edge").model
 
-    def at(rtt: float) -> Features:
-        return Features(rtt, 1, 0.0, 0.0, 0, rtt + 2.5, 2.5, cached_tokens=900)
-
     for _ in range(5):
-        edge_a.observe(edge_a.predict(at(2.0), 0.0), 2.0 + 35.0, 0.0)
-    edge_b.observe(edge_b.predict(at(40.0), 0.0), 40.0 + 520.0, 0.0)
-    assert edge_b.predict(at(40.0), 0.0).median_ms == pytest.approx(40.0 + 35.0)
+        edge_a.observe(edge_a.predict(repeat_at(2.0), 0.0), 2.0 + 35.0, 0.0)
+    edge_b.observe(edge_b.predict(repeat_at(40.0), 0.0), 40.0 + 520.0, 0.0)
+    assert edge_b.predict(repeat_at(40.0), 0.0).median_ms == pytest.approx(40.0 + 35.0)
 
 
 def test_a_censored_wait_does_not_price_the_other_instances_quick_requests() -> None:
@@ -459,16 +458,13 @@ def test_a_quick_request_cut_at_its_deadline_raises_the_p90_but_is_never_the_med
     tracker = Tracker(BreakerSettings(), PredictionSettings(min_samples=3))
     edge, center = tracker.stats("edge", "center").model, tracker.stats("center", "center").model
 
-    def at(rtt: float) -> Features:
-        return Features(rtt, 1, 0.0, 0.0, 0, rtt + 2.5, 2.5, cached_tokens=900)
-
     for _ in range(5):  # the fleet has seen quick first tokens: 40 ms beyond the RTT
-        edge.observe(edge.predict(at(2.0), 0.0), 2.0 + 40.0, 0.0)
-    tracker.late("center", 1150.0, center.predict(at(150.0), 0.0))
-    assert center.predict(at(150.0), 0.0).median_ms == pytest.approx(150.0 + 40.0)
+        edge.observe(edge.predict(repeat_at(2.0), 0.0), 2.0 + 40.0, 0.0)
+    tracker.late("center", 1150.0, center.predict(repeat_at(150.0), 0.0))
+    assert center.predict(repeat_at(150.0), 0.0).median_ms == pytest.approx(150.0 + 40.0)
     for _ in range(4):  # the center answers again, quickly; its P90 keeps the hang
-        center.observe(center.predict(at(150.0), 0.0), 150.0 + 60.0, 0.0)
-    recovered = center.predict(at(150.0), 0.0)
+        center.observe(center.predict(repeat_at(150.0), 0.0), 150.0 + 60.0, 0.0)
+    recovered = center.predict(repeat_at(150.0), 0.0)
     assert recovered.median_ms == pytest.approx(150.0 + 60.0)
     assert recovered.p90_ms == pytest.approx(1150.0)
 
