@@ -168,16 +168,20 @@ class Scored:
         """``X-Route-Prediction``: the rule and what the router believed when it
         predicted (its prompt token count, what it counted cached there, its wait
         estimate, the instance's own as the router used it, the sequences it counted
-        running), so a client comparing the
-        prediction with its TTFT can tell a wrong belief from a wrong model."""
+        running, the RTT and the formula's cost of a token there), so a client
+        comparing the prediction with its TTFT can tell a wrong belief from a wrong
+        model, and a report can be replayed through another model
+        (``studies/predictor_replay.py``)."""
         f = None if self.prediction is None else self.prediction.features
         running = "" if f is None else f.busy_seqs
         reported = "" if f is None else f"{f.reported_wait_ms:.0f}"
+        rtt = "" if f is None else f"{f.rtt_ms:.1f}"
+        per_token = "" if f is None else f"{f.ms_per_token:.3f}"
         return (
             f"{self.basis}; prompt_tokens={self.prompt_tokens};"
             f" cached_tokens={self.cached_tokens};"
             f" wait_ms={self.queue_ms + self.busy_ms:.0f}; reported_wait_ms={reported};"
-            f" running={running}"
+            f" running={running}; rtt_ms={rtt}; ms_per_token={per_token}"
         )
 
     @property

@@ -74,6 +74,8 @@ class RequestRecord:
     router_wait_ms: float | None = None
     router_reported_wait_ms: float | None = None  # the instance's predicted wait, as used
     router_running: int | None = None
+    router_rtt_ms: float | None = None  # the RTT it priced the instance at
+    router_ms_per_token: float | None = None  # the formula's prefill cost of a token there
 
     @property
     def same_city(self) -> bool:
@@ -192,7 +194,8 @@ def _seconds(ms: str | None) -> float | None:
 
 def _read_basis(record: RequestRecord, header: str | None) -> None:
     """``X-Route-Prediction`` (``rule; prompt_tokens=N; cached_tokens=N; wait_ms=W;
-    reported_wait_ms=W; running=N``) into ``record``; an unreadable field stays unknown."""
+    reported_wait_ms=W; running=N; rtt_ms=R; ms_per_token=T``) into ``record``; an
+    unreadable or missing field stays unknown."""
     if not header:
         return
     rule, *params = (part.strip() for part in header.split(";"))
@@ -212,6 +215,8 @@ def _read_basis(record: RequestRecord, header: str | None) -> None:
     record.router_reported_wait_ms = values.get("reported_wait_ms")
     if "running" in values:
         record.router_running = int(values["running"])
+    record.router_rtt_ms = values.get("rtt_ms")
+    record.router_ms_per_token = values.get("ms_per_token")
 
 
 def server_timing_s(header: str | None) -> float | None:

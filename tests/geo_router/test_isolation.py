@@ -208,7 +208,8 @@ async def test_routing_internals_are_for_operator_keys_only() -> None:
             rule, *beliefs = r.headers["x-route-prediction"].split("; ")
             assert rule == "quick"  # a short prompt on an idle instance: nothing to prefill
             assert [b.split("=")[0] for b in beliefs] == [
-                "prompt_tokens", "cached_tokens", "wait_ms", "reported_wait_ms", "running"
+                "prompt_tokens", "cached_tokens", "wait_ms", "reported_wait_ms", "running",
+                "rtt_ms", "ms_per_token",
             ]  # fmt: skip
             assert f"cached_tokens={r.headers['x-route-cached-tokens']}" in beliefs
             r = await c.post("/v1/chat/completions", json=CHAT, headers=tenant)

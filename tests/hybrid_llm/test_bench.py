@@ -117,7 +117,8 @@ async def test_each_request_records_what_the_routers_prediction_rested_on() -> N
     """A repeat predicted like a prefill: was the router's cached count short, or was
     something counted running there? The record says, beside the engine's count."""
     basis = (
-        "fitted; prompt_tokens=821; cached_tokens=704; wait_ms=12; reported_wait_ms=700; running=1"
+        "fitted; prompt_tokens=821; cached_tokens=704; wait_ms=12; reported_wait_ms=700;"
+        " running=1; rtt_ms=21.5; ms_per_token=7.25"
     )
     timing = Timing(ttft=0.01, itl=0.0, predicted_ttft_ms=817, prediction=basis)
     with UvicornThread(create_app(timing)) as srv:
@@ -128,6 +129,7 @@ async def test_each_request_records_what_the_routers_prediction_rested_on() -> N
         assert (r["router_prompt_tokens"], r["router_cached_tokens"]) == (821, 704)
         assert (r["router_wait_ms"], r["router_reported_wait_ms"]) == (12.0, 700.0)
         assert r["router_running"] == 1
+        assert (r["router_rtt_ms"], r["router_ms_per_token"]) == (21.5, 7.25)
         assert r["prompt_tokens"] > 0  # the engine's own count stays beside it
 
 
