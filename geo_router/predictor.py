@@ -16,7 +16,10 @@ router observes when an attempt primes:
   prompt's start and ~10 ms 2,500 tokens in, which a line through long prompts
   turns into a negative overhead for short ones). Each observation is weighed
   by its size (its spread 10% of TTFT + 100 ms): a long prompt's seconds of
-  noise must not outweigh a short one's milliseconds. It starts at the formula's
+  noise must not outweigh a short one's milliseconds, and an error beyond two
+  spreads of what the fit expected moves it as one of two would (a Huber step:
+  one request the machine slowed threefold, three requests into a fit, moved
+  the next prompts' estimate by 12%; now under 5%). It starts at the formula's
   coefficients (no intercept, the prior's ms per token, one ms per ms of
   wait, nothing per sequence or for attention), so its first corrections are
   small steps from today's estimate, and it follows an engine whose prefill
@@ -62,8 +65,12 @@ show the regression: fitted to them, its intercept and ratio priced such a
 turn at 4-10 times what it took (ShareGPT through ``hybrid-llm up``: 32-49 ms
 seen, 163-395 ms predicted). Such requests are predicted from the recent
 ones like them: the RTT and their few new tokens at the formula's rate, plus
-the median of what those took beyond theirs (the "base"); with none seen
-in its tier yet, the formula's (never the regression's, fitted to prefills). From the first
+the lower median of what those took beyond theirs (the "base": what slows one,
+the machine busy elsewhere, only adds); with none seen in its tier yet, the
+formula's (never the regression's, fitted to prefills), and until a few were
+seen the formula's base votes beside them (the edges' first repeat of one
+ShareGPT run took 559 ms, the pool's only sample, and priced the next two at
+552 ms that took 60). From the first
 few (``_QUICK_MIN``) such requests seen at the instance; before, from the first tokens of its tier's
 instances (a window the ``Tracker`` shares per tier: a center's pass one more hop
 than an edge's; never an attempt cut at
@@ -90,6 +97,7 @@ moves the P90 of what follows. A lost hedge is left out.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -105,6 +113,7 @@ _PER_SEQ_SD_MS = 100.0  # what one running sequence adds beyond the formula's bu
 _SPREAD_FLOOR_MS = 100.0  # errors scale with the TTFT plus this (see _spread)
 _RELATIVE_NOISE = 0.1  # an observation's spread in the fit: this share of (TTFT + the floor)
 _MIN_FITTED_MS = 1.0
+_ROBUST_SIGMAS = 2.0  # beyond this an observation's error counts as this many (Huber)
 _QUICK_TOKENS = 32  # at most this many uncached tokens: nothing worth a prefill
 _QUICK_MIN = 3  # such requests seen at an instance before they predict the next
 _MOSTLY_CACHED = 4  # cached tokens per uncached one beyond which a quick request has no prefill
@@ -246,7 +255,11 @@ class TtftModel:
             spread = max(f.prior_ms, _spread(fitted, self._p90)) if learned else None
             return Prediction(f, f.prior_ms, spread, fitted, "quick")
         extra = f.rtt_ms + f.new_tokens_ms
-        base = _quantile(seen, 0.5)
+        # The lower median: what slows such a request (the machine busy elsewhere) only
+        # ever adds. Until a few were seen the formula's base votes too, so one slow
+        # first sample in a tier (559 ms where the next two took 60) is not the median.
+        voters = seen if len(seen) >= _QUICK_MIN else sorted([*seen, f.prior_ms - extra])
+        base = voters[(len(voters) - 1) // 2]
         if not (own and learned):
             # A base below none says the table overstates an RTT: believed of this
             # instance once it has learned, not of another's, nor from a sample or two.
@@ -315,6 +328,13 @@ class TtftModel:
         gain_den = lam + _dot(x, px)
         gain = [v / gain_den for v in px]
         err = y - _dot(theta, x)
+        # Huber: an error beyond _ROBUST_SIGMAS of what the fit expected (its own
+        # uncertainty and the observation's) moves it as one of that size would. One
+        # request slowed by the machine (the same 128-token prompt took 1.2 s in one
+        # run and 1.7 s in another) is no reason to reprice every prompt after it.
+        sigmas = abs(err) / (_NOISE_MS * math.sqrt(gain_den))
+        if sigmas > _ROBUST_SIGMAS:
+            err *= _ROBUST_SIGMAS / sigmas
         for i in range(_DIMS):
             theta[i] += gain[i] * err
         for i in range(_DIMS):
