@@ -52,7 +52,7 @@ class BatchingLlamaEngine:
         self.version = version
         self._scheduler: Scheduler | None = None
         self._stats = BatchingStats(slots=settings.slots)
-        self._estimator = PromptEstimator(settings.slots)
+        self._estimator = PromptEstimator(settings.slots, settings.prefix_report_block_chars)
         self._start_lock = asyncio.Lock()
         self._ready = False
         self._closed = False

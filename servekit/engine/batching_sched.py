@@ -86,6 +86,7 @@ class _Seq:
     cached_prompt: int
     generated: int = 0  # completion tokens (an end-of-generation token is not one)
     unsent: int = 0  # tokens whose text is still held back by the text stream
+    said: list[str] = field(default_factory=list)  # the text sent, which its slot keeps
     started: float = 0.0
     others: int = 0  # sequences running in other slots when it got its own
     since: float = 0.0  # when its busy-slowdown sample starts (see _admit)
@@ -404,6 +405,7 @@ class Scheduler:
         seq.unsent += 1
         text = seq.text.push(self._model.piece(token))
         if text:
+            seq.said.append(text)
             seq.job.emit(TextDelta(text, seq.unsent))
             seq.unsent = 0
         if seq.text.stopped:
@@ -422,6 +424,8 @@ class Scheduler:
         tail = seq.text.flush()
         if tail or seq.unsent:
             seq.job.emit(TextDelta(tail, seq.unsent))
+        # What the slot keeps: the prompt and this answer, the next turn's history.
+        self._estimator.answered(seq.slot.seq_id, seq.job.request, "".join([*seq.said, tail]))
         seq.job.emit(Finish(reason, len(seq.prompt), seq.generated, seq.cached_prompt))
 
     def _fail(self, seq: _Seq, exc: BaseException) -> None:

@@ -525,3 +525,26 @@ async def test_load_reports_the_held_prompts_as_block_names_a_router_reads(
     # A conversation no slot holds is credited nothing.
     stranger = index.prefix([Turn("user", "Translate 'good night' into French. " * 5)], 60)
     assert index.cached_blocks("edge", stranger, report).blocks == 0
+
+
+async def test_a_next_turn_finds_the_answer_held_and_reported(
+    engine: BatchingLlamaEngine,
+) -> None:
+    """The slot keeps the answer's tokens beside the prompt's: a next turn, which sends
+    the answer back as history, is priced at its new message alone, and the load
+    report names the answer's blocks as a router names that history."""
+    opening = (Message("user", "Describe a lighthouse keeper's morning in detail."),)
+    first = GenerationRequest("t", SamplingParams(max_tokens=48, temperature=0.0), opening)
+    answer, fin1, _ = await collect(engine, first)
+    assert len(answer) > 128  # two of the report's blocks at least
+    messages = (*opening, Message("assistant", answer), Message("user", "And at night?"))
+    follow = GenerationRequest("t", SamplingParams(max_tokens=1, temperature=0.0), messages)
+    priced, report = engine.uncached_tokens(follow), engine.load()
+    index = PrefixIndex(block_chars=64)
+    history = index.prefix([Turn(m.role, m.content) for m in messages], 100)
+    answered = index.prefix([Turn(m.role, m.content) for m in messages[:2]], 100)
+    assert index.cached_blocks("edge", history, report).blocks >= len(answered.blocks) - 3
+    _, fin2, _ = await collect(engine, follow)
+    taken = fin2.prompt_tokens - fin2.cached_prompt_tokens
+    assert fin2.cached_prompt_tokens > fin1.prompt_tokens  # the engine did reuse the answer
+    assert priced <= taken + 8, (priced, taken)  # not the whole answer again

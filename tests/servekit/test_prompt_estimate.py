@@ -115,3 +115,34 @@ def test_block_names_are_the_requests_scopes() -> None:
     plain, acme = request_blocks(request, 64), request_blocks(salted, 64)
     assert len(plain) == len(acme) > 5
     assert not set(plain) & set(acme)
+
+
+def test_a_finished_slot_holds_its_answer_as_the_next_turns_history() -> None:
+    """A next turn sends the answer back: a slot keeps the answer's tokens, so the
+    turn is priced at its new message alone, and the load report names the answer's
+    blocks as a router names the next turn's history."""
+    est = PromptEstimator(1, block_chars=64)
+    opening = (("system", SYSTEM), ("user", "Can I return boots?"))
+    first = chat(*opening)
+    answer = "Yes: within 30 days, unworn, with the receipt. " * 3
+    est.hold(0, request_text(first), request_blocks(first, 64))
+    est.answered(0, first, answer)
+    follow_up = "And if I lost the receipt?"
+    second = chat(*opening, ("assistant", answer), ("user", follow_up))
+    new = len(request_text(second)) - len(request_text(first)) - len(f"\nassistant\n{answer}")
+    assert est.uncached_tokens(request_text(second)) == -(-new // int(DEFAULT_CHARS_PER_TOKEN))
+    held = set(est.held_blocks(1))
+    history = request_blocks(second, 64)
+    answered_through = len(request_blocks(chat(*opening, ("assistant", answer)), 64))
+    assert answered_through > len(request_blocks(first, 64))
+    assert set(history[:answered_through]) <= held
+    assert not set(history[answered_through:]) & held
+
+
+def test_a_continued_answer_is_held_within_its_own_turn() -> None:
+    est = PromptEstimator(1)
+    partial = chat(("user", "Tell me a story."), ("assistant", "Once upon a time"))
+    partial = dataclasses.replace(partial, continue_final_message=True)
+    est.answered(0, partial, ", a fox lived in the woods.")
+    whole = chat(("user", "Tell me a story."), ("assistant", "Once upon a time, a fox lived"))
+    assert est.uncached_tokens(request_text(whole)) == 1
