@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from geo_router.conversation import turns_of
 from geo_router.metrics import RouterMetrics
 from geo_router.prefix_index import PrefixIndex
 from geo_router.request import RouteRequest, upstream_body
@@ -245,9 +246,27 @@ class Attempt:
         if self.span is not None:
             self.span.set_attribute("attempt.won", True)
         if r.prefixes is not None and cand.prefix is not None:
-            load = cand.state.load
-            kv = load.capacity * load.max_context_tokens if load.max_context_tokens else None
+            kv = _kv_tokens(cand)
             r.prefixes.served(cand.id, cand.prefix, kv, warming=cand.warming, rent_ms=cand.rent_ms)
+
+    def answered(self, body: Mapping[str, Any], answer: str, cache_salt: str | None) -> None:
+        """Its stream ended well with ``answer``: the instance holds it beside the
+        prompt, as the conversation's next turn will send it back
+        (``PrefixIndex.answered``). Not a trimmed request's: the next turn's history
+        is the whole one, which that instance does not hold."""
+        r, cand = self._routing, self.cand
+        if r.prefixes is None or cand.prefix is None or cand.trim is not None:
+            return
+        if "messages" not in body:  # a raw prompt: no turns to send back
+            return
+        r.prefixes.answered(
+            cand.id,
+            turns_of(body),
+            answer,
+            tokens_per_block=cand.prefix.tokens_per_block,
+            cache_salt=cache_salt,
+            limit_tokens=_kv_tokens(cand),
+        )
 
     def failed(self, exc: BaseException) -> ServeError:
         """It never primed: its error, raised if nobody else may try, returned if the
@@ -340,3 +359,9 @@ class Attempt:
                 mark_failed(span, err)
             span.end()
         return True
+
+
+def _kv_tokens(cand: Scored) -> int | None:
+    """The tokens of KV cache the instance holds at most, when it reports its window."""
+    load = cand.state.load
+    return load.capacity * load.max_context_tokens if load.max_context_tokens else None

@@ -15,6 +15,13 @@ cache-aware policies do, the router names a request's conversation in blocks:
   believed: several routers' traffic shows in it, and so does an eviction
   or a restart. Between reports, what this router sent it since it first saw
   the report counts too;
+- an answer streamed to the end is recorded where it was served, as the
+  conversation's next turn will send it back (its last assistant turn):
+  engines keep the tokens they generated beside the prompt's (a llama.cpp
+  slot; vLLM's full blocks), and a next turn sent before the instance's
+  next report was otherwise credited only its first turn's prompt
+  (ShareGPT-like chat through ``hybrid-llm up``: turns sent right after
+  their answer found 0 of their history's tokens known, and went elsewhere);
 - for an instance that reports nothing, the router keeps an LRU set of block
   names it sent there (bounded: ``max_blocks``, or what the instance's slots
   and context window can hold when it reports them); entries unused for
@@ -185,6 +192,28 @@ class PrefixIndex:
             cap = max(len(prefix.blocks), min(cap, int(limit_tokens / prefix.tokens_per_block)))
         while len(held) > cap:
             held.popitem(last=False)
+
+    def answered(
+        self,
+        instance_id: str,
+        turns: Sequence[Turn],
+        answer: str,
+        *,
+        tokens_per_block: float,
+        cache_salt: str | None = None,
+        limit_tokens: int | None = None,
+        max_chars: int = 65536,
+        now: float | None = None,
+    ) -> None:
+        """The instance streamed ``answer`` to the conversation ``turns``: it holds the
+        conversation with that answer as its last assistant turn (see above)."""
+        if not answer:
+            return
+        text = conversation_text([*((t.role, t.text) for t in turns), ("assistant", answer)])[
+            :max_chars
+        ]
+        blocks = chained_names(text, self.block_chars, scope_seed(cache_salt))
+        self.record(instance_id, Prefix(tuple(blocks), tokens_per_block), limit_tokens, now)
 
     def rent_paid(self, anchor: int, now: float | None = None) -> float:
         """Rent paid lately (within ``ttl_s`` of its last payment) for the prefix

@@ -105,6 +105,9 @@ class RoutedStream:
                         itl.observe(now - last)
                         last = now
                     await attempt.finished()
+                    if sent_before is None:  # one instance said it all, and holds it
+                        said.sync()
+                        attempt.answered(req.body, said.text, req.cache_salt)
                     return
                 except ServeError as exc:
                     error = exc

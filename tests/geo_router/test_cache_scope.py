@@ -183,3 +183,35 @@ def test_a_continuation_goes_on_in_the_same_scope() -> None:
     assert json.loads(upstream_body(resumed, cand))["cache_salt"] == "s1"
     plain = RouteRequest(body, "chat", "/v1/chat/completions", EAST, "u", {}, 0.0)
     assert "cache_salt" not in json.loads(upstream_body(plain, cand))
+
+
+@pytest.mark.anyio
+async def test_a_next_turn_is_credited_the_answer_its_instance_streamed() -> None:
+    """Engines keep an answer's tokens beside the prompt's, and the next turn sends the
+    answer back: sent before the instance's next report, it was credited only its
+    first turn's prompt (chat through ``hybrid-llm up``: 0 tokens known), and moved."""
+    question = "Describe, step by step, how a lighthouse keeper starts the day. " * 2
+    first = [{"role": "user", "content": question}]
+    operator = {"Authorization": f"Bearer {KEY}"}
+    with serve_fake(Behavior(words=40)) as url:
+        async with router(router_settings([upstream(url)])) as c:
+            r = await c.post(
+                "/v1/chat/completions", json={"model": "auto", "messages": first}, headers=operator
+            )
+            assert r.status_code == 200, r.text
+            answer = r.json()["choices"][0]["message"]["content"]
+            assert len(answer) > 128
+
+            async def cached(said: str) -> int:
+                history = [*first, {"role": "assistant", "content": said}]
+                body = {
+                    "model": "auto",
+                    "messages": [*history, {"role": "user", "content": "And at night?"}],
+                }
+                r = await c.post("/v1/route/explain", json=body, headers=operator)
+                assert r.status_code == 200, r.text
+                return int(r.json()["candidates"][0]["cached_tokens"])
+
+            # The same answer but its first character: the question's blocks alone.
+            elsewhere = await cached("X" + answer[1:])
+            assert await cached(answer) >= 2 * elsewhere > 0
