@@ -291,7 +291,8 @@ class Planner:
             if trim is not None:
                 turns = turns_of({"messages": trim.messages})
                 prefix = self.prefixes.prefix(turns, tokens, cache_salt=shape.cache_salt)
-            found = self.prefixes.cached_blocks(state.info.id, prefix, state.load)
+            age = self._tracker.report_age_s(state)
+            found = self.prefixes.cached_blocks(state.info.id, prefix, state.load, report_age_s=age)
             cached, source = prefix.tokens(found.blocks), found.source
         return self._scorer.score(
             state,

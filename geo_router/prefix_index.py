@@ -128,9 +128,12 @@ class PrefixIndex:
         prefix: Prefix,
         report: LoadReport | None = None,
         now: float | None = None,
+        report_age_s: float | None = None,
     ) -> Cached:
         """How many of ``prefix``'s leading blocks the instance holds, by its own
-        ``report`` where it gives one in this index's block size, else by this router's record."""
+        ``report`` where it gives one in this index's block size, else by this router's
+        record. ``report_age_s``: how long ago the report was taken, where known; what
+        this router sent since then is not in it."""
         if not prefix.blocks:
             return Cached(0, "none")
         now = time.monotonic() if now is None else now
@@ -144,7 +147,12 @@ class PrefixIndex:
         ):
             held_set, first_seen = self._reported(instance_id, names, now)
             reported = leading_run(prefix.blocks, held_set)
-            horizon = max(horizon, first_seen)  # older sends are in the report, or evicted
+            # Older sends are in the report, or evicted. It was taken when it was asked
+            # for, which may be well before this router first looked at it: an answer
+            # that ended in between is not in it (a chat's next turn, sent half a
+            # second after its answer, found its history credited neither way).
+            taken = first_seen if report_age_s is None else now - max(0.0, report_age_s)
+            horizon = max(horizon, taken)
         own = self._own_run(instance_id, prefix, horizon)
         if reported and reported >= own:
             return Cached(reported, "reported")

@@ -26,6 +26,7 @@ from enum import IntEnum
 
 from geo_router.predictor import Prediction, TtftModel
 from geo_router.settings import BreakerSettings, PredictionSettings
+from servekit.registry.protocol import InstanceState
 
 __all__ = ["Circuit", "InstanceStats", "Tracker"]
 
@@ -83,6 +84,11 @@ class Tracker:
         # fleet priced an edge's first repeat from the center's, which pass one more hop
         # (ShareGPT one at a time: 70-77 ms predicted, 33-47 ms taken).
         self._quick_pools: dict[str, deque[float]] = {}
+
+    def report_age_s(self, state: InstanceState) -> float | None:
+        """How long ago the instance's load report was taken, by the ``wall`` clock its
+        heartbeat is stamped on (``None`` when it has none)."""
+        return self._wall() - state.last_heartbeat if state.last_heartbeat > 0 else None
 
     def stats(self, instance_id: str, tier: str | None = None) -> InstanceStats:
         """An instance's statistics; ``tier`` (the scorer's) joins its model to that

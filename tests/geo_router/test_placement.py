@@ -265,6 +265,27 @@ def test_two_routers_send_a_new_system_prompt_to_the_same_edge_without_talking()
     assert len({next(iter(h)) for h in homes.values()}) > 1  # and prompts spread over edges
 
 
+def test_what_was_sent_after_a_report_was_taken_counts_though_it_was_read_later() -> None:
+    """A chat's next turn half a second after its answer: the report polled just before
+    the answer ended was first read when that turn was scored, and hid the answer."""
+    index = PrefixIndex()
+    body = support("Where is my parcel?")
+    turns = [Turn(m["role"], m["content"]) for m in body["messages"]]
+    prefix = index.prefix(turns, 500)
+
+    def report(other: int) -> LoadReport:  # each poll's own report, of another prompt
+        return LoadReport(ready=True, prefix_blocks=(other,), prefix_block_chars=64)
+
+    assert index.cached_blocks("edge-a", prefix, report(1), now=9.0).blocks == 0
+    index.record("edge-a", prefix, now=10.0)  # sent, and answered
+    taken = report(2)  # asked for at 9.8
+    found = index.cached_blocks("edge-a", prefix, taken, now=10.5, report_age_s=0.7)
+    assert (found.blocks, found.source) == (len(prefix.blocks), "router")
+    # Taken after the send: the report is believed (the instance dropped it).
+    later = report(3)
+    assert index.cached_blocks("edge-a", prefix, later, now=11.0, report_age_s=0.5).blocks == 0
+
+
 def test_block_names_and_anchor_are_the_same_in_every_process() -> None:
     code = (
         "from geo_router.prefix_index import PrefixIndex;"
