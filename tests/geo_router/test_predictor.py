@@ -243,6 +243,20 @@ def test_without_a_learned_model_the_fixed_rules_stay() -> None:
     assert first_token_deadline_s(routing, short) == routing.ttft_deadline_s
 
 
+def test_an_unlearned_instance_is_not_hedged_before_the_requests_own_prediction() -> None:
+    """``up --netem``: a same-city edge chosen for a cold customer-service prompt
+    (3.5 s predicted) was raced at the default 0.5 s, twelve times in a row, each
+    hedge cancelling the prefill that would have made the next one quick."""
+    routing = RoutingSettings.model_validate({"slow_start_s": 0, "hedge": {"enabled": True}})
+    tracker = Tracker(routing.breaker, routing.prediction)
+    scorer = Scorer(routing, REGIONS.rtt_table(), tracker, random.Random(0))
+    cold = scorer.score(center(), "east", 1400)  # 400 tokens/s: ~3.5 s
+    assert cold.ttft_p90_ms is None
+    assert hedge_delay_s(routing.hedge, tracker, cold) == pytest.approx(cold.ttft_ms / 1000.0)
+    short = scorer.score(center(), "east", 40)  # its own prediction is under the default
+    assert hedge_delay_s(routing.hedge, tracker, short) == routing.hedge.default_delay_ms / 1000
+
+
 def test_explain_shows_the_median_and_the_p90() -> None:
     routing = RoutingSettings.model_validate({"slow_start_s": 0})
     short = scored_after_long_prompts(routing, short_tokens=40)[0]
