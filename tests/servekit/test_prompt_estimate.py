@@ -137,6 +137,9 @@ def test_a_finished_slot_holds_its_answer_as_the_next_turns_history() -> None:
     assert answered_through > len(request_blocks(first, 64))
     assert set(history[:answered_through]) <= held
     assert not set(history[answered_through:]) & held
+    # Sampled every fourth block, the prompt's own end is named too: a repeat of the
+    # first turn is vouched for whole, not to the sample before its end.
+    assert request_blocks(first, 64)[-1] in est.held_blocks(4)
 
 
 def test_a_continued_answer_is_held_within_its_own_turn() -> None:
