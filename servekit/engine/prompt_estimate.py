@@ -15,7 +15,13 @@ same system prompt, in a burst) copies only the part read so far and reads
 the rest itself. Counting the whole text as held priced 491-token prompts at
 77-117 ms of own prefill; they found 5 tokens cached and took 5 s. So each
 slot's text counts up to the share of its prompt tokens read
-(:meth:`PromptEstimator.prefilled`, proportionally in characters).
+(:meth:`PromptEstimator.prefilled`, proportionally in characters), and so do
+the block names the load report shows routers: a report polled while a
+hedged attempt was prefilling named the whole customer-service prompt, the
+router then believed the edge held it, sent the next request there first
+(predicted 150 ms, cold: 3.5 s), its hedge to the center won and cancelled
+the prefill, and the next poll caught the next attempt prefilling: nine
+requests in a row through ``up --netem`` took 1.2-1.3 s at the center.
 
 A finished slot keeps the answer's tokens beside its prompt's, and a
 conversation's next turn sends that answer back as history: on ShareGPT-like
@@ -133,13 +139,18 @@ class PromptEstimator:
         self.chars_per_token = self._chars / self._tokens
 
     def held_blocks(self, stride: int) -> tuple[int, ...]:
-        """Block names of what the slots hold, every ``stride``-th and each slot's last."""
+        """Block names of what the slots hold, every ``stride``-th and each slot's last,
+        each slot's only as far as it has read its prompt (see the module docstring)."""
         report = self._report
         if report is None or report[0] != stride:  # a load report asks on every request
             names = tuple(
                 name
-                for blocks, end in zip(self._blocks, self._prompt_blocks, strict=True)
-                for name in _with_end(sampled(blocks, stride), blocks, end)
+                for blocks, end, text, read in zip(
+                    self._blocks, self._prompt_blocks, self._held, self._read, strict=True
+                )
+                for name in _with_end(
+                    sampled(blocks[: _blocks_read(len(blocks), text, read)], stride), blocks, end
+                )
             )
             report = self._report = (stride, names)
         return report[1]
@@ -189,6 +200,7 @@ class PromptEstimator:
     def prefilled(self, slot: int, read: float) -> None:
         """Slot ``slot`` has read the share ``read`` of its prompt's tokens."""
         self._read[slot] = _chars_read(self._held[slot], read)
+        self._report = None
 
 
 def _with_end(picked: list[int], blocks: tuple[int, ...], end: int) -> list[int]:
@@ -196,6 +208,11 @@ def _with_end(picked: list[int], blocks: tuple[int, ...], end: int) -> list[int]
     if 0 < end <= len(blocks) and blocks[end - 1] not in picked:
         return [*picked, blocks[end - 1]]
     return picked
+
+
+def _blocks_read(blocks: int, text: str, read: int) -> int:
+    """Of a slot's ``blocks``, those within the ``read`` characters of its ``text``."""
+    return blocks if read >= len(text) else blocks * read // len(text)
 
 
 def _chars_read(text: str, read: float) -> int:

@@ -149,3 +149,18 @@ def test_a_continued_answer_is_held_within_its_own_turn() -> None:
     est.answered(0, partial, ", a fox lived in the woods.")
     whole = chat(("user", "Tell me a story."), ("assistant", "Once upon a time, a fox lived"))
     assert est.uncached_tokens(request_text(whole)) == 1
+
+
+def test_the_report_names_a_prompt_only_as_far_as_its_slot_has_read_it() -> None:
+    """A hedged attempt cancelled mid-prefill must not leave routers believing the
+    edge holds the prompt: its report named the whole customer-service prompt while
+    it read the first chunk, and nine requests went there first, to lose to a hedge."""
+    est = PromptEstimator(1, block_chars=64)
+    request = chat(("system", SYSTEM), ("user", "Can I return boots?"))
+    blocks = request_blocks(request, 64)
+    est.hold(0, request_text(request), blocks, read=0.25)
+    held = est.held_blocks(1)
+    assert 0 < len(held) <= len(blocks) // 4
+    assert set(held) <= set(blocks[: len(blocks) // 4])
+    est.prefilled(0, 1.0)
+    assert est.held_blocks(1) == blocks
