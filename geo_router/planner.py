@@ -287,14 +287,13 @@ class Planner:
         bias_ms: float = 0.0,
     ) -> Scored:
         prefix, cached, source = shape.prefix, 0, "none"
-        whole: bool | None = None
         if self.prefixes is not None:
             if trim is not None:
                 turns = turns_of({"messages": trim.messages})
                 prefix = self.prefixes.prefix(turns, tokens, cache_salt=shape.cache_salt)
             age = self._tracker.report_age_s(state)
             found = self.prefixes.cached_blocks(state.info.id, prefix, state.load, report_age_s=age)
-            cached, source, whole = prefix.tokens(found.blocks), found.source, found.whole
+            cached, source = prefix.tokens(found.blocks), found.source
         return self._scorer.score(
             state,
             region,
@@ -302,7 +301,6 @@ class Planner:
             bias_ms,
             cached_tokens=cached,
             cached_source=source,
-            held_whole=whole,
             trim=trim,
             prefix=prefix,
         )

@@ -131,9 +131,6 @@ class Features:
     prior_ms: float  # the formula's estimate: RTT + wait + prefill
     ms_per_token: float  # the formula's prefill cost of one uncached token
     cached_tokens: int = 0  # the prompt's tokens already held there, which the new ones attend to
-    # Was this very text sent there (``PrefixIndex``: its partial last block too)?
-    # None: not known (no prefix index), then judged by how much of it is cached.
-    held_whole: bool | None = None
 
     @property
     def quick(self) -> bool:
@@ -147,17 +144,13 @@ class Features:
 
     @property
     def new_tokens_ms(self) -> float:
-        """A quick request's prefill: none when it was sent there whole before, since
-        what the router counts uncached is then the tail its character blocks do not
-        name (an exact repeat is held whole by the engine: ShareGPT through ``up``
-        took the same ~200 ms with 1 or 20 tokens counted uncached); else its few new
-        tokens (a chat's next turn, its history held there: 140-160 ms taken, and
-        priced at 45-58 as a repeat when judged by how much was cached). Without
-        that knowledge, none when it was found mostly cached."""
-        whole = self.held_whole
-        if whole is None:
-            whole = self.cached_tokens >= _MOSTLY_CACHED * self.uncached_tokens
-        return 0.0 if whole else self.uncached_tokens * self.ms_per_token
+        """A quick request's prefill: none when it was found mostly cached, since what
+        the router counts uncached there is the tail its character blocks do not name
+        (an exact repeat is held whole by the engine: ShareGPT through ``up`` took the
+        same ~200 ms with 1 or 20 tokens counted uncached); else its few new tokens."""
+        if self.cached_tokens >= _MOSTLY_CACHED * self.uncached_tokens:
+            return 0.0
+        return self.uncached_tokens * self.ms_per_token
 
     def vector(self) -> tuple[float, ...]:
         new = self.uncached_tokens

@@ -44,7 +44,6 @@ difference.
 from __future__ import annotations
 
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,10 +65,6 @@ class Prefix:
     # ``anchor_chars``): where no instance holds the prefix yet, every router
     # places it by this alike (see scoring).
     anchor: int = 0
-    # The name of its whole text, the partial block at its end included: an instance
-    # sent this very text holds all of it, while one that holds only its whole blocks
-    # (a next turn after the answer it streamed) must still read that tail.
-    whole: int = 0
 
     def tokens(self, n_blocks: int) -> int:
         return int(n_blocks * self.tokens_per_block)
@@ -85,7 +80,6 @@ class Cached:
 
     blocks: int
     source: str
-    whole: bool = False  # it was sent this very text (within ``ttl_s``) and holds its blocks
 
 
 class PrefixIndex:
@@ -104,7 +98,6 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self.ttl_s = ttl_s
         self._held: dict[str, OrderedDict[int, float]] = {}
-        self._wholes: dict[str, OrderedDict[int, float]] = {}  # per instance: texts sent
         # per instance: the report's names (the object, to spot a new report), as
         # a set, and when this router first saw that report
         self._reports: dict[str, tuple[object, frozenset[int], float]] = {}
@@ -127,9 +120,7 @@ class PrefixIndex:
         if not blocks:
             return EMPTY
         anchor = blocks[min(len(blocks), max(1, self.anchor_chars // size)) - 1]
-        seed = scope_seed(cache_salt)
-        whole = zlib.crc32(text.encode("utf-8", "surrogatepass"), seed) or 1
-        return Prefix(tuple(blocks), prompt_tokens * size / max(1, len(text)), anchor, whole)
+        return Prefix(tuple(blocks), prompt_tokens * size / max(1, len(text)), anchor)
 
     def cached_blocks(
         self,
@@ -163,16 +154,9 @@ class PrefixIndex:
             taken = first_seen if report_age_s is None else now - max(0.0, report_age_s)
             horizon = max(horizon, taken)
         own = self._own_run(instance_id, prefix, horizon)
-        found = max(reported, own)
-        whole = found == len(prefix.blocks) and self._sent_whole(instance_id, prefix, now)
         if reported and reported >= own:
-            return Cached(reported, "reported", whole)
-        return Cached(own, "router", whole) if own else Cached(0, "none")
-
-    def _sent_whole(self, instance_id: str, prefix: Prefix, now: float) -> bool:
-        sent = self._wholes.get(instance_id)
-        seen = sent.get(prefix.whole) if sent is not None and prefix.whole else None
-        return seen is not None and seen >= now - self.ttl_s
+            return Cached(reported, "reported")
+        return Cached(own, "router") if own else Cached(0, "none")
 
     def _reported(
         self, instance_id: str, names: tuple[int, ...], now: float
@@ -211,12 +195,6 @@ class PrefixIndex:
         for block in prefix.blocks:
             held[block] = now
             held.move_to_end(block)
-        if prefix.whole:
-            wholes = self._wholes.setdefault(instance_id, OrderedDict())
-            wholes[prefix.whole] = now
-            wholes.move_to_end(prefix.whole)
-            while len(wholes) > self.max_blocks:
-                wholes.popitem(last=False)
         cap = self.max_blocks
         if limit_tokens is not None and prefix.tokens_per_block > 0:
             cap = max(len(prefix.blocks), min(cap, int(limit_tokens / prefix.tokens_per_block)))
@@ -281,8 +259,6 @@ class PrefixIndex:
     def forget_missing(self, present: set[str]) -> None:
         for iid in [i for i in self._held if i not in present]:
             del self._held[iid]
-        for iid in [i for i in self._wholes if i not in present]:
-            del self._wholes[iid]
         for iid in [i for i in self._reports if i not in present]:
             del self._reports[iid]
 

@@ -269,7 +269,6 @@ class Scorer:
         *,
         cached_tokens: int = 0,
         cached_source: str = "none",
-        held_whole: bool | None = None,
         trim: Trim | None = None,
         prefix: Prefix | None = None,
     ) -> Scored:
@@ -317,7 +316,6 @@ class Scorer:
             ms_per_token=1000.0 / prefill_tps,
             # A repeat's uncached tail and the attention term are priced from it.
             cached_tokens=cached_tokens,
-            held_whole=held_whole,
         )
         prediction = stats.model.predict(features, now)
         return Scored(

@@ -286,27 +286,6 @@ def test_what_was_sent_after_a_report_was_taken_counts_though_it_was_read_later(
     assert index.cached_blocks("edge-a", prefix, later, now=11.0, report_age_s=0.5).blocks == 0
 
 
-def test_a_text_sent_whole_is_told_from_a_next_turn_that_only_shares_its_blocks() -> None:
-    """A repeat is held to its last character; a chat's next turn, its history and
-    answer held there, still has its new message to read, though both show the same
-    few tokens beyond their last whole block (140-160 ms taken, 45-58 priced)."""
-    index = PrefixIndex()
-    body = support("Where is my parcel?")
-    turns = [Turn(m["role"], m["content"]) for m in body["messages"]]
-    prefix = index.prefix(turns, 500)
-    index.record("edge-a", prefix, now=10.0)
-    repeat = index.cached_blocks("edge-a", prefix, now=11.0)
-    assert (repeat.blocks, repeat.whole) == (len(prefix.blocks), True)
-    answer = "It left our warehouse yesterday and should arrive on Friday. " * 2
-    index.answered("edge-a", turns, answer, tokens_per_block=16.0, now=12.0)
-    follow = [*turns, Turn("assistant", answer), Turn("user", "Thanks!")]
-    next_turn = index.prefix(follow, 540)
-    found = index.cached_blocks("edge-a", next_turn, now=13.0)
-    assert found.blocks == len(next_turn.blocks)  # every whole block of its history
-    assert not found.whole
-    assert not index.cached_blocks("edge-b", prefix, now=13.0).whole
-
-
 def test_block_names_and_anchor_are_the_same_in_every_process() -> None:
     code = (
         "from geo_router.prefix_index import PrefixIndex;"

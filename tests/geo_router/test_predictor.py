@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -380,15 +379,6 @@ def test_a_repeat_found_mostly_cached_pays_no_prefill_for_the_tail_the_blocks_mi
         model.observe(model.predict(f, 0.0), 200.0, 0.0)
     assert model.predict(at(20, 370), 0.0).median_ms == pytest.approx(200.0, abs=1.0)
     assert model.predict(at(20, 0), 0.0).median_ms == pytest.approx(200.0 + 20 * 7.0, abs=1.0)
-
-
-def test_a_next_turn_pays_its_new_tokens_though_most_of_it_is_cached() -> None:
-    """Judged by how much was cached, a next turn looked like a repeat: what the
-    prefix index knows (this very text sent there, or not) decides instead."""
-    turn = Features(2.0, 20, 0.0, 0.0, 0, 2.0 + 50.0, 2.5, cached_tokens=120)
-    assert turn.new_tokens_ms == 0.0  # unknown: mostly cached, taken for a repeat
-    assert replace(turn, held_whole=False).new_tokens_ms == 20 * 2.5
-    assert replace(turn, held_whole=True).new_tokens_ms == 0.0
 
 
 def test_the_scorer_tells_the_predictor_what_is_cached_there() -> None:
