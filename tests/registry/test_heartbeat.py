@@ -150,8 +150,12 @@ async def test_backs_off_while_consul_is_down_and_recovers() -> None:
 
         state = consul_datacenter()
         with UvicornThread(ConsulDouble(state).app(), port=port):
-            await _until(lambda: _is_listed(registry), 5.0, "registered after recovery")
-            assert beater.registered
+
+            async def recovered() -> bool:
+                # The catalog can list the instance before register() has returned to us.
+                return beater.registered and await _is_listed(registry)
+
+            await _until(recovered, 5.0, "registered after recovery")
             await beater.stop()
             assert ("consul-double", "edge-eu-1") not in state.services
     finally:
