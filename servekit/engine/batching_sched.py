@@ -29,13 +29,13 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_sampler import SamplerChain
-from servekit.engine.batching_slots import Slot, place
+from servekit.engine.batching_slots import Slot, place, reusable
 from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.prompt_estimate import PromptEstimator
 from servekit.engine.protocol import Finish, GenerationRequest, TextDelta
@@ -60,9 +60,11 @@ Prepare = Callable[[GenerationRequest], Prepared]
 
 @dataclass(eq=False)
 class Job:
-    """A request handed to the scheduler; ``emit`` must be thread-safe. ``text``
-    and ``estimate`` are its prompt's text and the uncached tokens it was priced
-    at until the worker tokenizes it (:mod:`servekit.engine.prompt_estimate`)."""
+    """A request handed to the scheduler; ``emit`` must be thread-safe. ``text`` is
+    its prompt's text (:mod:`servekit.engine.prompt_estimate`), ``prepared`` its
+    tokens when the caller made them already (else the worker does), and
+    ``estimate`` the uncached tokens it was priced at until it has a slot
+    (:meth:`Scheduler.uncached`)."""
 
     request: GenerationRequest
     emit: Emit
@@ -70,6 +72,7 @@ class Job:
     cancelled: bool = False
     text: str = ""
     blocks: tuple[int, ...] = ()  # its messages' block names, reported once a slot holds it
+    prepared: Prepared | None = None
     estimate: int = 0
     priced: bool = True  # its estimate still counts in the scheduler's pending tokens
 
@@ -119,7 +122,7 @@ class Scheduler:
         self._load = load
         self._estimator = estimator
         self._model: LlamaBatchModel
-        self._prepare: Prepare
+        self._prepare: Prepare | None = None  # set by the worker once loaded
         self._chunk = chunk_tokens
         self._shortest_first = shortest_first
         self._seed = seed
@@ -156,6 +159,22 @@ class Scheduler:
         self._submitted_tokens += job.estimate
         self._inbox.put(job)
 
+    @property
+    def prepare(self) -> Prepare | None:
+        """The request preparer (chat template and tokenizer) once the model is
+        loaded. Any thread may call it: tokenizing only reads the vocabulary."""
+        return self._prepare
+
+    def uncached(self, tokens: Sequence[int], salt: str | None) -> int:
+        """Of a prompt's ``tokens`` in cache scope ``salt``, those it would prefill
+        were it placed now: all but the longest prefix a slot holds (the slot it
+        takes copies that one first, :func:`~servekit.engine.batching_slots.place`),
+        and at least its last. A slot holds only what it has read so far, so a
+        prompt still being prefilled counts as far as it got. Any thread may ask:
+        the worker only appends to a slot's cache list or replaces it whole."""
+        shared = max((reusable(slot, tokens, salt) for slot in self._slots), default=0)
+        return len(tokens) - min(shared, len(tokens) - 1) if tokens else 0
+
     def pending_tokens(self) -> int:
         """The estimated uncached prompt tokens of the jobs not yet in a slot: in the
         inbox, or being tokenized (an idle worker takes a job at once, and for the
@@ -180,11 +199,13 @@ class Scheduler:
     # -- worker thread ----------------------------------------------------
 
     def _run(self, loaded: Future[None]) -> None:
-        # Every llama.cpp call, loading and freeing included, happens on this one
-        # thread. That is also what keeps llama.cpp fast: its OpenMP workers spin
-        # between operations only while one thread team exists per core set;
-        # a second calling thread makes libgomp throttle spinning, and each
-        # decode then pays for sleeping and waking threads at every operation.
+        # Every llama.cpp call that computes, loading and freeing included, happens
+        # on this one thread (tokenizing, which reads the vocabulary and starts no
+        # threads, may happen on the event loop: Scheduler.prepare). That is also
+        # what keeps llama.cpp fast: its OpenMP workers spin between operations
+        # only while one thread team exists per core set; a second calling thread
+        # makes libgomp throttle spinning, and each decode then pays for sleeping
+        # and waking threads at every operation.
         try:
             self._model, self._prepare = self._load()
         except BaseException as exc:
@@ -251,17 +272,22 @@ class Scheduler:
             self._settle(job)
             return
         try:
-            prepared = self._prepare(job.request)
+            prepared = job.prepared or self._prepare_loaded(job.request)
         except Exception as exc:  # a bad prompt fails its own request, not the loop
             self._settle(job)
             job.emit(exc if isinstance(exc, ServeError) else EngineFailure(repr(exc)))
             self.stats.requests_failed += 1
             return
-        self._estimator.tokenized(job.text, len(prepared.tokens))
         entry = (int(job.request.priority), next(self._order), job, prepared)
         heapq.heappush(self._waiting, entry)
         self._arrived.add(job)
         self.stats.waiting = len(self._waiting)
+
+    def _prepare_loaded(self, request: GenerationRequest) -> Prepared:
+        prepare = self._prepare
+        if prepare is None:  # the worker prepares only after loading
+            raise EngineFailure("the model is not loaded")
+        return prepare(request)
 
     def _reap_cancelled(self) -> None:
         if any(e[2].cancelled for e in self._waiting):
@@ -301,7 +327,7 @@ class Scheduler:
             keep = self._model.forget(slot.seq_id, min(shared, len(prompt) - 1))
             slot.cached = prompt[:keep]
             slot.salt = salt
-            self._estimator.hold(slot.seq_id, job.text, job.blocks, salt, read=keep / len(prompt))
+            self._estimator.hold(slot.seq_id, job.text, job.blocks, read=keep / len(prompt))
             self.stats.prompt_tokens += len(prompt)
             self.stats.reused_prompt_tokens += keep
             self.stats.admitted += 1

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servekit.engine.kv_events import AllBlocksCleared, BlockHash, BlockRemoved, KvEvent
-from servekit.engine.prompt_estimate import DEFAULT_CHARS_PER_TOKEN, request_blocks
+from servekit.engine.prompt_estimate import request_blocks
 from servekit.engine.protocol import GenerationRequest
 from servekit.prefix_blocks import sampled
 
@@ -49,7 +49,12 @@ __all__ = ["HeldPrefixes"]
 
 # The medium of vLLM's own KV cache in its events (offloading tiers report others).
 _ENGINE_MEDIA = (None, "GPU")
-_DECAY = 0.9  # as in servekit.engine.prompt_estimate
+# Before any prompt was tokenized (English prose runs about four characters a
+# token; the first requests replace this).
+DEFAULT_CHARS_PER_TOKEN = 4.0
+# How much of the measured ratio each new prompt replaces, by its length: the
+# sums decay so that a change of language shows within a few dozen prompts.
+_DECAY = 0.9
 
 
 @dataclass(slots=True)
