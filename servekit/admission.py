@@ -17,17 +17,20 @@ prediction for a newcomer:
   ``r_i``: what the engine says its sequence has left (``slot_release_ms``,
   refreshed by :meth:`AdmissionQueue.observe`: prompt tokens left at the
   prefill rate plus answer tokens left at the decode rate,
-  ``servekit.engine.slot_release``), or, for an engine that cannot tell and
-  for a request admitted but not yet running in it, the recent mean hold
-  time ``h`` (an exponential moving average) less how long it has held it.
-  A mean hold says a slot held by a long document frees as soon as one held
-  by a question: queued requests waited 2.4-3.3 s against a predicted
-  1.0-1.3 s. Each waiter ahead takes the earliest free slot and frees it
-  again ``h`` later; the newcomer gets the slot of the ``k+1``-th release in
-  that sequence. When the wait needs ``h`` and no request has released its
-  slot yet, it is unknown: with a budget the request is refused (a cold edge that
-  queued a burst behind a guessed hold time made it wait many seconds, and
-  the router's deadline cut it);
+  ``servekit.engine.slot_release``); for a request admitted but not yet
+  running in it, what the engine expected of it when it was admitted (its
+  ``hold_ms``: its prompt and answer budget beside the sequences running then;
+  the recent mean hold, measured while a single stream warmed up, priced an
+  opening burst's slots at a third of the 3.4 s they were held); or, for an
+  engine that cannot tell, the recent mean hold time ``h`` (an exponential
+  moving average) less how long it has held it. A mean hold says a slot held
+  by a long document frees as soon as one held by a question: queued requests
+  waited 2.4-3.3 s against a predicted 1.0-1.3 s. Each waiter ahead takes the
+  earliest free slot and frees it again ``h`` later; the newcomer gets the
+  slot of the ``k+1``-th release in that sequence. When the wait needs ``h``
+  and no request has released its slot yet, it is unknown: with a budget the
+  request is refused (a cold edge that queued a burst behind a guessed hold
+  time made it wait many seconds, and the router's deadline cut it);
 - busy slowdown: the sequences running beside it once it has a slot, times
   the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
   refreshed by :meth:`AdmissionQueue.observe`);
@@ -116,6 +119,7 @@ class Ticket:
     priority: Priority
     enqueued_at: float
     admitted_at: float = 0.0
+    hold_s: float | None = None  # how long its own prompt and answer should hold a slot
     _released: bool = field(default=False, repr=False)
 
     @property
@@ -233,14 +237,15 @@ class AdmissionQueue:
         measured."""
         hold = self._service_s
         engine = self.slot_release_ms
-        held = sorted(self._held.values())  # admitted at, the oldest first
+        held = sorted(self._held.items(), key=lambda item: item[1])  # the oldest first
         known = [] if engine is None else [ms / 1000.0 for ms in engine[: len(held)]]
         # The youngest tickets the engine does not count yet (admitted, not yet
-        # running in it), or all of them when it cannot tell: the mean hold.
-        rest = held[len(known) :]
-        if (rest or ahead) and hold is None:
+        # running in it), or all of them when it cannot tell: each its own hold
+        # where the engine priced it at admission, else the mean hold.
+        rest = [(t.hold_s if t.hold_s is not None else hold, at) for t, at in held[len(known) :]]
+        if (ahead or any(h is None for h, _ in rest)) and hold is None:
             return None
-        left = known + [max(0.0, (hold or 0.0) - (now - t)) for t in rest]
+        left = known + [max(0.0, (h or 0.0) - (now - at)) for h, at in rest]
         left = [0.0] * max(0, self.slots - len(left)) + left
         heapq.heapify(left)
         for _ in range(ahead):  # each waiter ahead takes the earliest and holds it
@@ -315,25 +320,32 @@ class AdmissionQueue:
         return ticket
 
     def try_acquire(
-        self, priority: Priority = Priority.INTERACTIVE, own_prefill_ms: float = 0.0
+        self,
+        priority: Priority = Priority.INTERACTIVE,
+        own_prefill_ms: float = 0.0,
+        hold_ms: float | None = None,
     ) -> Ticket | None:
-        """A slot at once if one is free, nobody waits and the budget allows; else None."""
+        """A slot at once if one is free, nobody waits and the budget allows; else None.
+        ``hold_ms``: how long the engine expects the request to hold it, if it can tell."""
         if self._running < self.slots and self.waiting == 0:
             if self._over(self.predicted_wait_ms(), own_prefill_ms):
                 return None  # acquire() refuses it, with the figures
             now = time.monotonic()
             self._running += 1
-            return self._admit(Ticket(self, priority, now), now)
+            return self._admit(Ticket(self, priority, now, hold_s=_seconds(hold_ms)), now)
         return None
 
     async def acquire(
-        self, priority: Priority = Priority.INTERACTIVE, own_prefill_ms: float = 0.0
+        self,
+        priority: Priority = Priority.INTERACTIVE,
+        own_prefill_ms: float = 0.0,
+        hold_ms: float | None = None,
     ) -> Ticket:
         """A slot, waiting for it if need be; :class:`QueueFull` at once when the queue
         is full or (with a budget) the wait plus ``own_prefill_ms`` exceeds it."""
         self._check_budget(own_prefill_ms)
         now = time.monotonic()
-        ticket = Ticket(self, priority, now)
+        ticket = Ticket(self, priority, now, hold_s=_seconds(hold_ms))
         if self._running < self.slots and self.waiting == 0:
             self._running += 1
             return self._admit(ticket, now)
@@ -389,3 +401,7 @@ class AdmissionQueue:
         if inter:
             return inter.popleft()
         return None
+
+
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000.0

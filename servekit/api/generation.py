@@ -28,6 +28,7 @@ from servekit.engine.protocol import (
     LoadReport,
     TextDelta,
     prefill_backlog_ahead_ms,
+    slot_hold_ms,
     uncached_tokens,
 )
 from servekit.errors import EngineFailure, QueueFull, ServeError, StreamDeadlineExceeded
@@ -128,6 +129,14 @@ def _observe_for(core: ServingCore, gen: GenerationRequest) -> float:
     return own_prefill_ms(engine, gen, report)
 
 
+def _hold_for(core: ServingCore, gen: GenerationRequest) -> float | None:
+    """How long the engine expects ``gen`` to hold a slot it took now (admission
+    counts it for the request until the engine runs it), if it can tell."""
+    engine = core.engines.current()
+    tokens = _prefill_tokens(engine, gen)
+    return None if tokens is None else slot_hold_ms(engine, tokens, gen.sampling.max_tokens)
+
+
 async def serve_generation(
     core: ServingCore,
     gen: GenerationRequest,
@@ -146,15 +155,17 @@ async def serve_generation(
     ``Server-Timing`` header gives its ``queue`` wait and its ``prefill``
     (admission to the engine's first event).
     """
-    own = 0.0
+    own, hold = 0.0, None
     if core.admission.ttft_budget_ms is not None:
         # The prediction needs the engine's backlog and prefill rate of this moment.
         own = _observe_for(core, gen)
+        hold = _hold_for(core, gen)
         if trace is not None:
             trace.predicted(core.admission.predicted_wait_ms(), own)
+    admission = core.admission
     try:
-        ticket = core.admission.try_acquire(gen.priority, own) or await core.admission.acquire(
-            gen.priority, own
+        ticket = admission.try_acquire(gen.priority, own, hold) or await admission.acquire(
+            gen.priority, own, hold
         )
     except ServeError as exc:
         _record_failure(core, exc)

@@ -40,7 +40,7 @@ from servekit.engine.protocol import (
     Message,
     SamplingParams,
 )
-from servekit.engine.slot_release import release_ms
+from servekit.engine.slot_release import each_release_ms, read_by_step
 from servekit.errors import NotReady
 
 __all__ = ["BatchingLlamaEngine", "BatchingSettings"]
@@ -173,7 +173,13 @@ class BatchingLlamaEngine:
         behind, at the measured rate (see :func:`prefill_backlog_ms`)."""
         stats = self._stats
         remaining = stats.prefill_remaining  # one tuple, replaced whole by the worker
-        running = sum(r for r in remaining if r <= tokens) if remaining else None
+        running = None
+        if remaining:
+            # Shortest first: the prompts with no more left than its own go first,
+            # and the step that reads its last token reads the others to its end.
+            first = tokens + sum(r for r in remaining if r <= tokens)
+            total = tokens + sum(remaining)
+            running = read_by_step(first, total, self._settings.chunk_tokens) - tokens
         return backlog_ms(
             stats.prefill_backlog_tokens if running is None else running,
             self._pending_tokens(),
@@ -183,11 +189,25 @@ class BatchingLlamaEngine:
     def slot_release_ms(self) -> tuple[float, ...] | None:
         """Milliseconds until each running sequence frees its slot, ascending, from
         what each has left (:mod:`servekit.engine.slot_release`)."""
+        work = self._stats.slot_work  # one tuple, replaced whole by the worker
+        each = self._each_release_ms(work)
+        return None if each is None else tuple(sorted(each))
+
+    def slot_hold_ms(self, tokens: int, max_tokens: int | None) -> float | None:
+        """How long a request with ``tokens`` prompt tokens to prefill and an answer
+        of at most ``max_tokens`` would hold a slot it took now, beside the running
+        sequences (:mod:`servekit.engine.slot_release`): what admission expects of a
+        request it let in before the worker has placed it (``servekit.admission``)."""
+        newcomer = (tokens, max_tokens or self._settings.ctx_per_slot, max_tokens is None)
+        each = self._each_release_ms((*self._stats.slot_work, newcomer))
+        return None if each is None else each[-1]
+
+    def _each_release_ms(self, work: tuple[tuple[int, int, bool], ...]) -> list[float] | None:
         stats = self._stats
-        return release_ms(
-            stats.slot_work,  # one tuple, replaced whole by the worker
+        return each_release_ms(
+            work,
             prefill_tokens_per_s=stats.prefill_rate(),
-            decode_step_s=stats.decode_step(),
+            decode_step_s=stats.decode_step(min(len(work), self.capacity)),
             chunk_tokens=self._settings.chunk_tokens,
             typical_tokens=stats.typical_completion(),
             shortest_first=self._settings.prefill_order == "shortest",

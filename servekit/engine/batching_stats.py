@@ -11,6 +11,7 @@ beyond its own prefill, is fitted from the admissions recorded here
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import deque
@@ -20,12 +21,14 @@ from servekit.engine.busy_slowdown import BusySlowdown
 from servekit.engine.rates import percentile
 from servekit.engine.slot_release import MIN_COMPLETIONS, TYPICAL_ANSWER_TOKENS
 
-__all__ = ["BATCH_SIZE_BUCKETS", "BatchingSnapshot", "BatchingStats"]
+__all__ = ["BATCH_SIZE_BUCKETS", "STEP_SAMPLES", "BatchingSnapshot", "BatchingStats"]
 
 # Upper bounds of the batch-size histogram (sequences per decode step).
 BATCH_SIZE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 # Rates are averaged over this many seconds of recent steps.
 RATE_WINDOW_S = 10.0
+# Recent decode steps of one batch size that price a step of that size.
+STEP_SAMPLES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +104,7 @@ class BatchingStats:
     _decode_steps: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=4096))
     _busy: BusySlowdown = field(default_factory=BusySlowdown)
     _completions: deque[int] = field(default_factory=lambda: deque(maxlen=64))
-    _decode_step_s: float | None = None
+    _decode_seq_s: float | None = None  # moving average of a decode step per sequence
     # The last prefill rate the window measured, reported once the window holds no
     # prefill (an idle engine): a cold window would price a burst's backlog at zero.
     _last_prefill_rate: float | None = None
@@ -131,8 +134,9 @@ class BatchingStats:
             else:
                 self._decode_steps.append((sequences, seconds))
                 if decode:
-                    ema = self._decode_step_s
-                    self._decode_step_s = seconds if ema is None else 0.9 * ema + 0.1 * seconds
+                    per_seq = seconds / max(1, sequences)
+                    ema = self._decode_seq_s
+                    self._decode_seq_s = per_seq if ema is None else 0.9 * ema + 0.1 * per_seq
             while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:
                 _, old_s, old_decode, old_prefill = self._recent.popleft()
                 self._add_to_window(old_s, old_decode, old_prefill, -1)
@@ -187,11 +191,25 @@ class BatchingStats:
                 return float(TYPICAL_ANSWER_TOKENS)
             return sum(done) / len(done)
 
-    def decode_step(self) -> float | None:
-        """Recent duration of a decode-only step (a moving average): how long a
-        running sequence takes per token while no prompt is being read."""
+    def decode_step(self, sequences: int) -> float | None:
+        """How long a decode-only step of ``sequences`` sequences takes: how long each
+        of them takes per token while no prompt is being read. The median of the
+        recent steps of that many (:data:`STEP_SAMPLES` of them at least), else the
+        moving average of a step per sequence times ``sequences`` (a step of four
+        costs about four of one on a CPU: pricing every step at a single stream's,
+        the releases of an opening burst were predicted at a third of their time)."""
+        n = max(1, sequences)
+        same: list[float] = []
         with self._lock:
-            return self._decode_step_s
+            for k, sec in reversed(self._decode_steps):  # the most recent first
+                if k == n:
+                    same.append(sec)
+                    if len(same) == 4 * STEP_SAMPLES:
+                        break
+            per_seq = self._decode_seq_s
+        if len(same) >= STEP_SAMPLES:
+            return statistics.median(same)
+        return None if per_seq is None else per_seq * n
 
     def assume_busy_ms_per_seq(self, ms: float | None) -> None:
         """Report ``ms`` as the busy slowdown until enough admissions measure it

@@ -32,6 +32,7 @@ __all__ = [
     "TextDelta",
     "pooled_figures",
     "prefill_backlog_ahead_ms",
+    "slot_hold_ms",
     "slot_release_ms",
     "uncached_tokens",
 ]
@@ -334,6 +335,18 @@ def slot_release_ms(engine: object) -> tuple[float, ...] | None:
         return None
     ms = release()
     return tuple(float(m) for m in ms) if isinstance(ms, tuple) else None
+
+
+def slot_hold_ms(engine: object, tokens: int, max_tokens: int | None) -> float | None:
+    """How long a request with ``tokens`` prompt tokens to prefill and an answer of
+    at most ``max_tokens`` would hold a slot of ``engine`` taken now, if it can tell
+    (one that can defines ``slot_hold_ms(tokens, max_tokens)``); ``None`` otherwise
+    (admission then expects the recent mean hold time)."""
+    hold = getattr(engine, "slot_hold_ms", None)
+    if hold is None or not callable(hold):
+        return None
+    ms = hold(tokens, max_tokens)
+    return float(ms) if isinstance(ms, int | float) else None
 
 
 def uncached_tokens(engine: object, request: GenerationRequest) -> int | None:

@@ -283,6 +283,25 @@ async def test_a_ticket_the_engine_does_not_run_yet_is_priced_at_the_mean_hold()
     young.release()
 
 
+async def test_a_ticket_the_engine_does_not_run_yet_is_priced_at_its_own_hold() -> None:
+    """Admitted in an opening burst, before the engine placed it: the engine's price
+    of its own prompt and answer beside the others, not the mean hold a single
+    warm-up stream measured (a third of what the burst's slots were held)."""
+    q = AdmissionQueue(slots=2, max_waiting=8)
+    q._service_s = 1.0
+    now = time.monotonic()
+    old = await q.acquire()
+    young = await q.acquire(hold_ms=3000.0)
+    q._held[old], q._held[young] = now - 2.0, now - 0.25
+    q.observe(None, slot_release_ms=(4000.0,))  # the engine runs the old one only
+    assert q.predicted_wait_ms(now) == pytest.approx(2750.0)
+    # With no mean hold measured, its own hold still prices it.
+    q._service_s = None
+    assert q.predicted_wait_ms(now) == pytest.approx(2750.0)
+    old.release()
+    young.release()
+
+
 async def test_a_request_that_queued_is_priced_again_when_it_gets_its_slot() -> None:
     """Priced at 10 ms of own prefill (its system prompt held), it queued; by the
     time its slot freed the prompt was gone from the cache: 3 s now. Refused, its

@@ -1,7 +1,12 @@
 import pytest
 
-from servekit.engine.batching_stats import BatchingStats
-from servekit.engine.slot_release import MIN_COMPLETIONS, TYPICAL_ANSWER_TOKENS, release_ms
+from servekit.engine.batching_stats import STEP_SAMPLES, BatchingStats
+from servekit.engine.slot_release import (
+    MIN_COMPLETIONS,
+    TYPICAL_ANSWER_TOKENS,
+    read_by_step,
+    release_ms,
+)
 
 RATES = {"prefill_tokens_per_s": 200.0, "decode_step_s": 0.05, "chunk_tokens": 64}
 
@@ -19,15 +24,30 @@ def test_a_long_prompt_frees_its_slot_after_its_prefill_and_answer() -> None:
 
 def test_prefill_ahead_follows_the_engines_order() -> None:
     work = [(300, 1, False), (100, 1, False)]  # the document was admitted first
-    # Shortest first: the question's 100 tokens go first (and each of the two
-    # sequences reads 200 of the document's while the other prefills), then the
-    # document's rest; its answer's one step carries no chunk.
+    # Shortest first: the question's 100 tokens go first, in two steps of 64 (the
+    # second reads 28 of the document's beside them), and its answer's one step
+    # carries one more chunk; the document is read whole, then answered.
     short, long = release_ms(work, typical_tokens=100, shortest_first=True, **RATES) or ()
-    assert short == pytest.approx((200 + 64) / 200 * 1000 + 50.0)
+    assert short == pytest.approx((128 + 64) / 200 * 1000 + 50.0)
     assert long == pytest.approx(400 / 200 * 1000 + 50.0)
-    # First come first served: the question waits for all of the document.
+    # First come first served: the question waits for all of the document; the
+    # document's last step (its fifth) reads 20 of the question's beside it.
     fcfs = release_ms(work, typical_tokens=100, shortest_first=False, **RATES)
-    assert fcfs == pytest.approx(((300 + 64) / 200 * 1000 + 50.0, 400 / 200 * 1000 + 50.0))
+    assert fcfs == pytest.approx(((320 + 64) / 200 * 1000 + 50.0, 400 / 200 * 1000 + 50.0))
+
+
+def test_the_step_that_reads_a_prompts_end_reads_the_others_to_its_end() -> None:
+    # A 12-token question beside an 86-token one: its first token waits for the
+    # one step that reads both (shortest first gives it no step of its own).
+    assert read_by_step(12, 98, 128) == 98
+    assert read_by_step(12, 98, 8) == 16
+    assert read_by_step(0, 98, 128) == 0
+    # An engine that reads each prompt whole in a step of its own: no rounding.
+    work = [(86, 1, False), (12, 1, False)]
+    whole = release_ms(
+        work, typical_tokens=100, shortest_first=False, **{**RATES, "chunk_tokens": None}
+    )
+    assert whole == pytest.approx((86 / 200 * 1000 + 12 / 200 * 1000 + 50.0,) * 2)
 
 
 def test_an_answer_without_max_tokens_is_priced_at_a_typical_length() -> None:
@@ -55,12 +75,19 @@ def test_unmeasured_rates_leave_it_unknown() -> None:
 
 
 def test_the_stats_measure_a_decode_step_and_a_typical_answer() -> None:
-    stats = BatchingStats(slots=2)
-    assert stats.decode_step() is None
+    stats = BatchingStats(slots=4)
+    assert stats.decode_step(2) is None
     stats.record_step(2, 2, 0, 0.04, now=0.0)
     stats.record_step(2, 1, 64, 0.5, now=0.1)  # a step that read a chunk is no decode step
     stats.record_step(2, 2, 0, 0.06, now=0.2)
-    assert stats.decode_step() == pytest.approx(0.9 * 0.04 + 0.1 * 0.06)
+    per_seq = 0.9 * 0.02 + 0.1 * 0.03
+    assert stats.decode_step(2) == pytest.approx(2 * per_seq)
+    # A batch size not seen yet is priced per sequence: four cost about four of one.
+    assert stats.decode_step(4) == pytest.approx(4 * per_seq)
+    # Once enough steps of that size are seen, their median prices it.
+    for i in range(STEP_SAMPLES):
+        stats.record_step(4, 4, 0, 0.1 + 0.01 * i, now=0.3 + i)
+    assert stats.decode_step(4) == pytest.approx(0.1 + 0.01 * (STEP_SAMPLES - 1) / 2)
     stats.record_completion(4)
     assert stats.typical_completion() == TYPICAL_ANSWER_TOKENS
     for _ in range(MIN_COMPLETIONS):

@@ -89,7 +89,7 @@ def predicted_wait_ms(
         work,
         prefill_tokens_per_s=prefill_tokens_per_s,
         decode_step_s=decode_step_s,
-        chunk_tokens=chunk_tokens or unknown,
+        chunk_tokens=chunk_tokens,
         typical_tokens=typical_tokens,
         shortest_first=chunk_tokens is not None,
     )
