@@ -30,8 +30,8 @@ from geo_router.conversation import turns_of
 from geo_router.metrics import RouterMetrics
 from geo_router.prefix_index import PrefixIndex
 from geo_router.request import RouteRequest, upstream_body
+from geo_router.routing_settings import RoutingSettings
 from geo_router.scoring import Scored
-from geo_router.settings import RoutingSettings
 from geo_router.spans import candidate_attributes
 from geo_router.tracker import Tracker
 from servekit.dispatch import Clock

@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from geo_router.auth_settings import ApiKeySettings, AuthSettings
 from geo_router.limits import Buckets, LocalBuckets
-from geo_router.settings import ApiKeySettings, AuthSettings
 from servekit.errors import AuthenticationFailed, RateLimited
 from servekit.service_auth import DigestSet, bearer_token
 

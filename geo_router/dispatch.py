@@ -31,8 +31,8 @@ from collections.abc import Sequence
 
 from geo_router.attempt import Attempt, Routing
 from geo_router.request import RouteRequest
+from geo_router.routing_settings import HedgeSettings
 from geo_router.scoring import Scored
-from geo_router.settings import HedgeSettings
 from geo_router.tracker import Tracker
 from servekit import dispatch
 from servekit.errors import ContextLengthExceeded, NotReady, ServeError

@@ -52,8 +52,8 @@ from geo_router.conversation import (
 )
 from geo_router.prefix_index import EMPTY, Prefix, PrefixIndex
 from geo_router.region import ResolvedRegion
+from geo_router.routing_settings import RoutingSettings
 from geo_router.scoring import Scored, Scorer, within_budget_first
-from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
 from geo_router.trimming import Trim, fit_pool
 from servekit.errors import ModelNotFound, NotReady

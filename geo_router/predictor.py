@@ -101,7 +101,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from geo_router.settings import PredictionSettings
+from geo_router.routing_settings import PredictionSettings
 
 __all__ = ["Features", "Prediction", "TtftModel"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from geo_router.settings import RegionSettings
+from geo_router.region_settings import RegionSettings
 
 __all__ = ["GeoLookup", "RegionResolver", "ResolvedRegion", "open_geoip"]
 

@@ -79,7 +79,7 @@ from urllib.parse import urlsplit
 
 from geo_router.predictor import Features, Prediction
 from geo_router.prefix_index import Prefix
-from geo_router.settings import RoutingSettings
+from geo_router.routing_settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
 from geo_router.trimming import Trim
 from servekit.admission import over_ttft_budget

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from geo_router.predictor import Prediction, TtftModel
-from geo_router.settings import BreakerSettings, PredictionSettings
+from geo_router.routing_settings import BreakerSettings, PredictionSettings
 from servekit.registry.protocol import InstanceState
 
 __all__ = ["Circuit", "InstanceStats", "Tracker"]

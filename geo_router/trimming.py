@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from geo_router.conversation import TEMPLATE_TOKENS_PER_MESSAGE, content_text, estimate_tokens
-from geo_router.settings import TrimSettings
+from geo_router.routing_settings import TrimSettings
 from servekit.registry.protocol import InstanceState, Tier
 
 __all__ = ["Fitted", "Trim", "fit_pool", "trim_messages", "truncate_text"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geo_router.predictor import Features, TtftModel
-from geo_router.settings import PredictionSettings
+from geo_router.routing_settings import PredictionSettings
 from hybrid_llm.bench.client import RequestRecord
 from studies.prediction_split import load_records
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from geo_router.conversation import estimate_prompt_tokens
-from geo_router.settings import TrimSettings
+from geo_router.routing_settings import TrimSettings
 from geo_router.trimming import Trim, fit_pool
 from hybrid_llm.local.servers import REPO
 from servekit.engine.llama_lib import llama_cpp

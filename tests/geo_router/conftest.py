@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from geo_router.settings import RouterSettings, hash_key
+from geo_router.auth_settings import hash_key
+from geo_router.settings import RouterSettings
 from hybrid_llm.local.servers import UvicornThread, free_port, service_process
 from tests.geo_router.fake_upstream import Behavior, build_app
 from tests.support.pki import PrivateCA

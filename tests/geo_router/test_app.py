@@ -13,8 +13,9 @@ import pytest
 from asgi_lifespan import LifespanManager
 
 from geo_router.app import create_app
+from geo_router.auth_settings import hash_key
 from geo_router.conversation import estimate_prompt_tokens
-from geo_router.settings import RouterSettings, hash_key
+from geo_router.settings import RouterSettings
 from tests.geo_router.conftest import BATCH_KEY, router_settings, serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior
 

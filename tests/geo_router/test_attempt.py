@@ -12,8 +12,8 @@ from geo_router.dispatch import first_primed
 from geo_router.metrics import RouterMetrics
 from geo_router.region import ResolvedRegion
 from geo_router.request import RouteRequest
+from geo_router.routing_settings import BreakerSettings, RoutingSettings
 from geo_router.scoring import Scored
-from geo_router.settings import BreakerSettings, RoutingSettings
 from geo_router.tracker import Circuit, Tracker
 from servekit.engine.protocol import LoadReport
 from servekit.errors import RateLimited, UpstreamError

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from geo_router.auth import Authenticator, RateLimiter, Tenant
-from geo_router.settings import ApiKeySettings, AuthSettings, hash_key
+from geo_router.auth_settings import ApiKeySettings, AuthSettings, hash_key
 from servekit.errors import AuthenticationFailed, RateLimited
 
 

@@ -16,9 +16,9 @@ import pytest
 from edge_agent.app import create_app as edge_app
 from edge_agent.settings import EdgeSettings
 from geo_router.auth import Authenticator, Tenant
+from geo_router.auth_settings import AuthSettings, hash_key
 from geo_router.continuation import Partial
 from geo_router.request import RouteRequest, continued, upstream_body
-from geo_router.settings import AuthSettings, hash_key
 from hybrid_llm.local.servers import UvicornThread, wait_ready
 from servekit.engine.protocol import LoadReport
 from servekit.prefix_blocks import sampled

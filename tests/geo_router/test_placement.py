@@ -14,8 +14,9 @@ from geo_router.conversation import Turn
 from geo_router.planner import Planner
 from geo_router.prefix_index import PrefixIndex
 from geo_router.region import ResolvedRegion
+from geo_router.region_settings import RegionSettings
+from geo_router.routing_settings import RoutingSettings
 from geo_router.scoring import Scored, Scorer
-from geo_router.settings import RegionSettings, RoutingSettings
 from geo_router.tracker import Tracker
 from servekit.engine.protocol import LoadReport
 from servekit.prefix_blocks import sampled

@@ -12,8 +12,9 @@ import pytest
 from geo_router.classifier import TaskClassifier
 from geo_router.planner import Planner, canary_version
 from geo_router.region import ResolvedRegion
+from geo_router.region_settings import RegionSettings
+from geo_router.routing_settings import BreakerSettings, RoutingSettings
 from geo_router.scoring import Scorer
-from geo_router.settings import BreakerSettings, RegionSettings, RoutingSettings
 from geo_router.tracker import Circuit, Tracker
 from servekit.engine.protocol import LoadReport
 from servekit.errors import ModelNotFound, NotReady

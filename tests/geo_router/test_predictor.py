@@ -10,13 +10,9 @@ import pytest
 from geo_router.attempt import first_token_deadline_s
 from geo_router.dispatch import hedge_delay_s
 from geo_router.predictor import Features, TtftModel
+from geo_router.region_settings import RegionSettings
+from geo_router.routing_settings import BreakerSettings, PredictionSettings, RoutingSettings
 from geo_router.scoring import Scored, Scorer
-from geo_router.settings import (
-    BreakerSettings,
-    PredictionSettings,
-    RegionSettings,
-    RoutingSettings,
-)
 from geo_router.tracker import Tracker
 from servekit.engine.protocol import LoadReport
 from servekit.registry.protocol import InstanceInfo, InstanceState

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from geo_router.region import RegionResolver
-from geo_router.settings import RegionSettings
+from geo_router.region_settings import RegionSettings
 
 SETTINGS = RegionSettings(
     default="center",

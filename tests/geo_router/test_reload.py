@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
-from geo_router.settings import hash_key
+from geo_router.auth_settings import hash_key
 from hybrid_llm.local.servers import free_port, service_process
 from tests.geo_router.conftest import serve_fake, upstream
 from tests.geo_router.fake_upstream import Behavior

@@ -13,8 +13,8 @@ import pytest
 
 from geo_router.conversation import estimate_tokens
 from geo_router.request import RouteRequest, upstream_body
+from geo_router.routing_settings import RoutingSettings
 from geo_router.scoring import Scored
-from geo_router.settings import RoutingSettings
 from geo_router.trimming import trim_messages, truncate_text
 from tests.geo_router.conftest import KEY, serve_fake
 from tests.geo_router.fake_upstream import Behavior

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pydantic
 import pytest
 
-from geo_router.settings import RegionSettings
+from geo_router.region_settings import RegionSettings
 from servekit.rtt import MeasuredRtt, RttTable
 
 

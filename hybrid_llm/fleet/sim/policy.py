@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
+from geo_router.routing_settings import RoutingSettings
 from geo_router.scoring import Scored
-from geo_router.settings import RoutingSettings
 from geo_router.tracker import Circuit, Tracker
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.instance import Instance

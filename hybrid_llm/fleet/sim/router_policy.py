@@ -39,8 +39,8 @@ import random
 from collections.abc import Callable
 
 from geo_router.planner import rank_classified, tier_bias_ms  # the planner's own ranking
+from geo_router.routing_settings import RoutingSettings
 from geo_router.scoring import Scored, Scorer
-from geo_router.settings import RoutingSettings
 from geo_router.tracker import Tracker
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.policy import Fleet, Target, instance_info
