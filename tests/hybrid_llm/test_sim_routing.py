@@ -16,6 +16,7 @@ from hybrid_llm.fleet.sim import (
     RegionSpec,
     SimConfig,
     Simulation,
+    WarmState,
     WorkloadSpec,
 )
 from hybrid_llm.fleet.sim.config import LengthDist
@@ -163,7 +164,15 @@ def test_router_counts_its_own_requests_and_discounts_stale_reports() -> None:
 @pytest.mark.parametrize("samples", [2, 5, 41, 512])
 def test_warm_start_reports_what_the_real_engine_reported(samples: int) -> None:
     inst = Instance("i", "edge", "a", EDGE, EventLoop(), Sink())
-    inst.warm(150.0, 550.0, samples, decode_tokens_per_s=25.0, prefill_tokens_per_s=115.0)
+    inst.warm(
+        WarmState(
+            ttft_p50_ms=150.0,
+            ttft_p95_ms=550.0,
+            samples=samples,
+            decode_tokens_per_s=25.0,
+            prefill_tokens_per_s=115.0,
+        )
+    )
     report = inst.report()
     assert (report.ttft_p50_ms, report.ttft_p95_ms) == (150.0, 550.0)
     assert report.decode_tokens_per_s == pytest.approx(25.0, rel=0.01)

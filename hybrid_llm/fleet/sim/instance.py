@@ -6,14 +6,8 @@ every step from one token of each decoding sequence plus up to ``chunk_tokens``
 prompt tokens of one prefilling sequence, so a prefill slows the decoders
 without starving them: here a prefill takes its measured time (the profile's
 TTFT at that prompt length) plus the per-sequence cost of the decoders riding
-along, and each decoder gains one token per prefill step. A new sequence
-copies the shared prompt prefix (the chat template's preamble) from another
-slot, so only the rest counts as prefilled tokens.
-
-A prefill with decoders riding along costs what the profile measured such
-mixed steps to cost (``EngineProfile.mixed_points``, less the half decode
-step a probe waited for when the prefill starts at a step boundary; without
-them, the per-sequence decode cost of each rider).
+along, and each decoder gains one token per prefill step. How long a
+prefill and a decode step take is :mod:`hybrid_llm.fleet.sim.service_time`'s.
 
 Decode is fluid: all running sequences advance one token per step, so the
 instance keeps a virtual token clock ``V`` and a heap of the ``V`` at which
@@ -43,7 +37,6 @@ request whose predicted TTFT is over a budget.
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -52,12 +45,21 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from hybrid_llm.fleet.sim.events import EventLoop
 from hybrid_llm.fleet.sim.profiles import EngineProfile
 from hybrid_llm.fleet.sim.protection import EdgeProtection, predicted_wait_ms
+from hybrid_llm.fleet.sim.service_time import (
+    DecodeSteps,
+    prefill_s,
+    prefill_steps,
+    riders_s,
+    uncached_tokens,
+)
 from hybrid_llm.fleet.sim.spread import SpreadSampler
+from hybrid_llm.fleet.sim.warm import warm_stats
 from servekit.admission import over_ttft_budget
-from servekit.engine.batching_stats import RATE_WINDOW_S, BatchingStats
+from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.protocol import LoadReport
 
 if TYPE_CHECKING:
+    from hybrid_llm.fleet.sim.config import WarmState
     from hybrid_llm.fleet.sim.request import Job
 
 __all__ = ["Instance", "InstanceSink"]
@@ -101,9 +103,6 @@ class Instance:
     held: set[str] = field(default_factory=set)  # cached prefixes (SimRequest.prefix)
 
     def __post_init__(self) -> None:
-        # Hot-path copies of the profile (pydantic attribute access is slow).
-        self._base = self.profile.decode_base_ms / 1000.0
-        self._per = self.profile.decode_per_seq_ms / 1000.0
         guard = self.protection
         self._slots = min(self.profile.slots, guard.max_decoders or self.profile.slots)
         # A capped edge refuses beyond the cap instead of queueing: the router spills.
@@ -115,8 +114,8 @@ class Instance:
         self._step_own_s = 0.0  # its share of the prompt's prefill time
         # Measured dispersion: prefill times and decode steps drawn around the medians.
         self._prefill_spread = SpreadSampler(self.profile.prefill_spread, self.rng)
-        self._step_spreads: dict[int, SpreadSampler] = {}
-        self._seg_step = self._step(1)  # step time of the decode segment now running
+        self._decode_steps = DecodeSteps(self.profile, self.rng)
+        self._seg_step = self._decode_steps.median_s(1)  # of the decode segment now running
         self.stats = BatchingStats(slots=self._slots)
         self.marks: list[tuple[float, float]] = [(0.0, 0.0), (0.0, 0.0)]
 
@@ -124,9 +123,6 @@ class Instance:
         """Record (busy, occupied) so far; 0 and 1 bound the measured window."""
         self._advance(self.loop.now)
         self.marks[which] = (self.busy, self.occupied)
-
-    def _step(self, batch: int) -> float:
-        return self._base + self._per * (batch - 1 if batch > 1 else 0)
 
     @property
     def backlog(self) -> int:
@@ -158,43 +154,9 @@ class Instance:
             predicted_wait_ms=None if self._budget_ms is None else self._wait_ms(),
         )
 
-    def warm(
-        self,
-        ttft_p50_ms: float | None,
-        ttft_p95_ms: float | None,
-        samples: int,
-        decode_tokens_per_s: float | None,
-        prefill_tokens_per_s: float | None,
-        busy_ms_per_seq: float | None = None,
-    ) -> None:
-        """Start from the figures a real engine reported (its history before the run).
-
-        ``samples`` TTFTs with that P50 and P95: a tenth of them (at least as many
-        as the engine's nearest-rank P95 needs) the P95, spread evenly so the tail
-        leaves the window as slowly as the rest when new ones push old ones out;
-        and one prefill and one decode step, a window ago, with those rates: they
-        count until newer steps push them out of the rate window, as on the
-        engine; its busy slowdown until the instance has measured its own.
-        """
-        self.stats.assume_busy_ms_per_seq(busy_ms_per_seq)
-        if ttft_p50_ms is not None and samples > 0:
-            high = ttft_p95_ms if ttft_p95_ms is not None else ttft_p50_ms
-            needed = samples - round(0.95 * (samples - 1))  # see servekit.engine.rates
-            tail = max(needed, samples // 10)
-            for i in range(samples):
-                top = (i + 1) * tail // samples > i * tail // samples
-                self.stats.record_ttft((high if top else ttft_p50_ms) / 1000.0)
-        then = self.loop.now - RATE_WINDOW_S / 2
-        prefill_s = 0.0
-        if prefill_tokens_per_s:
-            prefill_s = 1000 / prefill_tokens_per_s
-            self.stats.record_step(1, 0, 1000, prefill_s, now=then)
-        if decode_tokens_per_s:
-            # decode / (all busy seconds) is the reported rate, prefill steps included
-            tokens = 1000
-            seconds = max(1e-6, tokens / decode_tokens_per_s - prefill_s)
-            tokens = max(1, round(decode_tokens_per_s * (seconds + prefill_s)))
-            self.stats.record_step(1, tokens, 0, seconds, now=then)
+    def warm(self, state: WarmState) -> None:
+        """Start from the figures a real engine reported (its history before the run)."""
+        warm_stats(self.stats, self.loop.now, state)
 
     def full(self) -> bool:
         return self.used >= self._slots and len(self.waiting) >= self._queue_limit
@@ -205,7 +167,7 @@ class Instance:
 
     def _prefill_left(self, job: Job) -> int:
         """Prompt tokens ``job`` has left to prefill (all of them before its first chunk)."""
-        return job.prefill_left_tokens or self._uncached(job)
+        return job.prefill_left_tokens or uncached_tokens(job)
 
     def _wait_ms(self) -> float | None:
         """A newcomer's predicted wait before its own prefill; None: unknown."""
@@ -219,7 +181,8 @@ class Instance:
             prefill_left=[self._prefill_left(j) for j in prefilling],
             decoding=self.decode_n,
             prefill_tokens_per_s=self._prefill_rate(),
-            decode_step_s=self._step(max(1, self.decode_n)),  # the engine's own step time
+            # the engine's own step time
+            decode_step_s=self._decode_steps.median_s(max(1, self.decode_n)),
             typical_tokens=self.stats.typical_completion(),
             chunk_tokens=self._prefill_chunk,
             busy_ms_per_seq=self.stats.snapshot().busy_ms_per_seq,
@@ -229,7 +192,7 @@ class Instance:
         if self._budget_ms is None:
             return False
         wait = self._wait_ms()
-        own_ms = self._uncached(job) / self._prefill_rate() * 1000.0
+        own_ms = uncached_tokens(job) / self._prefill_rate() * 1000.0
         idle = self.used == 0 and not self.waiting  # as the real edge's admission judges it
         return wait is None or over_ttft_budget(wait, own_ms, self._budget_ms, idle=idle)
 
@@ -317,49 +280,10 @@ class Instance:
         """Whether this instance's cache holds ``prefix`` (it served a request with it)."""
         return prefix is None or prefix in self.held
 
-    def _uncached(self, job: Job) -> int:
-        """Prompt tokens the engine computes (the last one always is)."""
-        prompt = job.req.prompt_tokens
-        return max(1, prompt - min(job.cached, prompt - 1))
-
-    def _prefill_s(self, job: Job) -> float:
-        """The idle prefill of ``req``'s uncached tokens. A measured time at a prompt
-        length already holds what copying the profile's shared preamble saves; each
-        further cached token (a system prompt, earlier turns) takes off what the
-        profile says computing the prompt up to there costs. On an engine whose cost
-        per token grows with the context, the tokens after a long cached prefix cost
-        more than as many at the start of a prompt: T(P) - T(C) + T(preamble) (a
-        request that found less than the preamble cached computes that much more)."""
-        req = job.req
-        prompt = req.prompt_tokens
-        cached = min(job.cached, prompt - 1)
-        preamble = req.preamble_tokens
-        if preamble is None:
-            preamble = req.cached_tokens - req.history_tokens
-        if cached == preamble:
-            return self.profile.prefill_s(prompt)
-        held = self.profile.prefill_s(cached) - self.profile.prefill_s(preamble)
-        return max(0.0, self.profile.prefill_s(prompt) - held)
-
-    def _prefill_steps(self, job: Job) -> int:
-        return 1 if self._chunk is None else math.ceil(self._uncached(job) / self._chunk)
-
     def _riders_s(self, steps: int, boundary: bool) -> float:
-        """What the decoders riding along add to a prefill of ``steps`` steps: what the profile
-        measured mixed steps to add per prefill step (else each decoder's step cost).
-        A measured figure includes the probe's wait for the decode step in flight
-        when it arrived (half a step on average): a prefill that starts at a step
-        boundary (``boundary``: after a completion or another prefill, as a queued
-        request does on a busy engine) does not wait, so that half step comes off;
-        one arriving while the decoders run waits it once."""
+        """What the decoders running now add to a prefill of ``steps`` steps."""
         n = self.decode_n
-        if n == 0:
-            return 0.0
-        extra = self.profile.mixed_extra_s(n)
-        if not self.profile.mixed_points:
-            return extra * steps
-        wait = self._step(n) / 2
-        return max(0.0, extra - wait) * steps + (0.0 if boundary else wait)
+        return riders_s(self.profile, n, self._decode_steps.median_s(n), steps, boundary)
 
     def _settle(self, now: float, boundary: bool = False) -> None:
         if self.prefill_job is None and self.prefill_q and self._prefill_chunk is not None:
@@ -369,8 +293,8 @@ class Instance:
             job.state = "prefill"
             self.prefill_job = job
             self.prefill_start = now
-            riders = self._riders_s(self._prefill_steps(job), boundary)
-            cost = max(0.0, self._prefill_s(job) + riders)
+            riders = self._riders_s(prefill_steps(job, self._chunk), boundary)
+            cost = max(0.0, prefill_s(self.profile, job) + riders)
             self.prefill_end = now + cost * self._prefill_spread.draw()
         self.epoch += 1
         if self.prefill_job is not None:
@@ -381,7 +305,8 @@ class Instance:
             heapq.heappop(heap)
         if heap:
             left = max(0.0, heap[0][0] - self.vclock)
-            self._seg_step = self._step(self.decode_n) * self._step_factor(left)
+            n = self.decode_n
+            self._seg_step = self._decode_steps.median_s(n) * self._decode_steps.factor(n, left)
             self.loop.at(now + left * self._seg_step, self._fire, self.epoch)
 
     def _start_chunk(self, now: float, boundary: bool) -> None:
@@ -392,8 +317,9 @@ class Instance:
         job = min(self.prefill_q, key=self._prefill_left)
         self.prefill_q.remove(job)
         if not job.prefill_left_tokens:
-            job.prefill_left_tokens = self._uncached(job)
-            job.prefill_left_s = self._prefill_s(job) * self._prefill_spread.draw()  # as in _settle
+            job.prefill_left_tokens = uncached_tokens(job)
+            # drawn as in _settle
+            job.prefill_left_s = prefill_s(self.profile, job) * self._prefill_spread.draw()
         tokens = min(self._prefill_chunk or job.prefill_left_tokens, job.prefill_left_tokens)
         self._step_tokens = tokens
         self._step_own_s = job.prefill_left_s * tokens / job.prefill_left_tokens
@@ -419,15 +345,6 @@ class Instance:
             return
         self._first_token(job, now)
 
-    def _step_factor(self, steps: float) -> float:
-        """The mean step-time ratio of the next ``steps`` decode steps, each drawn
-        from the profile's spread at this batch size (1 without one)."""
-        sampler = self._step_spreads.get(self.decode_n)
-        if sampler is None:
-            spread = self.profile.step_spread_for(self.decode_n)
-            sampler = self._step_spreads[self.decode_n] = SpreadSampler(spread, self.rng)
-        return sampler.draw_mean(math.ceil(steps)) if sampler.active else 1.0
-
     def _fire(self, epoch: int) -> None:
         if epoch != self.epoch:
             return  # superseded by a later state change
@@ -449,18 +366,18 @@ class Instance:
 
     def _prefilled(self, job: Job, now: float) -> None:
         self.prefill_job = None
-        steps = self._prefill_steps(job)
+        steps = prefill_steps(job, self._chunk)
         decoders = self.decode_n
         if decoders:
             self.vclock += steps  # one token of every decoder per prefill step
         self.stats.record_step(
-            decoders + 1, decoders * steps, self._uncached(job), now - self.prefill_start, now=now
+            decoders + 1, decoders * steps, uncached_tokens(job), now - self.prefill_start, now=now
         )
         self._first_token(job, now)
 
     def _first_token(self, job: Job, now: float) -> None:
         self.stats.record_ttft(
-            now - job.admitted, running=job.others, prefilled=self._uncached(job)
+            now - job.admitted, running=job.others, prefilled=uncached_tokens(job)
         )
         job.first_token = now
         self.sink.first_token(job, now)

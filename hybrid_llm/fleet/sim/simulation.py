@@ -123,7 +123,7 @@ class Simulation:
                 decode_tokens_per_s=1000.0 / inst.profile.decode_base_ms,
                 prefill_tokens_per_s=inst.profile.prefill_tokens_per_s,
             )
-            inst.warm(**warm.model_dump())
+            inst.warm(warm)
 
     def _instance(
         self, name: str, tier: Literal["edge", "center"], region: str, profile: EngineProfile
