@@ -17,6 +17,7 @@ from servekit.engine.protocol import (
     GenerationRequest,
     LoadReport,
     prefill_backlog_ahead_ms,
+    slot_hold_ms,
     slot_release_ms,
     uncached_tokens,
 )
@@ -67,6 +68,9 @@ class LeasedEngine:
 
     def slot_release_ms(self) -> tuple[float, ...] | None:
         return slot_release_ms(self.engine)
+
+    def slot_hold_ms(self, tokens: int, max_tokens: int | None) -> float | None:
+        return slot_hold_ms(self.engine, tokens, max_tokens)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         return self._generate(request)
