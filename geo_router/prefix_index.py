@@ -46,7 +46,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from geo_router.conversation import Turn
 from servekit.engine.protocol import LoadReport
@@ -217,11 +217,9 @@ class PrefixIndex:
         conversation with that answer as its last assistant turn (see above)."""
         if not answer:
             return
-        text = conversation_text([*((t.role, t.text) for t in turns), ("assistant", answer)])[
-            :max_chars
-        ]
-        blocks = chained_names(text, self.block_chars, scope_seed(cache_salt))
-        self.record(instance_id, Prefix(tuple(blocks), tokens_per_block), limit_tokens, now)
+        held = self.prefix([*turns, Turn("assistant", answer)], 0, max_chars, cache_salt)
+        held = replace(held, tokens_per_block=tokens_per_block)
+        self.record(instance_id, held, limit_tokens, now)
 
     def rent_paid(self, anchor: int, now: float | None = None) -> float:
         """Rent paid lately (within ``ttl_s`` of its last payment) for the prefix
