@@ -140,6 +140,7 @@ class Scheduler:
         self._arrived: set[Job] = set()  # accepted since the last admission pass
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._last_decode: float | None = None  # when the last decode-only step began
 
     # -- any thread -------------------------------------------------------
 
@@ -220,6 +221,8 @@ class Scheduler:
         loaded.set_result(None)
         try:
             while not self._stopping:
+                if not self._running:
+                    self._last_decode = None  # an idle wait is no token's cost
                 self._intake(block=not self._running and not self._waiting)
                 self._reap_cancelled()
                 self._admit()
@@ -388,6 +391,10 @@ class Scheduler:
                 items.append(BatchItem(seq.prompt[j], j, seq_id, last))
         prefill_tokens = len(items) - len(decoding)
         started = time.perf_counter()
+        # What a token costs a decoding sequence is the time from one decode-only
+        # step to the next, its sampling and the worker's bookkeeping included:
+        # under overload that was half as much again as llama_decode alone.
+        previous, self._last_decode = self._last_decode, None if prefill_tokens else started
         try:
             self._model.decode(items)
         except EngineFailure as exc:
@@ -399,6 +406,7 @@ class Scheduler:
             len(decoding),
             prefill_tokens,
             time.perf_counter() - started,
+            period=None if previous is None or prefill_tokens else started - previous,
         )
         # Advance cache bookkeeping for everything that went into the batch.
         for it in items:

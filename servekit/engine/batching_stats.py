@@ -111,10 +111,19 @@ class BatchingStats:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record_step(
-        self, sequences: int, decode: int, prefill: int, seconds: float, now: float | None = None
+        self,
+        sequences: int,
+        decode: int,
+        prefill: int,
+        seconds: float,
+        now: float | None = None,
+        *,
+        period: float | None = None,
     ) -> None:
         """One ``llama_decode``: ``sequences`` distinct sequences, token counts by kind
-        (``now``: monotonic time it ended; a simulation passes its own clock)."""
+        (``now``: monotonic time it ended; a simulation passes its own clock).
+        ``period``: for a decode-only step that followed another, the time between
+        their starts, what a token costs a decoding sequence (else ``seconds``)."""
         now = time.monotonic() if now is None else now
         with self._lock:
             self.steps += 1
@@ -132,9 +141,10 @@ class BatchingStats:
             if prefill:
                 self._last_prefill_rate = self._window_prefill_rate() or self._last_prefill_rate
             else:
-                self._decode_steps.append((sequences, seconds))
+                token_s = seconds if period is None else period
+                self._decode_steps.append((sequences, token_s))
                 if decode:
-                    per_seq = seconds / max(1, sequences)
+                    per_seq = token_s / max(1, sequences)
                     ema = self._decode_seq_s
                     self._decode_seq_s = per_seq if ema is None else 0.9 * ema + 0.1 * per_seq
             while self._recent and now - self._recent[0][0] > RATE_WINDOW_S:

@@ -88,6 +88,11 @@ def test_the_stats_measure_a_decode_step_and_a_typical_answer() -> None:
     for i in range(STEP_SAMPLES):
         stats.record_step(4, 4, 0, 0.1 + 0.01 * i, now=0.3 + i)
     assert stats.decode_step(4) == pytest.approx(0.1 + 0.01 * (STEP_SAMPLES - 1) / 2)
+    # A token costs a decoding sequence the time from one step to the next, its
+    # sampling and bookkeeping included, not llama_decode's time alone.
+    for i in range(4 * STEP_SAMPLES):
+        stats.record_step(4, 4, 0, 0.1, now=20.0 + i, period=0.15)
+    assert stats.decode_step(4) == pytest.approx(0.15)
     stats.record_completion(4)
     assert stats.typical_completion() == TYPICAL_ANSWER_TOKENS
     for _ in range(MIN_COMPLETIONS):
