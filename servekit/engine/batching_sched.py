@@ -395,9 +395,11 @@ class Scheduler:
         # step to the next, its sampling and the worker's bookkeeping included:
         # under overload that was half as much again as llama_decode alone.
         previous, self._last_decode = self._last_decode, None if prefill_tokens else started
+        self.stats.step_in_flight = (time.monotonic(), prefill_tokens)
         try:
             self._model.decode(items)
         except EngineFailure as exc:
+            self.stats.step_in_flight = None
             for seq in list(self._running):
                 self._fail(seq, exc)
             return
@@ -418,6 +420,7 @@ class Scheduler:
             if id(seq) in takes:  # a newcomer sharing its prompt copies what is read
                 self._estimator.prefilled(seq.slot.seq_id, seq.n_past / len(seq.prompt))
         self._note_backlog()
+        self.stats.step_in_flight = None  # after the backlog counts what it read
         for seq in decoding + finishing_prefill:
             self._sample(seq)
 

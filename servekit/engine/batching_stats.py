@@ -79,6 +79,9 @@ class BatchingStats:
     # completion tokens left under its budget, and whether its request set no
     # max_tokens (servekit.engine.slot_release).
     slot_work: tuple[tuple[int, int, bool], ...] = ()
+    # The step in flight, if any: when it began (monotonic) and the prompt tokens
+    # it reads (a newcomer cannot join it: BatchingLlamaEngine.prefill_backlog_ahead_ms).
+    step_in_flight: tuple[float, int] | None = None
     steps: int = 0
     busy_seconds: float = 0.0
     decode_tokens: int = 0

@@ -36,6 +36,7 @@ __all__ = [
     "MIN_COMPLETIONS",
     "TYPICAL_ANSWER_TOKENS",
     "each_release_ms",
+    "left_after_step",
     "read_by_step",
     "release_ms",
 ]
@@ -55,6 +56,18 @@ def read_by_step(ahead: int, total: int, chunk_tokens: int) -> int:
     for both (0.9 s), priced as if read alone."""
     chunk = max(1, chunk_tokens)
     return min(-(-max(0, ahead) // chunk) * chunk, total)
+
+
+def left_after_step(remaining: Sequence[int], reading: int) -> tuple[int, ...]:
+    """The prompt tokens each prompt has left once the step in flight, which reads
+    ``reading`` of them shortest first, has ended (prompts read whole drop out)."""
+    out: list[int] = []
+    for left in sorted(remaining):
+        take = min(left, max(0, reading))
+        reading -= take
+        if left > take:
+            out.append(left - take)
+    return tuple(out)
 
 
 def release_ms(

@@ -1,9 +1,14 @@
+import time
+from pathlib import Path
+
 import pytest
 
+from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
 from servekit.engine.batching_stats import STEP_SAMPLES, BatchingStats
 from servekit.engine.slot_release import (
     MIN_COMPLETIONS,
     TYPICAL_ANSWER_TOKENS,
+    left_after_step,
     read_by_step,
     release_ms,
 )
@@ -48,6 +53,27 @@ def test_the_step_that_reads_a_prompts_end_reads_the_others_to_its_end() -> None
         work, typical_tokens=100, shortest_first=False, **{**RATES, "chunk_tokens": None}
     )
     assert whole == pytest.approx((86 / 200 * 1000 + 12 / 200 * 1000 + 50.0,) * 2)
+
+
+def test_a_newcomer_waits_for_the_step_in_flight_before_its_own() -> None:
+    """It cannot join the step being read: a 51-token question that arrived as an
+    idle edge began reading a 258-token prompt's first chunk waited for that chunk
+    and its own step, 3.4 s, priced at 1.3 s."""
+    assert left_after_step((300, 100, 20), 128) == (292,)
+    assert left_after_step((300,), 0) == (300,)
+    engine = BatchingLlamaEngine(
+        BatchingSettings(model_path=Path("unused.gguf"), model_name="m", chunk_tokens=128)
+    )
+    stats = engine._stats
+    stats.record_step(1, 0, 128, 1.0)  # a prefill rate: 128 tokens/s
+    stats.prefill_remaining = (300,)
+    stats.step_in_flight = (time.monotonic(), 128)  # its first chunk, just begun
+    ahead = engine.prefill_backlog_ahead_ms(12)
+    # The rest of the step in flight (~1 s), then its own step: its 12 tokens and
+    # 116 of the 172 the long prompt has left after the first chunk.
+    assert ahead == pytest.approx(1000.0 + 116 / 128 * 1000.0, abs=60.0)
+    stats.step_in_flight = None  # between steps: its own step only
+    assert engine.prefill_backlog_ahead_ms(12) == pytest.approx(116 / 128 * 1000.0)
 
 
 def test_an_answer_without_max_tokens_is_priced_at_a_typical_length() -> None:
