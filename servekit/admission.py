@@ -78,13 +78,8 @@ overload two prompts priced at 1-2 tokens to prefill (their system prompt
 held) found 360-495 after queueing 1.1-1.7 s, took 3-7 s to their first
 token, and stalled every sequence beside them for as long (the slowest
 admitted requests of that run, queued behind them, waited 6-8 s). If its own
-prefill has grown and, with the backlog ahead of it, now exceeds the budget
-by itself (what a busy instance refuses at once), it is refused after all.
-The time it waited does not count: refused, it would start its wait again
-elsewhere. Counting it refused questions whose prefill had grown by a few
-dozen tokens after 1.1-1.6 s in the queue (9 in one overload run); they
-waited again at the other edge and were the slowest answers of the run
-(2.5-4.3 s), where serving them would have taken 1.5-2 s.
+prefill has grown and the time it waited, the backlog ahead of it and that
+prefill now exceed the budget, it is refused after all.
 """
 
 from __future__ import annotations
@@ -300,14 +295,14 @@ class AdmissionQueue:
     def recheck(self, ticket: Ticket, priced_ms: float, own_prefill_ms: float) -> None:
         """Judge a request again once it has its slot (see above): it was admitted
         with ``priced_ms`` of own prefill and now has ``own_prefill_ms``. Raises
-        :class:`QueueFull`, with its slot handed on, when that has grown and, with
-        the prefill backlog ahead, exceeds the budget by itself."""
+        :class:`QueueFull`, with its slot handed on, when that has grown and its
+        time waited, the prefill backlog ahead and its own prefill exceed the budget."""
         budget = self.ttft_budget_ms
         if budget is None or own_prefill_ms <= priced_ms:
             return
         waited_ms = ticket.queue_time * 1000.0
         backlog = self.prefill_backlog_ms or 0.0
-        if backlog + own_prefill_ms <= budget:
+        if waited_ms + backlog + own_prefill_ms <= budget:
             return
         self.shed += 1
         ticket.admitted_at = 0.0  # held for no work: not a hold time
