@@ -142,15 +142,24 @@ class Attempt:
         "started",
         "ttft_s",
         "url",
+        "waited_s",
     )
 
     def __init__(
-        self, routing: Routing, req: RouteRequest, cand: Scored, index: int, *, hedge: bool = False
+        self,
+        routing: Routing,
+        req: RouteRequest,
+        cand: Scored,
+        index: int,
+        *,
+        hedge: bool = False,
+        waited_s: float = 0.0,
     ) -> None:
         self._routing = routing
         self.req = req
         self.cand = cand
         self.index = index  # its place in the try order
+        self.waited_s = waited_s  # spent before an instance refused it (geo_router.dispatch)
         self.url = cand.url + req.path
         self.started = routing.clock()  # the dispatch loop's clock (servekit.dispatch)
         # Its first token by then, or it is cut while somebody else is left to try.
@@ -180,10 +189,12 @@ class Attempt:
         request's timeout bounds it; the first-token deadline is the dispatcher's."""
         r, cand = self._routing, self.cand
         headers = self.req.headers
-        if cand.prompt_tokens or self.span is not None:
+        if cand.prompt_tokens or self.span is not None or self.waited_s > 0:
             headers = dict(headers)  # this attempt's own: the request's are shared
             if cand.prompt_tokens:  # what admission there charges for this request's prefill
                 headers["x-prefill-tokens"] = str(max(1, cand.prompt_tokens - cand.cached_tokens))
+            if self.waited_s > 0:  # and what the request spent where it was refused
+                headers["x-waited-ms"] = str(int(self.waited_s * 1000.0))
             if self.span is not None:
                 r.tracing.inject(self.span, headers)
         try:

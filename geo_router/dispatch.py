@@ -27,6 +27,7 @@ the whole request's timeout.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from geo_router.attempt import Attempt, Routing
@@ -35,7 +36,7 @@ from geo_router.routing_settings import HedgeSettings
 from geo_router.scoring import Scored
 from geo_router.tracker import Tracker
 from servekit import dispatch
-from servekit.errors import ContextLengthExceeded, NotReady, ServeError
+from servekit.errors import ContextLengthExceeded, NotReady, RateLimited, ServeError
 
 __all__ = ["first_primed", "hedge_delay_s", "larger_window"]
 
@@ -97,12 +98,13 @@ class _Plan:
     """The plan's candidates in order, one :class:`Attempt` each; after a
     ``context_length_exceeded`` only the untried ones with a larger window."""
 
-    __slots__ = ("_next", "_order", "_req", "_routing")
+    __slots__ = ("_next", "_order", "_req", "_routing", "_waited_s")
 
     def __init__(self, routing: Routing, req: RouteRequest, plan: Sequence[Scored]) -> None:
         self._routing, self._req = routing, req
         self._order = list(plan)
         self._next = 0
+        self._waited_s = 0.0  # what the request had spent when an instance refused it
 
     def more(self) -> bool:
         return self._next < len(self._order)
@@ -112,9 +114,16 @@ class _Plan:
         if index >= len(self._order):
             return None
         self._next += 1
-        return Attempt(self._routing, self._req, self._order[index], index, hedge=hedge)
+        req, cand = self._req, self._order[index]
+        return Attempt(self._routing, req, cand, index, hedge=hedge, waited_s=self._waited_s)
 
     def failed(self, attempt: Attempt, err: ServeError) -> None:
+        if isinstance(err, RateLimited):
+            # Refused by admission, maybe after queueing for its slot: the next
+            # instance counts what the request has spent against its own budget
+            # (X-Waited-Ms), or it admits what then answers past it. Other failures
+            # are hidden as before: a failover after a hung instance is served.
+            self._waited_s = time.perf_counter() - self._req.arrived  # as it was stamped
         if isinstance(err, ContextLengthExceeded):
             # Only untried candidates with a larger window may hold it.
             order, nxt, cand = self._order, self._next, attempt.cand

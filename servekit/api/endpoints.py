@@ -182,6 +182,7 @@ def _generation(
     priority = Priority.parse(header(scope, b"x-priority"))
     request_id = header(scope, b"x-request-id")
     prefill = _count(header(scope, b"x-prefill-tokens"))
+    waited = _count(header(scope, b"x-waited-ms")) or 0
     if kind == "chat":
         chat = parse_request(ChatCompletionRequest, raw)
         core.check_model(chat.model)
@@ -190,13 +191,15 @@ def _generation(
         )
         rid = request_id or new_id("chatcmpl")
         gen = GenerationRequest.from_chat(chat, rid, priority)
-        return replace(gen, prefill_tokens=prefill), chat.stream, chat.include_usage()
+        gen = replace(gen, prefill_tokens=prefill, waited_ms=waited)
+        return gen, chat.stream, chat.include_usage()
     text = parse_request(CompletionRequest, raw)
     core.check_model(text.model)
     core.check_token_limits(max_tokens=text.max_tokens)
     rid = request_id or new_id("cmpl")
     gen = GenerationRequest.from_completion(text, rid, priority)
-    return replace(gen, prefill_tokens=prefill), text.stream, text.include_usage()
+    gen = replace(gen, prefill_tokens=prefill, waited_ms=waited)
+    return gen, text.stream, text.include_usage()
 
 
 def _count(value: str | None) -> int | None:

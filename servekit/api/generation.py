@@ -164,8 +164,9 @@ async def serve_generation(
             trace.predicted(core.admission.predicted_wait_ms(), own)
     admission = core.admission
     try:
-        ticket = admission.try_acquire(gen.priority, own, hold) or await admission.acquire(
-            gen.priority, own, hold
+        spent = float(gen.waited_ms)
+        ticket = admission.try_acquire(gen.priority, own, hold, spent) or await admission.acquire(
+            gen.priority, own, hold, spent
         )
     except ServeError as exc:
         _record_failure(core, exc)

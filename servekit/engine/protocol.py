@@ -96,6 +96,9 @@ class GenerationRequest:
     # The router's estimate of the prompt tokens this instance must prefill (those it
     # does not hold cached): what admission charges when the engine cannot tell.
     prefill_tokens: int | None = None
+    # What the request already spent before it reached this server (a router's
+    # earlier attempts, X-Waited-Ms): admission counts it against its TTFT budget.
+    waited_ms: int = 0
     # The caller's cache scope (the router's per-tenant salt): an engine reuses a
     # cached prompt prefix only for a request of the same salt, and an HTTP engine
     # sends it on as vLLM's ``cache_salt``.

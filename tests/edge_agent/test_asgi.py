@@ -263,6 +263,27 @@ async def test_the_requests_own_prefill_from_the_routers_count_counts_against_th
             assert sent.status_code == 200
 
 
+async def test_what_the_router_says_a_request_spent_counts_against_the_budget(
+    scripted_settings: Callable[..., EdgeSettings],
+) -> None:
+    """``X-Waited-Ms``: the time a request spent where another edge refused it. Added
+    to the wait, it refuses what would answer past the budget; a bad header is
+    ignored, not a 400."""
+    settings = scripted_settings(admission__ttft_budget_ms=500)
+    engines = ScriptedEngines()
+    async with in_process(scripted_app(settings, engines)) as c:
+        assert (await c.post("/v1/chat/completions", json=body())).status_code == 200
+        engines.current.prefill_backlog_ms = 300.0
+        late = await c.post("/v1/chat/completions", json=body(), headers={"x-waited-ms": "250"})
+        assert_openai_error(late, 429)
+        assert "250 ms spent before" in late.json()["error"]["message"]
+        early = {"x-waited-ms": "150"}
+        assert (await c.post("/v1/chat/completions", json=body(), headers=early)).status_code == 200
+        for bad in ("-5", "lots", "1" * 30):
+            sent = await c.post("/v1/chat/completions", json=body(), headers={"x-waited-ms": bad})
+            assert sent.status_code == 200
+
+
 async def test_a_prompt_too_long_for_the_budget_waits_for_an_idle_edge(
     scripted_settings: Callable[..., EdgeSettings],
 ) -> None:

@@ -33,6 +33,7 @@ class Behavior:
     prefill_s_per_char: float = 0.0  # the first token waits this much more per chat character
     status: int = 200  # non-200: answer every generation with this status
     retry_after: str | None = None
+    refuse_after_s: float = 0.0  # a non-200 answer comes this late (refused after queueing)
     die_after: int | None = None  # words sent before the connection is cut
     stall_after: int | None = None  # words sent before it goes quiet (connection open)
     max_prompt_chars: int | None = None  # longer prompts: 400 context_length_exceeded
@@ -64,6 +65,7 @@ def build_app(b: Behavior) -> Starlette:
         seen = {"body": body, "headers": dict(request.headers), "at": time.monotonic()}
         b.seen.append({**seen, "client_port": port})
         if b.status != 200:
+            await asyncio.sleep(b.refuse_after_s)
             headers = {"Retry-After": b.retry_after} if b.retry_after else {}
             err = {"error": {"message": f"fake {b.status}", "type": "x", "code": None}}
             return JSONResponse(err, status_code=b.status, headers=headers)

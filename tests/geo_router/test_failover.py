@@ -109,6 +109,26 @@ def test_500_and_429_fall_over_and_all_429_keeps_retry_after() -> None:
             assert r.headers["retry-after"] == "7"
 
 
+def test_after_a_refusal_the_next_instance_is_told_what_the_request_spent() -> None:
+    """An edge refused it after it queued there; the next instance counts that time
+    against its own TTFT budget (X-Waited-Ms), or it admits what then answers past
+    it. A failure other than a refusal is hidden as before: nothing is sent."""
+    late = Behavior(status=429, retry_after="1", refuse_after_s=0.3)
+    broken, ok = Behavior(status=500), Behavior(words=2)
+    with serve_fake(late) as a, serve_fake(broken) as b, serve_fake(ok) as ctr:
+        states = [state(a, "a"), state(ctr, "c", "center", "x")]
+        with routed(states, center_bias_ms=1000) as url:
+            headers, _ = read_stream(url, chat())
+            assert headers["x-route-instance"] == "c"
+        assert "x-waited-ms" not in late.seen[0]["headers"]
+        assert 300 <= int(ok.seen[-1]["headers"]["x-waited-ms"]) < 2000
+        states = [state(b, "b"), state(ctr, "c", "center", "x")]
+        with routed(states, center_bias_ms=1000) as url:
+            headers, _ = read_stream(url, chat())
+            assert headers["x-route-instance"] == "c"
+        assert "x-waited-ms" not in ok.seen[-1]["headers"]
+
+
 def test_a_shedding_edge_is_busy_not_broken_its_circuit_stays_closed() -> None:
     shedding = Behavior(status=429)  # no Retry-After: shed_backoff_s is the back-off
     with serve_fake(shedding) as a, serve_fake(Behavior(words=2)) as b:

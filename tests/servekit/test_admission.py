@@ -302,6 +302,18 @@ async def test_a_ticket_the_engine_does_not_run_yet_is_priced_at_its_own_hold() 
     young.release()
 
 
+async def test_what_a_request_spent_before_it_came_counts_against_the_budget() -> None:
+    """Refused elsewhere after queueing 1.4 s, a request that would take 200 ms here
+    would answer past the budget: refused, with a Retry-After of a fresh start."""
+    q = AdmissionQueue(slots=2, max_waiting=8, ttft_budget_ms=1500.0)
+    with pytest.raises(QueueFull, match="1400 ms spent before") as info:
+        await q.acquire(own_prefill_ms=200.0, spent_ms=1400.0)
+    assert info.value.retry_after == 1.0
+    assert q.try_acquire(own_prefill_ms=200.0, spent_ms=1400.0) is None
+    ticket = await q.acquire(own_prefill_ms=200.0, spent_ms=1200.0)  # it still fits
+    ticket.release()
+
+
 async def test_a_request_that_queued_is_priced_again_when_it_gets_its_slot() -> None:
     """Priced at 10 ms of own prefill (its system prompt held), it queued; by the
     time its slot freed the prompt was gone from the cache: 3 s now. Refused, its
