@@ -29,7 +29,10 @@ LLAMA_MODULES = (
     "servekit.engine.batching",
     "servekit.engine.batching_llama",
     "servekit.engine.batching_sampler",
+    "servekit.engine.batching_jobs",
     "servekit.engine.batching_sched",
+    "servekit.engine.batching_step",
+    "servekit.engine.batching_waiting",
 )
 ENTRY_POINTS = (
     "geo_router.cli", "geo_router.app", "edge_agent.cli", "edge_agent.app",

@@ -22,8 +22,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from servekit.engine.batching_jobs import Job, Prepared
 from servekit.engine.batching_llama import LlamaBatchModel
-from servekit.engine.batching_sched import Job, Prepared, Scheduler
+from servekit.engine.batching_sched import Scheduler
 from servekit.engine.batching_settings import BatchingSettings
 from servekit.engine.batching_stats import BatchingSnapshot, BatchingStats
 from servekit.engine.prompt_estimate import PromptEstimator, request_blocks, request_text

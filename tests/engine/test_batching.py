@@ -18,9 +18,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from geo_router.conversation import Turn
 from geo_router.prefix_index import PrefixIndex
 from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
+from servekit.engine.batching_jobs import Job, Prepared
 from servekit.engine.batching_llama import LlamaBatchModel
 from servekit.engine.batching_metrics import BatchingCollector
-from servekit.engine.batching_sched import Job, Prepared, Scheduler
+from servekit.engine.batching_sched import Scheduler
 from servekit.engine.batching_slots import COPY_MIN_TOKENS
 from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.prompt_estimate import PromptEstimator

@@ -1,7 +1,7 @@
 """One simulated engine instance: slots, a FIFO prefill server and a
 continuously batched decode whose step time grows with the batch.
 
-The batching scheduler it follows (``servekit.engine.batching_sched``) builds
+The batching scheduler it follows (``servekit.engine.batching_step``) builds
 every step from one token of each decoding sequence plus up to ``chunk_tokens``
 prompt tokens of one prefilling sequence, so a prefill slows the decoders
 without starving them: here a prefill takes its measured time (the profile's

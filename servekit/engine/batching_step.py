@@ -1,0 +1,221 @@
+"""The sequences running in the batching engine's slots, and the step that
+advances them all.
+
+Each step:
+
+1. builds one batch: the next token of every decoding sequence, then up to
+   ``chunk_tokens`` prompt tokens of prefilling sequences (chunked prefill:
+   a long prompt is spread over several steps instead of stalling everyone),
+   the budget first to the fewest prompt tokens left (``shortest_first``;
+   ties, or off, in admission order: first come, first served held short
+   questions 5-15 s behind documents admitted just before them);
+2. runs one ``llama_decode`` and samples, per sequence, with its own chain;
+   text goes to the job's sink (which hands it to the event loop).
+
+A finished sequence leaves its tokens in its slot's cache for prefix reuse;
+a cancelled one (client gone) has its cache dropped.
+
+Everything here runs on the scheduler's worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+
+from servekit.engine.batching_jobs import Seq
+from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
+from servekit.engine.batching_slots import Slot
+from servekit.engine.batching_stats import BatchingStats
+from servekit.engine.prompt_estimate import PromptEstimator
+from servekit.engine.protocol import Finish, TextDelta
+from servekit.errors import EngineFailure
+from servekit.wire import FinishReason
+
+__all__ = ["Batch"]
+
+
+class Batch:
+    """The slots of a loaded model and the sequences running in them."""
+
+    def __init__(
+        self,
+        model: LlamaBatchModel,
+        *,
+        chunk_tokens: int,
+        shortest_first: bool,
+        stats: BatchingStats,
+        estimator: PromptEstimator,
+    ) -> None:
+        self.model = model
+        self.slots = [Slot[Seq](i) for i in range(model.n_slots)]
+        self.running: list[Seq] = []  # admission order
+        self._chunk = chunk_tokens
+        self._shortest_first = shortest_first
+        self._stats = stats
+        self._estimator = estimator
+        self._last_decode: float | None = None  # when the last decode-only step began
+
+    def idle(self) -> None:
+        """Nothing runs: the wait for the next job is no token's cost."""
+        self._last_decode = None
+
+    def add(self, seq: Seq) -> None:
+        """A sequence takes its slot and joins the next step."""
+        seq.slot.seq = seq
+        self.running.append(seq)
+        self._stats.running = len(self.running)
+        self._note_backlog()
+
+    def _note_backlog(self) -> None:
+        # What a newcomer's prefill waits behind (all of it first-come first-served;
+        # with shortest first, the prompts with no more tokens left than its own).
+        # Noted wherever it changes (a sequence admitted, a step's bookkeeping, a
+        # sequence leaving), so it is current before a step that may take a
+        # second and before an event reaches its client: a client that saw its
+        # answer end must never read its prompt as still pending.
+        remaining = tuple(len(seq.prompt) - seq.n_past for seq in self.running if seq.prefilling)
+        self._stats.prefill_remaining = remaining if self._shortest_first else ()
+        self._stats.prefill_backlog_tokens = sum(remaining)
+        self._stats.slot_work = tuple(
+            (len(seq.prompt) - seq.n_past, seq.max_new - seq.generated, seq.open_ended)
+            for seq in self.running
+        )
+
+    def reap_cancelled(self) -> None:
+        """Free the slots of cancelled sequences, dropping their cache."""
+        for seq in [s for s in self.running if s.job.cancelled]:
+            self._release(seq, keep_cache=False)
+            self._stats.requests_cancelled += 1
+
+    def step(self) -> None:
+        """Build one batch of the running sequences, decode it and sample."""
+        # Prefill budget to the fewest tokens left first (or first-come first-served,
+        # see the module docstring); the batch itself in slot order (see
+        # batching_slots: consecutive sequence ids share one pass over the
+        # weights), each sequence's tokens together.
+        budget = self._chunk
+        takes: dict[int, int] = {}
+        order = self.running
+        if self._shortest_first:  # sorted() is stable: ties keep admission order
+            order = sorted(order, key=lambda s: len(s.prompt) - s.n_past)
+        for seq in order:
+            if budget <= 0:
+                break
+            if seq.prefilling:
+                takes[id(seq)] = take = min(budget, len(seq.prompt) - seq.n_past)
+                budget -= take
+        items: list[BatchItem] = []
+        decoding: list[Seq] = []
+        finishing_prefill: list[Seq] = []
+        for seq in sorted(self.running, key=lambda s: s.slot.seq_id):
+            seq_id = seq.slot.seq_id
+            if seq.next_token is not None:
+                seq.out_index = len(items)
+                items.append(BatchItem(seq.next_token, seq.n_past, seq_id, True))
+                decoding.append(seq)
+                continue
+            take = takes.get(id(seq), 0)
+            for j in range(seq.n_past, seq.n_past + take):
+                last = j == len(seq.prompt) - 1
+                if last:
+                    seq.out_index = len(items)
+                    finishing_prefill.append(seq)
+                items.append(BatchItem(seq.prompt[j], j, seq_id, last))
+        prefill_tokens = len(items) - len(decoding)
+        started = time.perf_counter()
+        # What a token costs a decoding sequence is the time from one decode-only
+        # step to the next, its sampling and the worker's bookkeeping included:
+        # under overload that was half as much again as llama_decode alone.
+        previous, self._last_decode = self._last_decode, None if prefill_tokens else started
+        self._stats.step_in_flight = (time.monotonic(), prefill_tokens)
+        try:
+            self.model.decode(items)
+        except EngineFailure as exc:
+            self._stats.step_in_flight = None
+            for seq in list(self.running):
+                self._fail(seq, exc)
+            return
+        self._stats.record_step(
+            len({it.seq for it in items}),
+            len(decoding),
+            prefill_tokens,
+            time.perf_counter() - started,
+            period=None if previous is None or prefill_tokens else started - previous,
+        )
+        # Advance cache bookkeeping for everything that went into the batch.
+        for it in items:
+            slot = self.slots[it.seq]
+            slot.cached.append(it.token)
+            assert slot.seq is not None
+            slot.seq.n_past = it.pos + 1
+        for seq in self.running:
+            if id(seq) in takes:  # a newcomer sharing its prompt copies what is read
+                self._estimator.prefilled(seq.slot.seq_id, seq.n_past / len(seq.prompt))
+        self._note_backlog()
+        self._stats.step_in_flight = None  # after the backlog counts what it read
+        for seq in decoding + finishing_prefill:
+            self._sample(seq)
+
+    def _sample(self, seq: Seq) -> None:
+        # Token accounting, text and finish reasons follow the single-sequence engine.
+        token = seq.sampler.sample(self.model.ctx, seq.out_index)
+        if seq.next_token is None:  # the first token: prefill just ended
+            now = time.monotonic()
+            self._stats.record_ttft(
+                now - seq.started,
+                running=seq.others,
+                prefilled=len(seq.prompt) - seq.cached_prompt,
+                from_arrival=now - seq.since,
+            )
+        if self.model.is_eog(token):
+            self._finish(seq, "stop")
+            return
+        seq.generated += 1
+        seq.unsent += 1
+        text = seq.text.push(self.model.piece(token))
+        if text:
+            seq.said.append(text)
+            seq.job.emit(TextDelta(text, seq.unsent))
+            seq.unsent = 0
+        if seq.text.stopped:
+            self._finish(seq, "stop")
+        elif seq.generated >= seq.max_new:
+            self._finish(seq, "length")
+        else:
+            seq.next_token = token
+
+    def _finish(self, seq: Seq, reason: FinishReason) -> None:
+        # Release first, so that load() never counts a sequence its client saw finish.
+        self._release(seq, keep_cache=True)
+        self._stats.requests_ok += 1
+        if seq.open_ended:  # an answer's own length, not one cut at a client's max_tokens
+            self._stats.record_completion(seq.generated)
+        tail = seq.text.flush()
+        if tail or seq.unsent:
+            seq.job.emit(TextDelta(tail, seq.unsent))
+        # What the slot keeps: the prompt and this answer, the next turn's history.
+        self._estimator.answered(seq.slot.seq_id, seq.job.request, "".join([*seq.said, tail]))
+        seq.job.emit(Finish(reason, len(seq.prompt), seq.generated, seq.cached_prompt))
+
+    def _fail(self, seq: Seq, exc: BaseException) -> None:
+        self._release(seq, keep_cache=False)
+        self._stats.requests_failed += 1
+        seq.job.emit(exc)
+
+    def _release(self, seq: Seq, *, keep_cache: bool) -> None:
+        seq.sampler.close()
+        slot = seq.slot
+        if not keep_cache:
+            self.model.forget(slot.seq_id)
+            slot.cached = []
+            self._estimator.hold(slot.seq_id, "")
+        slot.seq = None
+        slot.last_used = time.monotonic()
+        self.running.remove(seq)
+        self._stats.running = len(self.running)
+        self._note_backlog()
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Every running sequence fails with ``exc`` (its cache is dropped)."""
+        for seq in list(self.running):
+            self._fail(seq, exc)
