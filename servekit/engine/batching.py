@@ -42,7 +42,7 @@ from servekit.engine.protocol import (
     Message,
     SamplingParams,
 )
-from servekit.engine.slot_release import each_release_ms, left_after_step, read_by_step
+from servekit.engine.slot_release import left_after_step, read_by_step, release_ms
 from servekit.errors import NotReady
 
 __all__ = ["BatchingLlamaEngine", "BatchingSettings"]
@@ -199,9 +199,7 @@ class BatchingLlamaEngine:
     def slot_release_ms(self) -> tuple[float, ...] | None:
         """Milliseconds until each running sequence frees its slot, ascending, from
         what each has left (:mod:`servekit.engine.slot_release`)."""
-        work = self._stats.slot_work  # one tuple, replaced whole by the worker
-        each = self._each_release_ms(work)
-        return None if each is None else tuple(sorted(each))
+        return self._release_ms(self._stats.slot_work)  # replaced whole by the worker
 
     def slot_hold_ms(self, tokens: int, max_tokens: int | None) -> float | None:
         """How long a request with ``tokens`` prompt tokens to prefill and an answer
@@ -209,12 +207,14 @@ class BatchingLlamaEngine:
         sequences (:mod:`servekit.engine.slot_release`): what admission expects of a
         request it let in before the worker has placed it (``servekit.admission``)."""
         newcomer = (tokens, max_tokens or self._settings.ctx_per_slot, max_tokens is None)
-        each = self._each_release_ms((*self._stats.slot_work, newcomer))
+        each = self._release_ms((*self._stats.slot_work, newcomer), in_order=True)
         return None if each is None else each[-1]
 
-    def _each_release_ms(self, work: tuple[tuple[int, int, bool], ...]) -> list[float] | None:
+    def _release_ms(
+        self, work: tuple[tuple[int, int, bool], ...], *, in_order: bool = False
+    ) -> tuple[float, ...] | None:
         stats = self._stats
-        return each_release_ms(
+        return release_ms(
             work,
             prefill_tokens_per_s=stats.prefill_rate(),
             # A wait is predicted only when admission holds every slot, and the
@@ -224,6 +224,7 @@ class BatchingLlamaEngine:
             chunk_tokens=self._settings.chunk_tokens,
             typical_tokens=stats.typical_completion(),
             shortest_first=self._settings.prefill_order == "shortest",
+            in_order=in_order,
         )
 
     def uncached_tokens(self, request: GenerationRequest) -> int | None:

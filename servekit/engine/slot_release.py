@@ -35,7 +35,6 @@ from collections.abc import Sequence
 __all__ = [
     "MIN_COMPLETIONS",
     "TYPICAL_ANSWER_TOKENS",
-    "each_release_ms",
     "left_after_step",
     "read_by_step",
     "release_ms",
@@ -78,30 +77,10 @@ def release_ms(
     chunk_tokens: int | None,
     typical_tokens: float,
     shortest_first: bool,
+    in_order: bool = False,
 ) -> tuple[float, ...] | None:
-    """Milliseconds until each running sequence frees its slot, ascending
-    (:func:`each_release_ms`, sorted)."""
-    each = each_release_ms(
-        work,
-        prefill_tokens_per_s=prefill_tokens_per_s,
-        decode_step_s=decode_step_s,
-        chunk_tokens=chunk_tokens,
-        typical_tokens=typical_tokens,
-        shortest_first=shortest_first,
-    )
-    return None if each is None else tuple(sorted(each))
-
-
-def each_release_ms(
-    work: Sequence[tuple[int, int, bool]],
-    *,
-    prefill_tokens_per_s: float | None,
-    decode_step_s: float | None,
-    chunk_tokens: int | None,
-    typical_tokens: float,
-    shortest_first: bool,
-) -> list[float] | None:
-    """Milliseconds until each sequence of ``work`` frees its slot, in its order.
+    """Milliseconds until each running sequence frees its slot, ascending (with
+    ``in_order``: in ``work``'s order).
 
     ``work`` holds, per running sequence in admission order, its prompt tokens
     left to prefill, its completion tokens left under its budget, and whether
@@ -129,4 +108,4 @@ def each_release_ms(
         # Its answer's steps also carry a chunk each of the prompts still to read.
         beside = min(total - ahead, steps * (total if chunk_tokens is None else chunk_tokens))
         out.append((ahead + beside) * ms_per_prompt_token + steps * ms_per_step)
-    return out
+    return tuple(out) if in_order else tuple(sorted(out))

@@ -35,6 +35,9 @@ def test_prefill_ahead_follows_the_engines_order() -> None:
     short, long = release_ms(work, typical_tokens=100, shortest_first=True, **RATES) or ()
     assert short == pytest.approx((128 + 64) / 200 * 1000 + 50.0)
     assert long == pytest.approx(400 / 200 * 1000 + 50.0)
+    # In the work's order: the document's first (a newcomer's own hold is the last).
+    in_order = release_ms(work, typical_tokens=100, shortest_first=True, in_order=True, **RATES)
+    assert in_order == pytest.approx((long, short))
     # First come first served: the question waits for all of the document; the
     # document's last step (its fifth) reads 20 of the question's beside it.
     fcfs = release_ms(work, typical_tokens=100, shortest_first=False, **RATES)
