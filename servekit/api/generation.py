@@ -101,11 +101,9 @@ async def _close(events: AsyncIterator[GenerationEvent], ticket: Ticket) -> None
         ticket.release()
 
 
-def own_prefill_ms(engine: Engine, gen: GenerationRequest, report: LoadReport) -> float:
-    """How long ``engine`` would take to prefill ``gen``'s uncached prompt tokens at its
-    measured rate: the engine's own count where it knows what its slots hold, else the
-    router's (``X-Prefill-Tokens``); 0 when neither or no rate is known."""
-    tokens = _prefill_tokens(engine, gen)
+def own_prefill_ms(tokens: int | None, report: LoadReport) -> float:
+    """How long the engine would take to prefill ``tokens`` uncached prompt tokens
+    (:func:`_prefill_tokens`) at its measured rate; 0 when unknown or no rate is."""
     rate = report.prefill_tokens_per_s
     if not tokens or not rate:
         return 0.0
@@ -113,28 +111,22 @@ def own_prefill_ms(engine: Engine, gen: GenerationRequest, report: LoadReport) -
 
 
 def _prefill_tokens(engine: Engine, gen: GenerationRequest) -> int | None:
+    """``gen``'s uncached prompt tokens: the engine's own count where it knows what its
+    slots hold, else the router's (``X-Prefill-Tokens``)."""
     tokens = uncached_tokens(engine, gen)
     return gen.prefill_tokens if tokens is None else tokens
 
 
-def _observe_for(core: ServingCore, gen: GenerationRequest) -> float:
+def _observe_for(core: ServingCore, gen: GenerationRequest) -> tuple[float, int | None]:
     """Hand admission the engine's figures as this request meets them; its own
-    prefill in ms. The backlog ahead is the one this request waits behind where
-    the engine prefills shortest first (a short question does not wait for a
-    long document admitted before it), else all of it."""
+    prefill in ms and its uncached prompt tokens. The backlog ahead is the one
+    this request waits behind where the engine prefills shortest first (a short
+    question does not wait for a long document admitted before it), else all of it."""
     engine = core.engines.current()
     tokens = _prefill_tokens(engine, gen)
     ahead = None if tokens is None else prefill_backlog_ahead_ms(engine, tokens)
     report = core.observe_engine(backlog_ms=ahead)
-    return own_prefill_ms(engine, gen, report)
-
-
-def _hold_for(core: ServingCore, gen: GenerationRequest) -> float | None:
-    """How long the engine expects ``gen`` to hold a slot it took now (admission
-    counts it for the request until the engine runs it), if it can tell."""
-    engine = core.engines.current()
-    tokens = _prefill_tokens(engine, gen)
-    return None if tokens is None else slot_hold_ms(engine, tokens, gen.sampling.max_tokens)
+    return own_prefill_ms(tokens, report), tokens
 
 
 async def serve_generation(
@@ -156,15 +148,17 @@ async def serve_generation(
     (admission to the engine's first event).
     """
     own, hold = 0.0, None
-    if core.admission.ttft_budget_ms is not None:
-        # The prediction needs the engine's backlog and prefill rate of this moment.
-        own = _observe_for(core, gen)
-        hold = _hold_for(core, gen)
-        if trace is not None:
-            trace.predicted(core.admission.predicted_wait_ms(), own)
     admission = core.admission
+    if admission.ttft_budget_ms is not None:
+        # The prediction needs the engine's backlog and prefill rate of this moment;
+        # and, until the engine runs it, how long it should hold its slot.
+        own, tokens = _observe_for(core, gen)
+        if tokens is not None:
+            hold = slot_hold_ms(core.engines.current(), tokens, gen.sampling.max_tokens)
+        if trace is not None:
+            trace.predicted(admission.predicted_wait_ms(), own)
+    spent = float(gen.waited_ms)
     try:
-        spent = float(gen.waited_ms)
         ticket = admission.try_acquire(gen.priority, own, hold, spent) or await admission.acquire(
             gen.priority, own, hold, spent
         )
@@ -177,7 +171,7 @@ async def serve_generation(
     if ticket.queue_time > 0.0 and core.admission.ttft_budget_ms is not None:
         # Its price may have changed while it queued (servekit.admission: recheck).
         try:
-            core.admission.recheck(ticket, own, _observe_for(core, gen))
+            core.admission.recheck(ticket, own, _observe_for(core, gen)[0])
         except ServeError as exc:
             _record_failure(core, exc)
             raise

@@ -238,10 +238,10 @@ class BatchingLlamaEngine:
         20-215 tokens more to prefill than priced (a 261-token question priced
         at 46 took 3.4 s to its first token against a 1.5 s budget)."""
         scheduler = self._scheduler
-        prepared = None if scheduler is None else self._prepared(scheduler, request)
-        if scheduler is None or prepared is None:
+        if scheduler is None:
             return None
-        return scheduler.uncached(prepared.tokens, request.cache_salt)
+        prepared = self._prepared(scheduler, request)
+        return None if prepared is None else scheduler.uncached(prepared.tokens, request.cache_salt)
 
     def _prepared(self, scheduler: Scheduler, request: GenerationRequest) -> Prepared | None:
         """The request's prompt tokens and budget, made once: admission prices a
