@@ -185,10 +185,10 @@ class BatchingLlamaEngine:
                 rest_of_step = max(0.0, reading / rate - (time.monotonic() - began)) * 1000.0
                 remaining = left_after_step(remaining, reading)
             # Shortest first: the prompts with no more left than its own go first,
-            # and the step that reads its last token reads the others to its end.
+            # and the call that reads its last token also reads the prompts that step ends.
             first = tokens + sum(r for r in remaining if r <= tokens)
-            total = tokens + sum(remaining)
-            running = read_by_step(first, total, self._settings.chunk_tokens) - tokens
+            order = sorted((*remaining, tokens))
+            running = read_by_step(first, order, self._settings.chunk_tokens) - tokens
         ahead = backlog_ms(
             stats.prefill_backlog_tokens if running is None else running,
             self._pending_tokens(),

@@ -9,8 +9,9 @@ has left, so it prices that instead:
 
 - prefill: its prompt tokens left, plus what goes before them in the step's
   prefill budget (shortest first: the prompts with no more tokens left than
-  its own; first come first served: those admitted before it), rounded up to
-  whole steps (:func:`read_by_step`), at the measured prefill rate;
+  its own; first come first served: those admitted before it), and the
+  other prompts its last step finishes (:func:`read_by_step`), at the
+  measured prefill rate;
 - decode: its completion tokens left (its ``max_tokens`` minus those
   generated) times the engine's recent decode step for as many sequences as
   are running (a decoding sequence advances one token per step, and a step of
@@ -47,14 +48,24 @@ TYPICAL_ANSWER_TOKENS = 256
 MIN_COMPLETIONS = 8
 
 
-def read_by_step(ahead: int, total: int, chunk_tokens: int) -> int:
-    """Prompt tokens read, ``chunk_tokens`` a step, by the end of the step that reads
-    the ``ahead``-th of the ``total`` still to read. A prompt's first token waits
-    for that step to end, and the step reads the prompts beside it to its chunk's
-    end: under overload a 12-token question placed beside an 86-token one waited
-    for both (0.9 s), priced as if read alone."""
+def read_by_step(ahead: int, prompts: Sequence[int], chunk_tokens: int) -> int:
+    """Prompt tokens read, ``chunk_tokens`` a step, when the call that reads the
+    ``ahead``-th of ``prompts``' tokens (each prompt's tokens left, in the order
+    they are read) ends. A prompt's first token waits for that call, and a step
+    reads every prompt it finishes in its first call, the chunks of the others in
+    a second (``servekit.engine.batching_step``): under overload a 12-token
+    question placed beside an 86-token one waited for both (0.9 s), priced as if
+    read alone; a question beside a long prompt's chunk no longer waits for it."""
     chunk = max(1, chunk_tokens)
-    return min(-(-max(0, ahead) // chunk) * chunk, total)
+    if ahead <= 0:
+        return 0
+    step_end = -(-ahead // chunk) * chunk
+    read = 0
+    for left in prompts:
+        if read + left > step_end:
+            break
+        read += left
+    return max(read, ahead)
 
 
 def left_after_step(remaining: Sequence[int], reading: int) -> tuple[int, ...]:
@@ -89,6 +100,7 @@ def release_ms(
     of its own. ``None`` when a rate it needs is not measured yet.
     """
     prefilling = [p for p, _, _ in work if p > 0]
+    order = sorted(prefilling) if shortest_first else prefilling  # as the engine reads them
     total = sum(prefilling)
     if (prefilling and not prefill_tokens_per_s) or (work and not decode_step_s):
         return None
@@ -100,7 +112,7 @@ def release_ms(
         ahead = 0  # prompt tokens prefilled up to its last one, its own included
         if left > 0:
             first = sum(p for p in prefilling if p <= left) if shortest_first else before + left
-            ahead = first if chunk_tokens is None else read_by_step(first, total, chunk_tokens)
+            ahead = first if chunk_tokens is None else read_by_step(first, order, chunk_tokens)
             before += left
         steps: float = max(0, decode_left)
         if open_ended:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +19,7 @@ from geo_router.conversation import Turn
 from geo_router.prefix_index import PrefixIndex
 from servekit.engine.batching import BatchingLlamaEngine, BatchingSettings
 from servekit.engine.batching_jobs import Job, Prepared
-from servekit.engine.batching_llama import LlamaBatchModel
+from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_metrics import BatchingCollector
 from servekit.engine.batching_sched import Scheduler
 from servekit.engine.batching_slots import COPY_MIN_TOKENS
@@ -99,6 +99,38 @@ async def test_ready_with_a_prefill_rate_measured_on_a_chunk(model_path: Path) -
         assert rate > 0
     finally:
         await eng.aclose()
+
+
+async def test_a_step_answers_the_prompts_it_finishes_before_reading_a_chunk_beside_them(
+    engine: BatchingLlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question placed while a long prompt is being read gets its first token
+    from a call that reads its own tokens, not the long prompt's chunk beside
+    it (a second call reads that), and the answer it gets alone."""
+    question = chat("Name a color.", max_tokens=4)
+    alone, _, _ = await collect(engine, question)
+    calls: list[list[BatchItem]] = []
+    reading = threading.Event()
+    decode = LlamaBatchModel.decode
+
+    def recording(model: LlamaBatchModel, items: Sequence[BatchItem]) -> None:
+        calls.append(list(items))
+        reading.set()
+        decode(model, items)
+
+    monkeypatch.setattr(LlamaBatchModel, "decode", recording)
+    document = asyncio.ensure_future(collect(engine, chat("word " * 200, max_tokens=2)))
+    assert await asyncio.to_thread(reading.wait, 30.0)  # its first chunk is being read
+    beside, _, _ = await collect(engine, question)
+    await document
+    assert beside == alone
+    doc = calls[0][0].seq
+    ends = [i for i, call in enumerate(calls) if any(it.seq != doc and it.logits for it in call)]
+    own = calls[ends[0]]  # the call that read the question's last prompt token
+    assert all(it.seq != doc for it in own)
+    chunk = calls[ends[0] + 1]
+    assert chunk
+    assert all(it.seq == doc and not it.logits for it in chunk)
 
 
 async def test_limits_stop_and_overflow_under_concurrency(engine: BatchingLlamaEngine) -> None:

@@ -30,26 +30,34 @@ def test_a_long_prompt_frees_its_slot_after_its_prefill_and_answer() -> None:
 def test_prefill_ahead_follows_the_engines_order() -> None:
     work = [(300, 1, False), (100, 1, False)]  # the document was admitted first
     # Shortest first: the question's 100 tokens go first, in two steps of 64 (the
-    # second reads 28 of the document's beside them), and its answer's one step
-    # carries one more chunk; the document is read whole, then answered.
+    # second reads its last 36 in a first call, 28 of the document's in a second),
+    # and its answer's one step carries one more chunk; the document is read
+    # whole, then answered.
     short, long = release_ms(work, typical_tokens=100, shortest_first=True, **RATES) or ()
-    assert short == pytest.approx((128 + 64) / 200 * 1000 + 50.0)
+    assert short == pytest.approx((100 + 64) / 200 * 1000 + 50.0)
     assert long == pytest.approx(400 / 200 * 1000 + 50.0)
     # In the work's order: the document's first (a newcomer's own hold is the last).
     in_order = release_ms(work, typical_tokens=100, shortest_first=True, in_order=True, **RATES)
     assert in_order == pytest.approx((long, short))
     # First come first served: the question waits for all of the document; the
-    # document's last step (its fifth) reads 20 of the question's beside it.
+    # document's last step (its fifth) reads its last 44 tokens in a first call,
+    # 20 of the question's in a second, and its answer's step one more chunk.
     fcfs = release_ms(work, typical_tokens=100, shortest_first=False, **RATES)
-    assert fcfs == pytest.approx(((320 + 64) / 200 * 1000 + 50.0, 400 / 200 * 1000 + 50.0))
+    assert fcfs == pytest.approx(((300 + 64) / 200 * 1000 + 50.0, 400 / 200 * 1000 + 50.0))
 
 
-def test_the_step_that_reads_a_prompts_end_reads_the_others_to_its_end() -> None:
+def test_a_prompts_first_token_waits_for_the_prompts_its_step_finishes() -> None:
     # A 12-token question beside an 86-token one: its first token waits for the
     # one step that reads both (shortest first gives it no step of its own).
-    assert read_by_step(12, 98, 128) == 98
-    assert read_by_step(12, 98, 8) == 16
-    assert read_by_step(0, 98, 128) == 0
+    assert read_by_step(12, (12, 86), 128) == 98
+    # Beside a prompt the step only begins, it waits for its own tokens: the
+    # step reads the other's chunk in a second call.
+    assert read_by_step(12, (12, 86), 8) == 12
+    assert read_by_step(12, (12, 300), 128) == 12
+    # First come first served: its last step also finishes a 20-token prompt
+    # admitted after it, in the same first call.
+    assert read_by_step(140, (12, 128, 20, 300), 128) == 160
+    assert read_by_step(0, (86,), 128) == 0
     # An engine that reads each prompt whole in a step of its own: no rounding.
     work = [(86, 1, False), (12, 1, False)]
     whole = release_ms(
@@ -72,11 +80,14 @@ def test_a_newcomer_waits_for_the_step_in_flight_before_its_own() -> None:
     stats.prefill_remaining = (300,)
     stats.step_in_flight = (time.monotonic(), 128)  # its first chunk, just begun
     ahead = engine.prefill_backlog_ahead_ms(12)
-    # The rest of the step in flight (~1 s), then its own step: its 12 tokens and
-    # 116 of the 172 the long prompt has left after the first chunk.
-    assert ahead == pytest.approx(1000.0 + 116 / 128 * 1000.0, abs=60.0)
-    stats.step_in_flight = None  # between steps: its own step only
-    assert engine.prefill_backlog_ahead_ms(12) == pytest.approx(116 / 128 * 1000.0)
+    # The rest of the step in flight (~1 s), then its own 12 tokens: its step
+    # reads the 172 the long prompt has left in a second call, after its first token.
+    assert ahead == pytest.approx(1000.0, abs=60.0)
+    stats.step_in_flight = None  # between steps: nothing ahead of its own tokens
+    assert engine.prefill_backlog_ahead_ms(12) == pytest.approx(0.0)
+    # A 60-token prompt, shorter than the long one's rest, goes before it.
+    stats.prefill_remaining = (300, 60)
+    assert engine.prefill_backlog_ahead_ms(100) == pytest.approx(60 / 128 * 1000.0)
 
 
 def test_an_answer_without_max_tokens_is_priced_at_a_typical_length() -> None:
