@@ -26,7 +26,7 @@ from servekit.engine.batching_jobs import Job, Prepared
 from servekit.engine.batching_llama import LlamaBatchModel
 from servekit.engine.batching_sched import Scheduler
 from servekit.engine.batching_settings import BatchingSettings
-from servekit.engine.batching_stats import STEP_SAMPLES, BatchingSnapshot, BatchingStats
+from servekit.engine.batching_stats import BatchingSnapshot, BatchingStats
 from servekit.engine.prompt_estimate import PromptEstimator, request_blocks, request_text
 from servekit.engine.prompting import (
     ChatTemplate,
@@ -92,43 +92,20 @@ class BatchingLlamaEngine:
             await asyncio.wrap_future(scheduler.start())
             self._scheduler = scheduler
             if s.warmup_tokens > 0:
-                await self._warm_up()
+                # The first decodes allocate compute buffers; then one chunk of
+                # prompt, so the prefill rate is measured before the first burst
+                # (admission prices a backlog of prompts at that rate).
+                chunk = " ".join(["hello"] * min(s.chunk_tokens, s.ctx_per_slot // 2))
+                warm = (("warmup", "Hello", s.warmup_tokens), ("warmup-prefill", chunk, 1))
+                for request_id, text, tokens in warm:
+                    request = GenerationRequest(
+                        request_id,
+                        SamplingParams(max_tokens=tokens, temperature=0.0),
+                        messages=(Message("user", text),),
+                    )
+                    async for _ in self.generate(request):
+                        pass
             self._ready = True
-
-    async def _warm_up(self) -> None:
-        """Run the first requests before ready: a few decodes (they allocate compute
-        buffers), one chunk of prompt (admission prices a burst's backlog of
-        prompts at the prefill rate measured here), and, with more than one slot,
-        a full batch decoding together, so a step of every slot is measured
-        (``BatchingStats.decode_step``) before the first burst fills them: priced
-        from a single stream's steps, an opening burst's slot releases were
-        predicted at a fraction of their time."""
-        s = self._settings
-        chunk = " ".join(["hello"] * min(s.chunk_tokens, s.ctx_per_slot // 2))
-        await self._warm(("warmup", "Hello", s.warmup_tokens))
-        await self._warm(("warmup-prefill", chunk, 1))
-        if s.slots > 1:
-            # Counting has a confident, long answer: every slot decodes to its budget.
-            steps = STEP_SAMPLES + 4
-            batch = [
-                (f"warmup-batch-{i}", f"List the numbers from {i + 1} to {i + 60}.", steps)
-                for i in range(s.slots)
-            ]
-            await self._warm(*batch)
-
-    async def _warm(self, *requests: tuple[str, str, int]) -> None:
-        """Run ``(request id, user message, max tokens)`` requests at once, to the end."""
-
-        async def run(request_id: str, text: str, tokens: int) -> None:
-            request = GenerationRequest(
-                request_id,
-                SamplingParams(max_tokens=tokens, temperature=0.0),
-                messages=(Message("user", text),),
-            )
-            async for _ in self.generate(request):
-                pass
-
-        await asyncio.gather(*(run(*r) for r in requests))
 
     def _load(self) -> tuple[LlamaBatchModel, Callable[[GenerationRequest], Prepared]]:
         """On the worker: load the model and make the request preparer."""

@@ -23,7 +23,7 @@ from servekit.engine.batching_llama import BatchItem, LlamaBatchModel
 from servekit.engine.batching_metrics import BatchingCollector
 from servekit.engine.batching_sched import Scheduler
 from servekit.engine.batching_slots import COPY_MIN_TOKENS
-from servekit.engine.batching_stats import STEP_SAMPLES, BatchingStats
+from servekit.engine.batching_stats import BatchingStats
 from servekit.engine.prompt_estimate import PromptEstimator
 from servekit.engine.protocol import (
     Finish,
@@ -81,11 +81,9 @@ async def collect(
     return "".join(parts), finish, times
 
 
-async def test_ready_with_a_prefill_rate_and_a_full_batch_step_measured(model_path: Path) -> None:
+async def test_ready_with_a_prefill_rate_measured_on_a_chunk(model_path: Path) -> None:
     """The warm-up prefills a chunk of prompt, so admission can price the first
-    burst's prompts at a rate measured on more than a greeting; and it decodes
-    every slot together, so the first burst's slot releases are priced at a
-    measured step of a full batch, not a single stream's."""
+    burst's prompts at a rate measured on more than a greeting."""
     chunk = 96  # the greeting warm-up alone prefills ~30 tokens (template included)
     eng = BatchingLlamaEngine(
         BatchingSettings(
@@ -99,8 +97,6 @@ async def test_ready_with_a_prefill_rate_and_a_full_batch_step_measured(model_pa
         rate = eng.load().prefill_tokens_per_s
         assert rate is not None
         assert rate > 0
-        assert len(eng.decode_step_seconds(2)) >= STEP_SAMPLES
-        assert eng.stats().requests_ok == 4  # the greeting, the chunk and the batch of two
     finally:
         await eng.aclose()
 
