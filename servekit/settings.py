@@ -135,8 +135,17 @@ class AdmissionSettings(Section):
     ttft_budget_ms: float | None = Field(
         None,
         gt=0,
-        description="Refuse at once (429) a request whose predicted wait exceeds this; "
+        description="Refuse at once (429) a request whose predicted TTFT exceeds this; "
         "none: only a full queue refuses.",
+    )
+    ttft_budget_quantile: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Judge a request's predicted TTFT raised by how much later than "
+        "predicted recent admitted requests got their first token, at this quantile "
+        "(0.9: the lateness nine in ten stayed within), so that the budget holds for "
+        "about that share; none: the prediction alone.",
     )
 
 

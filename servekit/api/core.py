@@ -90,7 +90,7 @@ class ServingCore:
             running=self.admission.running,
             capacity=self.admission.slots,
             queue_limit=self.admission.max_waiting,
-            ttft_budget_ms=budget,
+            ttft_budget_ms=admission.budget_now_ms(),  # less its margin: what it judges by
             predicted_wait_ms=None if budget is None else admission.predicted_wait_ms(),
             version=report.version or self.version,
             requests_ok=self.requests_ok,

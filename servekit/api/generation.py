@@ -198,6 +198,7 @@ async def serve_generation(
         raise failure from None
 
     prefill_s = time.perf_counter() - admitted
+    admission.first_token(ticket, (time.perf_counter() - arrival) * 1000.0)
     frames = FrameBuilder(gen.kind, gen.request_id, engine.model_name, int(time.time()))
     clock = _Clock(core, arrival, trace=trace)
     timing = f"queue;dur={ticket.queue_time * 1e3:.2f}, prefill;dur={prefill_s * 1e3:.2f}"

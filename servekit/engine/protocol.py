@@ -187,7 +187,8 @@ class LoadReport:
     ``max_context_tokens`` is the longest a single request may be, prompt plus
     completion (vLLM's max model length, llama.cpp's context per slot);
     ``None`` when unknown. ``ttft_budget_ms`` is the TTFT the instance admits
-    against (it refuses a request whose predicted wait would exceed it) and
+    against (it refuses a request whose predicted TTFT would exceed it), less
+    the margin its predictions' recent lateness has earned (``servekit.admission``), and
     ``predicted_wait_ms`` its current prediction of a new request's wait;
     both ``None`` when it does not shed on a budget. ``prefill_backlog_ms`` is
     how long the prompts already admitted but not yet prefilled take at the

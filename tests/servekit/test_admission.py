@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from servekit.admission import OWN_PREFILL_SHARE, AdmissionQueue
+from servekit.admission import LATE_MIN, OWN_PREFILL_SHARE, AdmissionQueue
 from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
 
@@ -337,3 +337,32 @@ async def test_a_request_that_queued_is_priced_again_when_it_gets_its_slot() -> 
     assert q._service_s == hold  # held for no work: not a hold time
     (await asyncio.wait_for(behind, 1)).release()
     assert (q.running, q.waiting) == (0, 0)
+
+
+async def test_a_budget_at_a_quantile_carries_how_late_recent_predictions_were() -> None:
+    """Admitted requests got their first tokens 0-360 ms later than predicted: at
+    the 0.9 quantile every prediction carries 360 ms, so 1,200 ms of own prefill
+    beside a running request misses a 1,500 ms budget; the prediction alone meets it."""
+    q = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=1500.0, ttft_quantile=0.9)
+    plain = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=1500.0)
+    for i, late in enumerate(range(0, 400, 40)):
+        ticket = await q.acquire(own_prefill_ms=100.0)
+        q.first_token(ticket, 100.0 + late)
+        ticket.release()
+        if i + 1 < LATE_MIN:
+            assert q.margin_ms() == 0.0  # too few seen to tell
+    # The idle rule's prompt was not judged whole: its lateness teaches nothing.
+    ticket = await q.acquire(own_prefill_ms=3000.0)
+    q.first_token(ticket, 9000.0)
+    ticket.release()
+    assert q.margin_ms() == pytest.approx(360.0)
+    assert q.budget_now_ms() == pytest.approx(1140.0)
+    for queue in (q, plain):
+        running = await queue.acquire()  # not idle: its own prefill counts whole
+        if queue is q:
+            with pytest.raises(QueueFull, match="margin 360 ms") as info:
+                await queue.acquire(own_prefill_ms=1200.0)
+            assert info.value.retry_after == 1.0
+        else:
+            (await queue.acquire(own_prefill_ms=1200.0)).release()
+        running.release()
