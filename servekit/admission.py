@@ -87,7 +87,9 @@ predictions were: for each admitted request, its first token's time from
 arrival less the TTFT it was predicted (:meth:`AdmissionQueue.first_token`;
 prompts taken by the idle rule are left out), the last :data:`LATE_WINDOW`
 of them. Their quantile (never below 0, none until :data:`LATE_MIN` were
-seen) is a margin every prediction carries against the budget. Under a
+seen) is a margin every prediction on a busy instance carries against the
+budget (an idle one has nothing to be late behind, and must still take the
+idle rule's prompt). Under a
 32-stream overload of the CPU edges their predictions were right on the
 median (34 ms early) but 430 ms late at the 90th percentile and 750 ms at
 the 99th: a newcomer's first token waits for the step in flight and for the
@@ -246,9 +248,15 @@ class AdmissionQueue:
 
     def budget_now_ms(self) -> float | None:
         """The budget a prediction alone must meet now: the budget less the margin
-        (what a router judging whether this instance would refuse compares with)."""
+        while busy (what a router judging whether this instance would refuse
+        compares with)."""
         budget = self.ttft_budget_ms
-        return None if budget is None else budget - self.margin_ms()
+        return None if budget is None else budget - self._margin_now()
+
+    def _margin_now(self) -> float:
+        # An idle instance has nothing to be late behind, and the idle rule's
+        # prompt must be taken somewhere (see above).
+        return 0.0 if self.idle else self.margin_ms()
 
     def first_token(self, ticket: Ticket, ttft_ms: float) -> None:
         """An admitted request got its first token ``ttft_ms`` after it arrived."""
@@ -316,7 +324,7 @@ class AdmissionQueue:
             return False
         if wait is None:
             return True
-        total = spent_ms + wait + self.margin_ms()
+        total = spent_ms + wait + self._margin_now()
         return over_ttft_budget(total, own_prefill_ms, self.ttft_budget_ms, idle=self.idle)
 
     def _check_budget(self, own_prefill_ms: float, spent_ms: float = 0.0) -> float | None:
@@ -336,7 +344,7 @@ class AdmissionQueue:
             "it is taken only when the server is idle" if own_prefill_ms > budget else "retry later"
         )
         spent = f"{spent_ms:.0f} ms spent before + " if spent_ms > 0 else ""
-        margin = self.margin_ms()
+        margin = self._margin_now()
         late = f" + margin {margin:.0f} ms" if margin > 0 else ""
         raise QueueFull(
             f"server cannot start this request within its TTFT budget ({spent}predicted "
@@ -353,7 +361,7 @@ class AdmissionQueue:
             drained = self.drained_ms()
             return self.retry_after() if drained is None else max(1.0, drained / 1000.0)
         # Its own prefill does not shrink by waiting: the wait must.
-        return max(1.0, (wait_ms + own_prefill_ms + self.margin_ms() - budget_ms) / 1000.0)
+        return max(1.0, (wait_ms + own_prefill_ms + self._margin_now() - budget_ms) / 1000.0)
 
     def recheck(self, ticket: Ticket, priced_ms: float, own_prefill_ms: float) -> None:
         """Judge a request again once it has its slot (see above): it was admitted
