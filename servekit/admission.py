@@ -89,7 +89,9 @@ prompts taken by the idle rule are left out), the last :data:`LATE_WINDOW`
 of them. Their quantile (never below 0, none until :data:`LATE_MIN` were
 seen) is a margin every prediction on a busy instance carries against the
 budget (an idle one has nothing to be late behind, and must still take the
-idle rule's prompt). Under a
+idle rule's prompt). Until they were seen a newcomer that would queue is
+refused: the opening burst of an overload queued behind predictions with no
+margin yet and was the slowest of its runs (2.0-3.1 s). Under a
 32-stream overload of the CPU edges their predictions were right on the
 median (34 ms early) but 430 ms late at the 90th percentile and 750 ms at
 the 99th: a newcomer's first token waits for the step in flight and for the
@@ -121,7 +123,7 @@ __all__ = ["OWN_PREFILL_SHARE", "AdmissionQueue", "Ticket", "over_ttft_budget"]
 
 OWN_PREFILL_SHARE = 0.75  # of the budget, at most, charged for a request's own prefill
 LATE_WINDOW = 128  # recent admitted requests whose lateness prices the margin
-LATE_MIN = 8  # of them seen before there is a margin
+LATE_MIN = 4  # of them seen before there is a margin (and before anyone may queue)
 
 
 def over_ttft_budget(
@@ -253,6 +255,12 @@ class AdmissionQueue:
         budget = self.ttft_budget_ms
         return None if budget is None else budget - self._margin_now()
 
+    def _lateness_unknown(self) -> bool:
+        """A margin is wanted and too few first tokens were seen to price it, and a
+        newcomer would queue: refused (see above)."""
+        busy = self._running >= self.slots or self.waiting > 0
+        return busy and self.ttft_quantile is not None and len(self._late) < LATE_MIN
+
     def _margin_now(self) -> float:
         # An idle instance has nothing to be late behind, and the idle rule's
         # prompt must be taken somewhere (see above).
@@ -322,7 +330,7 @@ class AdmissionQueue:
         it came here (see above), or a wait unknown."""
         if self.ttft_budget_ms is None:
             return False
-        if wait is None:
+        if wait is None or self._lateness_unknown():
             return True
         total = spent_ms + wait + self._margin_now()
         return over_ttft_budget(total, own_prefill_ms, self.ttft_budget_ms, idle=self.idle)
@@ -334,10 +342,13 @@ class AdmissionQueue:
         if budget is None or not self._over(wait, own_prefill_ms, spent_ms):
             return wait
         self.shed += 1
-        if wait is None:
+        if wait is None or self._lateness_unknown():
+            told = "no request has finished yet to tell how long they take"
+            if wait is not None:
+                told = "too few requests have had a first token to tell how late it runs"
             raise QueueFull(
-                "server cannot start this request within its TTFT budget (every slot is "
-                "busy and no request has finished yet to tell how long they take); retry later",
+                f"server cannot start this request within its TTFT budget (every slot is "
+                f"busy and {told}); retry later",
                 retry_after=self.retry_after(),
             )
         why = (

@@ -343,9 +343,16 @@ async def test_a_budget_at_a_quantile_carries_how_late_recent_predictions_were()
     """Admitted requests got their first tokens 0-720 ms later than predicted: at
     the 0.9 quantile every prediction on a busy queue carries 720 ms, so 1,200 ms
     of own prefill beside a running request misses a 1,500 ms budget; the
-    prediction alone meets it. An idle queue still takes the idle rule's prompt."""
+    prediction alone meets it. An idle queue still takes the idle rule's prompt;
+    before any lateness is measured, nobody queues."""
     q = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=1500.0, ttft_quantile=0.9)
     plain = AdmissionQueue(slots=4, max_waiting=8, ttft_budget_ms=1500.0)
+    q._service_s = 1.0  # a hold measured: its wait is known
+    held = [await q.acquire() for _ in range(4)]
+    with pytest.raises(QueueFull, match="too few requests have had a first token"):
+        await q.acquire()  # it would queue with no margin measured
+    for ticket in held:
+        ticket.release()
     for i, late in enumerate(range(0, 800, 80)):
         ticket = await q.acquire(own_prefill_ms=100.0)
         q.first_token(ticket, 100.0 + late)
