@@ -87,11 +87,14 @@ predictions were: for each admitted request, its first token's time from
 arrival less the TTFT it was predicted (:meth:`AdmissionQueue.first_token`;
 prompts taken by the idle rule are left out), the last :data:`LATE_WINDOW`
 of them. Their quantile (never below 0, none until :data:`LATE_MIN` were
-seen) is a margin every prediction on a busy instance carries against the
-budget (an idle one has nothing to be late behind, and must still take the
-idle rule's prompt). Until they were seen a newcomer that would queue is
-refused: the opening burst of an overload queued behind predictions with no
-margin yet and was the slowest of its runs (2.0-3.1 s). Under a
+seen) is a margin the prediction of a newcomer that would queue carries
+against the budget; until they were seen such a newcomer is refused (the
+opening burst of an overload queued behind predictions with no margin yet
+and was the slowest of its runs, 2.0-3.1 s). A newcomer that finds a slot
+free is judged on its prediction alone: charged to every newcomer, a margin
+priced on its first four samples (up to 1 s) refused even those, the edge
+emptied, and idle it took the idle rule's 480-713-token prompts (4.4-5.7 s
+to their first tokens, the slowest of two runs). Under a
 32-stream overload of the CPU edges their predictions were right on the
 median (34 ms early) but 430 ms late at the 90th percentile and 750 ms at
 the 99th: a newcomer's first token waits for the step in flight and for the
@@ -123,7 +126,7 @@ __all__ = ["OWN_PREFILL_SHARE", "AdmissionQueue", "Ticket", "over_ttft_budget"]
 
 OWN_PREFILL_SHARE = 0.75  # of the budget, at most, charged for a request's own prefill
 LATE_WINDOW = 128  # recent admitted requests whose lateness prices the margin
-LATE_MIN = 4  # of them seen before there is a margin (and before anyone may queue)
+LATE_MIN = 8  # of them seen before there is a margin (and before anyone may queue)
 
 
 def over_ttft_budget(
@@ -250,21 +253,23 @@ class AdmissionQueue:
 
     def budget_now_ms(self) -> float | None:
         """The budget a prediction alone must meet now: the budget less the margin
-        while busy (what a router judging whether this instance would refuse
-        compares with)."""
+        while a newcomer would queue (what a router judging whether this instance
+        would refuse compares with)."""
         budget = self.ttft_budget_ms
         return None if budget is None else budget - self._margin_now()
+
+    def _queues(self) -> bool:
+        """A newcomer would wait for a slot."""
+        return self._running >= self.slots or self.waiting > 0
 
     def _lateness_unknown(self) -> bool:
         """A margin is wanted and too few first tokens were seen to price it, and a
         newcomer would queue: refused (see above)."""
-        busy = self._running >= self.slots or self.waiting > 0
-        return busy and self.ttft_quantile is not None and len(self._late) < LATE_MIN
+        return self._queues() and self.ttft_quantile is not None and len(self._late) < LATE_MIN
 
     def _margin_now(self) -> float:
-        # An idle instance has nothing to be late behind, and the idle rule's
-        # prompt must be taken somewhere (see above).
-        return 0.0 if self.idle else self.margin_ms()
+        # Only a newcomer that would queue carries it (see above).
+        return self.margin_ms() if self._queues() else 0.0
 
     def first_token(self, ticket: Ticket, ttft_ms: float) -> None:
         """An admitted request got its first token ``ttft_ms`` after it arrived."""
