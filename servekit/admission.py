@@ -82,25 +82,10 @@ prefill has grown and the time it waited, the backlog ahead of it and that
 prefill now exceed the budget, it is refused after all.
 
 The prediction is a typical TTFT; the budget is what admitted requests
-should meet. With ``ttft_quantile`` the queue also learns how late its
-predictions were: for each admitted request, its first token's time from
-arrival less the TTFT it was predicted (:meth:`AdmissionQueue.first_token`;
-prompts taken by the idle rule are left out), the last :data:`LATE_WINDOW`
-of them. Their quantile (never below 0, none until :data:`LATE_MIN` were
-seen) is a margin the prediction of a newcomer that would queue carries
-against the budget; until they were seen such a newcomer is refused (the
-opening burst of an overload queued behind predictions with no margin yet
-and was the slowest of its runs, 2.0-3.1 s). A newcomer that finds a slot
-free is judged on its prediction alone: charged to every newcomer, a margin
-priced on its first four samples (up to 1 s) refused even those, the edge
-emptied, and idle it took the idle rule's 480-713-token prompts (4.4-5.7 s
-to their first tokens, the slowest of two runs). Under a
-32-stream overload of the CPU edges their predictions were right on the
-median (34 ms early) but 430 ms late at the 90th percentile and 750 ms at
-the 99th: a newcomer's first token waits for the step in flight and for the
-other newcomers placed in the same step, which its price cannot know when it
-queues. Judged on the prediction alone, 1 in 10 admitted requests was past
-the 1.5 s budget and the slowest past 2 s.
+should meet. With ``ttft_quantile`` a newcomer that would queue also carries
+a margin, how late the queue's recent predictions ran at that quantile
+(:mod:`servekit.lateness`), and until it is measured such a newcomer is
+refused.
 
 A router that falls back to another instance after such a refusal says what
 the request had spent by then (``spent_ms``, ``X-Waited-Ms``), and the next
@@ -120,13 +105,12 @@ from dataclasses import dataclass, field
 
 from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
+from servekit.lateness import Lateness
 from servekit.settings import AdmissionSettings
 
 __all__ = ["OWN_PREFILL_SHARE", "AdmissionQueue", "Ticket", "over_ttft_budget"]
 
 OWN_PREFILL_SHARE = 0.75  # of the budget, at most, charged for a request's own prefill
-LATE_WINDOW = 128  # recent admitted requests whose lateness prices the margin
-LATE_MIN = 8  # of them seen before there is a margin (and before anyone may queue)
 
 
 def over_ttft_budget(
@@ -179,8 +163,7 @@ class AdmissionQueue:
         self.max_waiting = max_waiting
         self.batch_every = max(1, batch_every)
         self.ttft_budget_ms = ttft_budget_ms
-        self.ttft_quantile = ttft_quantile
-        self._late: deque[float] = deque(maxlen=LATE_WINDOW)  # ms later than predicted
+        self.lateness = Lateness(ttft_quantile)
         self.busy_ms_per_seq: float | None = None
         self.prefill_backlog_ms: float | None = None
         self.slot_release_ms: tuple[float, ...] | None = None
@@ -241,16 +224,6 @@ class AdmissionQueue:
         taken now (see above)."""
         return self._running == 0 and self.waiting == 0
 
-    def margin_ms(self) -> float:
-        """How much later than predicted recent admitted requests got their first
-        token, at ``ttft_quantile`` (never below 0); 0 without a quantile or until
-        :data:`LATE_MIN` were seen (see above)."""
-        q = self.ttft_quantile
-        if q is None or len(self._late) < LATE_MIN:
-            return 0.0
-        ordered = sorted(self._late)
-        return max(0.0, ordered[min(len(ordered) - 1, int(q * len(ordered)))])
-
     def budget_now_ms(self) -> float | None:
         """The budget a prediction alone must meet now: the budget less the margin
         while a newcomer would queue (what a router judging whether this instance
@@ -263,18 +236,16 @@ class AdmissionQueue:
         return self._running >= self.slots or self.waiting > 0
 
     def _lateness_unknown(self) -> bool:
-        """A margin is wanted and too few first tokens were seen to price it, and a
-        newcomer would queue: refused (see above)."""
-        return self._queues() and self.ttft_quantile is not None and len(self._late) < LATE_MIN
+        """A newcomer would queue and the margin is not measured yet: refused."""
+        return self._queues() and self.lateness.unknown
 
     def _margin_now(self) -> float:
-        # Only a newcomer that would queue carries it (see above).
-        return self.margin_ms() if self._queues() else 0.0
+        # Only a newcomer that would queue carries it (servekit.lateness).
+        return self.lateness.margin_ms() if self._queues() else 0.0
 
     def first_token(self, ticket: Ticket, ttft_ms: float) -> None:
         """An admitted request got its first token ``ttft_ms`` after it arrived."""
-        if ticket.predicted_ms is not None:
-            self._late.append(ttft_ms - ticket.predicted_ms)
+        self.lateness.record(ticket.predicted_ms, ttft_ms)
 
     def _predicted(self, wait: float | None, own_prefill_ms: float) -> float | None:
         """A request's predicted TTFT when admitted, where the budget judged it

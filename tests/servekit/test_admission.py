@@ -5,9 +5,10 @@ import time
 
 import pytest
 
-from servekit.admission import LATE_MIN, OWN_PREFILL_SHARE, AdmissionQueue
+from servekit.admission import OWN_PREFILL_SHARE, AdmissionQueue
 from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
+from servekit.lateness import LATE_MIN
 
 pytestmark = pytest.mark.anyio
 
@@ -358,12 +359,12 @@ async def test_a_budget_at_a_quantile_carries_how_late_recent_predictions_were()
         q.first_token(ticket, 100.0 + late)
         ticket.release()
         if i + 1 < LATE_MIN:
-            assert q.margin_ms() == 0.0  # too few seen to tell
+            assert q.lateness.margin_ms() == 0.0  # too few seen to tell
     # Taken by the idle rule, not judged whole: its lateness teaches nothing.
     ticket = await q.acquire(own_prefill_ms=3000.0)
     q.first_token(ticket, 9000.0)
     ticket.release()
-    assert q.margin_ms() == pytest.approx(720.0)
+    assert q.lateness.margin_ms() == pytest.approx(720.0)
     assert q.budget_now_ms() == pytest.approx(1500.0)  # a slot is free
     q._service_s = 1.0  # the quick requests above shortened the mean hold
     for queue in (q, plain):
