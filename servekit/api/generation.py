@@ -273,6 +273,10 @@ async def _stream(
                 if isinstance(event, Finish):
                     clock.on_finish(event)
                     done = True
+                    # Free the slot before the client can see the end: its next
+                    # request may follow at once, and a queue still counting this
+                    # one is not idle (a long prompt was refused at one at a time).
+                    ticket.release()
                     tail = frames.finish(event.reason)
                     if include_usage:
                         tail += frames.usage(event)
