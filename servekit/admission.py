@@ -314,8 +314,10 @@ class AdmissionQueue:
     def _check_budget(self, own_prefill_ms: float, spent_ms: float = 0.0) -> float | None:
         """The predicted wait of a request the budget allows; :class:`QueueFull` if not."""
         budget = self.ttft_budget_ms
-        wait = self.predicted_wait_ms() if budget is not None else None
-        if budget is None or not self._over(wait, own_prefill_ms, spent_ms):
+        if budget is None:
+            return None
+        wait = self.predicted_wait_ms()
+        if not self._over(wait, own_prefill_ms, spent_ms):
             return wait
         self.shed += 1
         if wait is None or self._lateness_unknown():

@@ -42,12 +42,18 @@ class Lateness:
     def __init__(self, quantile: float | None) -> None:
         self.quantile = quantile
         self._late: deque[float] = deque(maxlen=LATE_WINDOW)  # ms later than predicted
+        self._margin = 0.0  # priced as samples arrive: admission asks per request
 
     def record(self, predicted_ms: float | None, ttft_ms: float) -> None:
         """A first token ``ttft_ms`` after its request arrived, predicted at
         ``predicted_ms`` (``None``: not judged whole, nothing to learn)."""
-        if predicted_ms is not None and self.quantile is not None:
-            self._late.append(ttft_ms - predicted_ms)
+        q = self.quantile
+        if predicted_ms is None or q is None:
+            return
+        self._late.append(ttft_ms - predicted_ms)
+        if len(self._late) >= LATE_MIN:
+            ordered = sorted(self._late)
+            self._margin = max(0.0, ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
     @property
     def unknown(self) -> bool:
@@ -57,8 +63,4 @@ class Lateness:
     def margin_ms(self) -> float:
         """The quantile of the recent lateness (never below 0); 0 when not wanted or
         still unknown."""
-        q = self.quantile
-        if q is None or len(self._late) < LATE_MIN:
-            return 0.0
-        ordered = sorted(self._late)
-        return max(0.0, ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+        return self._margin

@@ -151,17 +151,14 @@ class Batch:
         # under overload that was half as much again as llama_decode alone.
         previous, self._last_decode = self._last_decode, None if prefill_tokens else started
         self._stats.step_in_flight = (time.monotonic(), prefill_tokens)
-        sampled = False
         try:
-            for items in (first, rest):
-                if not items:
-                    continue
-                self.model.decode(items)
-                self._advance(items, takes)
-                if not sampled:  # the first call's logits, before the second replaces them
-                    sampled = True
-                    for seq in decoding + finishing:
-                        self._sample(seq)
+            self.model.decode(first)
+            self._advance(first, takes)
+            for seq in decoding + finishing:  # its logits, before a second call replaces them
+                self._sample(seq)
+            if rest:
+                self.model.decode(rest)
+                self._advance(rest, takes)
         except EngineFailure as exc:
             self._stats.step_in_flight = None
             for seq in list(self.running):
