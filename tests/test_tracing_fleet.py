@@ -95,12 +95,16 @@ def _chat(router: str, model: str, **headers: str) -> httpx.Response:
     return r
 
 
-def _trace(receiver: OtlpReceiver, trace_id: str, last: str) -> list[ReceivedSpan]:
-    """The trace's spans once its ``router.request`` and ``last`` arrived."""
+def _trace(receiver: OtlpReceiver, trace_id: str, *names: str) -> list[ReceivedSpan]:
+    """The trace's spans once its ``router.request`` and each of ``names`` arrived.
+
+    Each service's batch exporter sends a span when it ends; a parent ends after
+    its children and may come in a later batch, so a test waits for every span
+    it reads, not only for the last one to begin."""
 
     def complete(spans: list[ReceivedSpan]) -> bool:
-        names = {s.name for s in spans if s.trace_id == trace_id}
-        return {"router.request", last} <= names
+        seen = {s.name for s in spans if s.trace_id == trace_id}
+        return {"router.request", *names} <= seen
 
     return [s for s in receiver.wait_for(complete) if s.trace_id == trace_id]
 
@@ -123,7 +127,7 @@ def test_one_trace_from_the_client_through_router_and_edge(fleet: dict[str, Any]
     traceparent = f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"
     r = _chat(fleet["router"], "edge", traceparent=traceparent)
     assert r.headers["x-route-instance"] == "edge-east"
-    spans = _trace(fleet["receiver"], CLIENT_TRACE, "serve.decode")
+    spans = _trace(fleet["receiver"], CLIENT_TRACE, "serve.request", "serve.decode")
     request = _one(spans, "router.request")
     assert request.parent_id == CLIENT_PARENT  # the client's trace, continued
     assert request.service == "geo-router"
@@ -170,7 +174,7 @@ def test_a_center_request_reaches_the_engine_in_the_same_trace(fleet: dict[str, 
         for s in requests
         if s.name == "router.request" and s.attributes["request.id"] == r.headers["x-request-id"]
     )
-    spans = _trace(receiver, trace_id, "serve.decode")
+    spans = _trace(receiver, trace_id, "serve.request", "serve.decode")
     assert {s.service for s in spans} == {"geo-router", "central"}
     attempt = _one(spans, "router.attempt")
     served = _one(spans, "serve.request")

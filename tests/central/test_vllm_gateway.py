@@ -109,13 +109,15 @@ def test_concurrent_load_uses_both_replicas_and_their_metrics(gateway: str) -> N
     watcher = threading.Thread(target=watch)
     watcher.start()
     codes: list[int] = []
-    questions = [f"Write a sentence about the number {i}." for i in range(8)]
+    # Long enough that the gateway's scrapes land inside it: on two shared cores a
+    # replica's own /metrics answers in 0.1-2.2 s while it decodes (measured).
+    questions = [f"Write a long story about the number {i}." for i in range(8)]
     barrier = threading.Barrier(len(questions))
 
     def one(question: str) -> None:
         barrier.wait()
         body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": question}],
-                "max_tokens": 32}  # fmt: skip
+                "max_tokens": 128}  # fmt: skip
         codes.append(httpx.post(gateway + "/v1/chat/completions", json=body, timeout=120)
                      .status_code)  # fmt: skip
 
