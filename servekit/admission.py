@@ -8,42 +8,13 @@ estimated from the recent service time. A waiter that is cancelled (its
 client went away) leaves the queue without taking a slot.
 
 With a TTFT budget (``ttft_budget_ms``) the queue also refuses at once, with
-the same 429, a request whose *predicted wait* exceeds the budget, instead of
+the same 429, a request whose *predicted TTFT* exceeds the budget, instead of
 letting it queue for seconds; a router then places it elsewhere. The
-prediction for a newcomer:
-
-- slot wait: with ``k`` requests waiting ahead and the ``S`` slots held, it
-  gets the slot freed by the ``k+1``-th release. Slot ``i`` frees after
-  ``r_i``: what the engine says its sequence has left (``slot_release_ms``,
-  refreshed by :meth:`AdmissionQueue.observe`: prompt tokens left at the
-  prefill rate plus answer tokens left at the decode rate,
-  ``servekit.engine.slot_release``); for a request admitted but not yet
-  running in it, what the engine expected of it when it was admitted (its
-  ``hold_ms``: its prompt and answer budget beside the sequences running then;
-  the recent mean hold, measured while a single stream warmed up, priced an
-  opening burst's slots at a third of the 3.4 s they were held); or, for an
-  engine that cannot tell, the recent mean hold time ``h`` (an exponential
-  moving average) less how long it has held it. A mean hold says a slot held
-  by a long document frees as soon as one held by a question: queued requests
-  waited 2.4-3.3 s against a predicted 1.0-1.3 s. Each waiter ahead takes the
-  earliest free slot and frees it again ``h`` later; the newcomer gets the
-  slot of the ``k+1``-th release in that sequence. When the wait needs ``h``
-  and no request has released its slot yet, it is unknown: with a budget the
-  request is refused (a cold edge that queued a burst behind a guessed hold
-  time made it wait many seconds, and the router's deadline cut it);
-- busy slowdown: the sequences running beside it once it has a slot, times
-  the engine's measured cost of one (``busy_ms_per_seq`` of its load report,
-  refreshed by :meth:`AdmissionQueue.observe`);
-- prefill backlog: the prompt tokens the engine has admitted but not yet
-  prefilled that go before the newcomer's, at its measured prefill rate
-  (``prefill_backlog_ms``). Without it a burst of cold prompts (every slot
-  prefilling a long system prompt at once) is admitted at a predicted wait
-  of zero and each later arrival waits seconds behind them. A newcomer that
-  must queue for a slot waits for the larger of its slot wait and this
-  backlog, not their sum: the engine's slot releases already include the
-  prefill their sequences have left, and by the time a slot frees the
-  prompts ahead are partly read (the sum over-predicted and refused
-  requests that would have made it).
+prediction for a newcomer is its wait before its own prefill begins
+(:mod:`servekit.slot_wait`: the slot it gets, the sequences beside it, the
+prompts read before its own, from what the engine reports through
+:meth:`AdmissionQueue.observe` and what each ticket was expected to hold)
+plus
 
 - its own prefill (``own_prefill_ms``, given by the caller): the prompt
   tokens the engine does not hold cached, at its measured prefill rate. A
@@ -98,7 +69,6 @@ such fallbacks, refused after queueing 1.1-1.6 s and admitted again.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -107,6 +77,7 @@ from servekit.engine.protocol import Priority
 from servekit.errors import QueueFull
 from servekit.lateness import Lateness
 from servekit.settings import AdmissionSettings
+from servekit.slot_wait import newcomer_wait_ms, slot_frees_s
 
 __all__ = ["OWN_PREFILL_SHARE", "AdmissionQueue", "Ticket", "over_ttft_budget"]
 
@@ -256,20 +227,20 @@ class AdmissionQueue:
         return wait + max(0.0, own_prefill_ms)
 
     def predicted_wait_ms(self, now: float | None = None) -> float | None:
-        """Predicted wait of a request arriving now, before its own prefill (see
-        above); ``None`` when it would queue and no hold time is measured yet.
-        A request's predicted TTFT is this plus its ``own_prefill_ms``."""
+        """Predicted wait of a request arriving now, before its own prefill
+        (:mod:`servekit.slot_wait`); ``None`` when it would queue and no hold time is
+        measured yet. A request's predicted TTFT is this plus its ``own_prefill_ms``."""
         now = time.monotonic() if now is None else now
         ahead = self.waiting
-        backlog = self.prefill_backlog_ms or 0.0
-        if self._running < self.slots and ahead == 0:
-            before, beside = backlog, self._running
-        else:
-            frees = self._frees(ahead, now)
-            if frees is None:
-                return None
-            before, beside = max(frees[0] * 1000.0, backlog), self.slots - 1
-        return before + beside * (self.busy_ms_per_seq or 0.0)
+        queues = self._running >= self.slots or ahead > 0
+        return newcomer_wait_ms(
+            slots=self.slots,
+            running=self._running,
+            ahead=ahead,
+            frees_s=self._frees(ahead, now) if queues else None,
+            backlog_ms=self.prefill_backlog_ms or 0.0,
+            busy_ms_per_seq=self.busy_ms_per_seq,
+        )
 
     def drained_ms(self, now: float | None = None) -> float | None:
         """Predicted milliseconds until every slot held and every request waiting
@@ -280,26 +251,21 @@ class AdmissionQueue:
         return None if frees is None else max(frees) * 1000.0
 
     def _frees(self, ahead: int, now: float) -> list[float] | None:
-        """Seconds until each slot frees once ``ahead`` waiters have each taken the
-        earliest free one (a heap: the first is the slot a newcomer behind them
-        gets, see above); ``None`` when that needs the mean hold and none is
-        measured."""
-        hold = self._service_s
+        """:func:`~servekit.slot_wait.slot_frees_s` of this queue's slots: the engine's
+        releases for the oldest tickets it runs, the others' own or the mean hold."""
         engine = self.slot_release_ms
         held = sorted(self._held.items(), key=lambda item: item[1])  # the oldest first
         known = [] if engine is None else [ms / 1000.0 for ms in engine[: len(held)]]
         # The youngest tickets the engine does not count yet (admitted, not yet
-        # running in it), or all of them when it cannot tell: each its own hold
-        # where the engine priced it at admission, else the mean hold.
-        rest = [(t.hold_s if t.hold_s is not None else hold, at) for t, at in held[len(known) :]]
-        if (ahead or any(h is None for h, _ in rest)) and hold is None:
-            return None
-        left = known + [max(0.0, (h or 0.0) - (now - at)) for h, at in rest]
-        left = [0.0] * max(0, self.slots - len(left)) + left
-        heapq.heapify(left)
-        for _ in range(ahead):  # each waiter ahead takes the earliest and holds it
-            heapq.heapreplace(left, left[0] + (hold or 0.0))
-        return left
+        # running in it), or all of them when it cannot tell.
+        guessed = [(t.hold_s, now - at) for t, at in held[len(known) :]]
+        return slot_frees_s(
+            slots=self.slots,
+            engine_s=known,
+            guessed=guessed,
+            ahead=ahead,
+            mean_hold_s=self._service_s,
+        )
 
     def _over(self, wait: float | None, own_prefill_ms: float, spent_ms: float = 0.0) -> bool:
         """Past the budget (see :func:`over_ttft_budget`) with ``spent_ms`` spent before

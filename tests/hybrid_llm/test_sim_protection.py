@@ -19,6 +19,7 @@ from hybrid_llm.fleet.sim import (
 )
 from hybrid_llm.fleet.sim.config import LengthDist
 from hybrid_llm.fleet.sim.events import EventLoop
+from hybrid_llm.fleet.sim.protection import predicted_wait_ms
 from tests.support.sim import Recorder, sim_job
 
 PROFILE = EngineProfile(
@@ -174,3 +175,36 @@ def test_budgeted_edges_spill_instead_of_queueing_for_a_slot() -> None:
     waited, summary = slot_waits(EdgeProtection(ttft_budget_ms=150))
     assert waited == 0
     assert summary["failed"] == 0
+
+
+def test_the_simulated_edge_prices_a_queued_newcomer_by_the_admission_queues_rule() -> None:
+    """Every slot held: a newcomer waits for the later of its slot and the prompts
+    ahead of its own, not their sum (servekit.slot_wait, as the real queue prices it)."""
+    wait = predicted_wait_ms(
+        slots=2,
+        running=2,
+        waiting=0,
+        prefill_left=[1000],  # 1 s to read at 1000 tokens/s, then a typical answer
+        decoding=1,  # read whole, the prompt stalls it 1 s; then 10 steps of 10 ms
+        prefill_tokens_per_s=1000.0,
+        decode_step_s=0.01,
+        typical_tokens=10,
+        chunk_tokens=None,
+        busy_ms_per_seq=5.0,
+    )
+    # Its slot frees at 1.1 s, by when the 1 s of prompt ahead is read: the sum of
+    # the two (what the simulator priced before) would be 2.1 s.
+    assert wait == pytest.approx(max(1100.0, 1000.0) + 5.0)
+    free = predicted_wait_ms(
+        slots=2,
+        running=1,
+        waiting=0,
+        prefill_left=[1000],
+        decoding=0,
+        prefill_tokens_per_s=1000.0,
+        decode_step_s=0.01,
+        typical_tokens=10,
+        chunk_tokens=None,
+        busy_ms_per_seq=5.0,
+    )
+    assert free == pytest.approx(1000.0 + 5.0)  # a slot free: the backlog, one beside it

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from servekit.engine.slot_release import release_ms
+from servekit.slot_wait import newcomer_wait_ms
 
 __all__ = ["EdgeProtection", "predicted_wait_ms"]
 
@@ -70,29 +71,32 @@ def predicted_wait_ms(
     chunk_tokens: int | None,
     busy_ms_per_seq: float | None,
 ) -> float | None:
-    """A newcomer's wait before its own prefill, as ``AdmissionQueue.predicted_wait_ms``
-    prices it: when every slot is held, the earliest release the engine predicts
-    (``servekit.engine.slot_release``: the prompt tokens each of its sequences has
-    left, ``prefill_left``, and for ``decoding`` ones and those an answer of unknown
-    length, a typical answer's steps); the busy slowdown of the sequences beside it;
-    and the prompt tokens admitted before it. ``None`` (unknown, so refused under a
-    budget) when it would queue behind others."""
-    backlog_ms = sum(prefill_left) / prefill_tokens_per_s * 1000.0
-    busy = busy_ms_per_seq or 0.0
-    if running < slots and waiting == 0:
-        return running * busy + backlog_ms
-    if waiting:
-        return None
-    unknown = 1 << 30  # no max_tokens: the engine caps it at a typical answer
-    work = [(p, unknown, True) for p in prefill_left] + [(0, unknown, True)] * decoding
-    releases = release_ms(
-        work,
-        prefill_tokens_per_s=prefill_tokens_per_s,
-        decode_step_s=decode_step_s,
-        chunk_tokens=chunk_tokens,
-        typical_tokens=typical_tokens,
-        shortest_first=chunk_tokens is not None,
+    """A newcomer's wait before its own prefill, by the admission queue's rule
+    (:func:`servekit.slot_wait.newcomer_wait_ms`): when every slot is held, the
+    earliest release the engine predicts (``servekit.engine.slot_release``: the
+    prompt tokens each of its sequences has left, ``prefill_left``, and for
+    ``decoding`` ones and those an answer of unknown length, a typical answer's
+    steps); the busy slowdown of the sequences beside it; and the prompt tokens
+    admitted before it. ``None`` (unknown, so refused under a budget) when it would
+    queue behind others: the simulated queue keeps no hold times."""
+    frees_s: list[float] | None = None
+    if running >= slots and not waiting:
+        unknown = 1 << 30  # no max_tokens: the engine caps it at a typical answer
+        work = [(p, unknown, True) for p in prefill_left] + [(0, unknown, True)] * decoding
+        releases = release_ms(
+            work,
+            prefill_tokens_per_s=prefill_tokens_per_s,
+            decode_step_s=decode_step_s,
+            chunk_tokens=chunk_tokens,
+            typical_tokens=typical_tokens,
+            shortest_first=chunk_tokens is not None,
+        )
+        frees_s = None if releases is None else [ms / 1000.0 for ms in releases]
+    return newcomer_wait_ms(
+        slots=slots,
+        running=running,
+        ahead=waiting,
+        frees_s=frees_s,
+        backlog_ms=sum(prefill_left) / prefill_tokens_per_s * 1000.0,
+        busy_ms_per_seq=busy_ms_per_seq,
     )
-    if not releases:
-        return None
-    return releases[0] + (slots - 1) * busy + backlog_ms
