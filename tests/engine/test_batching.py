@@ -133,6 +133,50 @@ async def test_a_step_answers_the_prompts_it_finishes_before_reading_a_chunk_bes
     assert all(it.seq == doc and not it.logits for it in chunk)
 
 
+async def test_an_answer_that_has_sent_no_text_yet_decodes_before_a_chunk_beside_it(
+    engine: BatchingLlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer whose first character takes several tokens (this model spells a
+    Chinese character in two or three) has sent its client nothing after its
+    first token. While a long prompt is read beside it, its next token comes from
+    a call of its own right after, not after the long prompt's chunk: under a
+    32-stream overload such a question waited two more 0.7-0.8 s steps for its
+    first character and reached its client when the long prompt did (2.6 s)."""
+    question = chat("推荐几部适合周末看的电影", max_tokens=4)
+    alone, _, _ = await collect(engine, question)
+    first_event: list[TextDelta] = []
+    async for ev in engine.generate(question):
+        if isinstance(ev, TextDelta):
+            first_event.append(ev)
+            break
+    assert first_event[0].tokens >= 2  # its first text took more than one token
+    calls: list[list[BatchItem]] = []
+    reading = threading.Event()
+    decode = LlamaBatchModel.decode
+
+    def recording(model: LlamaBatchModel, items: Sequence[BatchItem]) -> None:
+        calls.append(list(items))
+        reading.set()
+        decode(model, items)
+
+    monkeypatch.setattr(LlamaBatchModel, "decode", recording)
+    document = asyncio.ensure_future(collect(engine, chat("word " * 300, max_tokens=2)))
+    assert await asyncio.to_thread(reading.wait, 30.0)  # its first chunk is being read
+    beside, _, _ = await collect(engine, question)
+    await document
+    assert beside == alone
+    doc = calls[0][0].seq
+    own = next(i for i, c in enumerate(calls) if any(it.seq != doc and it.logits for it in c))
+    q = next(it.seq for it in calls[own] if it.seq != doc and it.logits)
+    read_since = [c for c in calls[own + 1 :] if any(it.seq == doc and not it.logits for it in c)]
+    assert read_since  # the document was still being read beside it
+    # Its second token (no text sent yet) in the very next call, of decoders alone.
+    second = calls[own + 1]
+    assert any(it.seq == q for it in second)
+    assert all(it.logits for it in second)
+    assert len({it.seq for it in second}) == len(second)
+
+
 async def test_limits_stop_and_overflow_under_concurrency(engine: BatchingLlamaEngine) -> None:
     # A prompt with a confident answer ("1, 2, 3, ..."), so that reruns agree.
     prompt = "List the numbers from 1 to 10."
