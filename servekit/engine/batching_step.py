@@ -27,11 +27,10 @@ Each step:
    question's prompt was read in the first call of a step that began 0.86 s
    after it arrived; its first character left 1.7 s after that, two steps of
    a long prompt's chunks on, together with that prompt's own first token
-   (2.6 s). On an idle edge, a Chinese question 20 ms after a 230-word
-   prompt had its first character after 0.91-1.18 s where it had 1.47-1.61 s
-   in five of six trials
-   (the engine alone, one thread); a call of one to four
-   decoders costs ~20-50 ms on this CPU.
+   (2.6 s). On an idle engine (one thread), a Chinese question 20 ms after a
+   230-word prompt had its first character after 0.91-1.18 s where it had
+   1.47-1.61 s in five of six trials; a call of one to four decoders costs
+   ~20-50 ms on this CPU.
 
 A finished sequence leaves its tokens in its slot's cache for prefix reuse;
 a cancelled one (client gone) has its cache dropped.
