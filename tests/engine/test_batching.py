@@ -101,14 +101,15 @@ async def test_ready_with_a_prefill_rate_measured_on_a_chunk(model_path: Path) -
         await eng.aclose()
 
 
-async def test_a_step_answers_the_prompts_it_finishes_before_reading_a_chunk_beside_them(
-    engine: BatchingLlamaEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A question placed while a long prompt is being read gets its first token
-    from a call that reads its own tokens, not the long prompt's chunk beside
-    it (a second call reads that), and the answer it gets alone."""
-    question = chat("Name a color.", max_tokens=4)
-    alone, _, _ = await collect(engine, question)
+async def _beside_a_document(
+    engine: BatchingLlamaEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    question: GenerationRequest,
+    *,
+    words: int,
+) -> tuple[list[list[BatchItem]], str]:
+    """``question``'s answer, sent while a document of ``words`` words is being
+    read, and every ``llama_decode`` call's items from the document's first on."""
     calls: list[list[BatchItem]] = []
     reading = threading.Event()
     decode = LlamaBatchModel.decode
@@ -119,10 +120,22 @@ async def test_a_step_answers_the_prompts_it_finishes_before_reading_a_chunk_bes
         decode(model, items)
 
     monkeypatch.setattr(LlamaBatchModel, "decode", recording)
-    document = asyncio.ensure_future(collect(engine, chat("word " * 200, max_tokens=2)))
+    document = asyncio.ensure_future(collect(engine, chat("word " * words, max_tokens=2)))
     assert await asyncio.to_thread(reading.wait, 30.0)  # its first chunk is being read
     beside, _, _ = await collect(engine, question)
     await document
+    return calls, beside
+
+
+async def test_a_step_answers_the_prompts_it_finishes_before_reading_a_chunk_beside_them(
+    engine: BatchingLlamaEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question placed while a long prompt is being read gets its first token
+    from a call that reads its own tokens, not the long prompt's chunk beside
+    it (a second call reads that), and the answer it gets alone."""
+    question = chat("Name a color.", max_tokens=4)
+    alone, _, _ = await collect(engine, question)
+    calls, beside = await _beside_a_document(engine, monkeypatch, question, words=200)
     assert beside == alone
     doc = calls[0][0].seq
     ends = [i for i, call in enumerate(calls) if any(it.seq != doc and it.logits for it in call)]
@@ -150,20 +163,7 @@ async def test_an_answer_that_has_sent_no_text_yet_decodes_before_a_chunk_beside
             first_event.append(ev)
             break
     assert first_event[0].tokens >= 2  # its first text took more than one token
-    calls: list[list[BatchItem]] = []
-    reading = threading.Event()
-    decode = LlamaBatchModel.decode
-
-    def recording(model: LlamaBatchModel, items: Sequence[BatchItem]) -> None:
-        calls.append(list(items))
-        reading.set()
-        decode(model, items)
-
-    monkeypatch.setattr(LlamaBatchModel, "decode", recording)
-    document = asyncio.ensure_future(collect(engine, chat("word " * 300, max_tokens=2)))
-    assert await asyncio.to_thread(reading.wait, 30.0)  # its first chunk is being read
-    beside, _, _ = await collect(engine, question)
-    await document
+    calls, beside = await _beside_a_document(engine, monkeypatch, question, words=300)
     assert beside == alone
     doc = calls[0][0].seq
     own = next(i for i, c in enumerate(calls) if any(it.seq != doc and it.logits for it in c))
