@@ -25,20 +25,23 @@ Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 _PROC = Path("/proc")
 
 
-def descendants(pid: int) -> list[Proc]:
-    """Every live descendant of ``pid`` (children, their children, ...)."""
-    children: dict[int, list[Proc]] = {}
+def descendants(pid: int, *, outside_group: int | None = None) -> list[Proc]:
+    """Every live descendant of ``pid`` (children, their children, ...); with
+    ``outside_group``, only those not in that process group (a stop that kills
+    the group reaches the rest)."""
+    children: dict[int, list[tuple[Proc, int]]] = {}
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         st = stat(int(entry.name))
         if st is not None:
-            children.setdefault(st.ppid, []).append((st.pid, st.start_ticks))
+            children.setdefault(st.ppid, []).append(((st.pid, st.start_ticks), st.pgid))
     found: list[Proc] = []
     todo = [pid]
     while todo:
-        for proc in children.get(todo.pop(), []):
-            found.append(proc)
+        for proc, pgid in children.get(todo.pop(), []):
+            if pgid != outside_group:
+                found.append(proc)
             todo.append(proc[0])
     return found
 

@@ -159,7 +159,14 @@ class Supervisor:
         live = [c for c in reversed(self.children) if c.process and c.process.returncode is None]
         # Workers in sessions of their own are not in the child's group: note
         # them now, while they are still the child's, and kill what it leaves.
-        spawned = {id(c): descendants(c.process.pid) for c in live if c.process}
+        # The group's own members die with the group (each child leads its own):
+        # one SIGKILLed with it may not have exited yet when its leader is reaped,
+        # and is no worker left behind.
+        spawned = {
+            id(c): descendants(c.process.pid, outside_group=c.process.pid)
+            for c in live
+            if c.process
+        }
         for child in live:
             self._signal(child, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout
