@@ -232,12 +232,11 @@ class AdmissionQueue:
         measured yet. A request's predicted TTFT is this plus its ``own_prefill_ms``."""
         now = time.monotonic() if now is None else now
         ahead = self.waiting
-        queues = self._running >= self.slots or ahead > 0
         return newcomer_wait_ms(
             slots=self.slots,
             running=self._running,
             ahead=ahead,
-            frees_s=self._frees(ahead, now) if queues else None,
+            frees_s=self._frees(ahead, now) if self._queues() else None,
             backlog_ms=self.prefill_backlog_ms or 0.0,
             busy_ms_per_seq=self.busy_ms_per_seq,
         )
